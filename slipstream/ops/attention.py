@@ -1,0 +1,92 @@
+"""Paged attention: metadata, pure-torch references, and the device dispatch.
+
+KV cache layout (one tensor each for K and V, per layer):
+    [num_blocks, block_size, num_kv_heads, head_dim]
+A token's cache slot is `block_id * block_size + offset`; `slot_mapping` gives it for
+each new token (-1: padding, nothing stored).
+
+A batch is a set of sequences, each contributing `query_len` consecutive new tokens
+(query_start_loc is the prefix sum).  The new tokens are the *last* `query_len`
+positions of a context of `seq_len` tokens whose K/V are all in the cache once the
+new ones are stored, so query token i of a sequence sits at absolute position
+`seq_len - query_len + i` and attends causally to positions <= that.
+A row with seq_len == 0 is padding (CUDA-graph batches are padded): its output is 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs]; 0 marks a padding row
+    block_table: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
+    slot_mapping: torch.Tensor  # int32 [num_tokens]; -1 = do not store
+    max_query_len: int  # host-side bound; 1 means a decode-only batch
+    max_seq_len: int  # host-side bound on seq_lens (graphs pass the model's max length)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+
+def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """Write k, v [num_tokens, num_kv_heads, head_dim] into their cache slots."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = v[keep].to(v_cache.dtype)
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of q [num_tokens, num_heads, head_dim] over the paged cache.
+
+    One sequence at a time, in float32: this is the oracle of the Triton kernels and
+    the CPU path of the engine.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.zeros_like(q)
+    starts = meta.query_start_loc.tolist()
+    seq_lens = meta.seq_lens.tolist()
+    for i, seq_len in enumerate(seq_lens):
+        q_start, q_end = starts[i], starts[i + 1]
+        query_len = q_end - q_start
+        if seq_len == 0 or query_len == 0:
+            continue
+        num_blocks = (seq_len + block_size - 1) // block_size
+        blocks = meta.block_table[i, :num_blocks].long()
+        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        k = k.repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
+        v = v.repeat_interleave(group, dim=1)
+        qi = q[q_start:q_end].float()
+        scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
+        q_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        scores.masked_fill_(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        probs = scores.softmax(dim=-1)
+        out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    return out
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+    if k.is_cuda:
+        from slipstream.ops.triton_attention import store_kv_triton
+        store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
+    else:
+        store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    if q.is_cuda:
+        from slipstream.ops.triton_attention import paged_attention_triton
+        return paged_attention_triton(q, k_cache, v_cache, meta, scale)
+    return paged_attention_ref(q, k_cache, v_cache, meta, scale)
