@@ -85,8 +85,14 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
         store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
 
 
-def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """Dispatch; writes into `out` (shape and dtype of q) when given, and returns it."""
     if q.is_cuda:
         from slipstream.ops.triton_attention import paged_attention_triton
-        return paged_attention_triton(q, k_cache, v_cache, meta, scale)
-    return paged_attention_ref(q, k_cache, v_cache, meta, scale)
+        return paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out)
+    result = paged_attention_ref(q, k_cache, v_cache, meta, scale)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out

@@ -1,0 +1,87 @@
+"""`slipstream bench`: one workload, sync and async in one process, side by side."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+import torch
+
+from slipstream.bench.throughput import (COPY_BANDWIDTH, MATMUL_RATE, RunResult, measure_ceilings,
+                                         result_dict, run_workload)
+from slipstream.bench.workloads import get_workload
+from slipstream.config import EngineConfig
+from slipstream.engine import LLMEngine
+from slipstream.sampling_params import SamplingParams
+
+
+def environment() -> dict:
+    import transformers
+    env = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+    return env
+
+
+def run_bench(a) -> int:
+    workload = get_workload(a.workload)
+    if a.num_requests:
+        workload.prompts = workload.prompts[:a.num_requests]
+        workload.params = workload.params[:a.num_requests]
+    config = EngineConfig(model=workload.model, load_format="dummy", device=a.device, trace=True,
+                          enforce_eager=a.enforce_eager, **workload.engine)
+    t0 = time.perf_counter()
+    engine = LLMEngine(config)
+    init_s = time.perf_counter() - t0
+    bandwidth, rate = COPY_BANDWIDTH, MATMUL_RATE
+    if engine.device.type == "cuda" and not a.no_measure:
+        bandwidth, rate = measure_ceilings(engine.device)
+    # Warm-up: compile the prefill kernels outside the timed runs.
+    warm = [SamplingParams(max_tokens=4, temperature=p.temperature, ignore_eos=True) for p in workload.params[:4]]
+    for prompt, params in zip(workload.prompts[:4], warm):
+        engine.add_request(prompt, params)
+    engine.run_until_done()
+
+    modes = ["sync", "async"] if a.mode == "both" else [a.mode]
+    results: dict[str, RunResult] = {}
+    timelines, outputs = {}, {}
+    for mode in modes:
+        results[mode], timelines[mode], outs = run_workload(engine, workload, mode, bandwidth, rate)
+        outputs[mode] = {o.request_id: o.token_ids for o in outs}
+    summary = {"workload": workload.name, "env": environment(), "engine_init_s": init_s,
+               "copy_bandwidth": bandwidth, "matmul_rate": rate, "kv_blocks": engine.pool.num_blocks,
+               "results": {m: result_dict(r) for m, r in results.items()}}
+    if len(modes) == 2:
+        same = list(outputs["sync"].values()) == list(outputs["async"].values())
+        summary["speedup"] = results["sync"].wall_s / results["async"].wall_s
+        summary["identical_outputs"] = same
+    print(RunResult.header())
+    for r in results.values():
+        print(r.row())
+    if "speedup" in summary:
+        print(f"async speedup {summary['speedup']:.3f}x; identical outputs: {summary['identical_outputs']}")
+    print(f"ceilings: copy {bandwidth / 1e12:.2f} TB/s, matmul {rate / 1e12:.0f} TFLOP/s; env {summary['env']}")
+    if a.out:
+        _write(a.out, workload.name, summary, timelines)
+    return 0
+
+
+def _write(out: str, name: str, summary: dict, timelines: dict) -> None:
+    from slipstream.bench.timeline import write_chrome_trace
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    write_chrome_trace(os.path.join(out, f"{name}.trace.json"),
+                       {mode: tl.middle(300) for mode, tl in timelines.items()})
+    try:
+        from slipstream.bench.plot import plot_timelines
+        plot_timelines(timelines, os.path.join(out, f"{name}.png"), title=f"{name}: sync (top) vs async")
+    except ImportError:
+        print("matplotlib is not installed: no PNG timeline")

@@ -1,0 +1,125 @@
+"""Offline throughput of a workload, sync vs async, with the floor and GPU active time.
+
+Floor (design brief §5): for each step, bytes = weights read + KV read + KV written and
+flops = 2 x matmul params x tokens + attention; the step cannot run faster than
+max(bytes / copy bandwidth, flops / matmul rate).  The sum over steps is the floor of
+the run; wall / floor says how far from the hardware the engine is.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from slipstream.bench.timeline import Timeline
+from slipstream.bench.workloads import Workload
+
+# Measured on the benchmark H200 (design brief §5); `measure_ceilings` re-measures them.
+COPY_BANDWIDTH = 4.26e12  # bytes/s, read + written
+MATMUL_RATE = 792e12  # bf16 flop/s
+
+
+@dataclass
+class RunResult:
+    workload: str
+    mode: str
+    wall_s: float
+    output_tokens: int
+    tokens_per_s: float
+    steps: int
+    gpu_active: float | None
+    floor_s: float
+    wall_over_floor: float
+    cpu_ms_per_step: float
+    gpu_ms_per_step: float | None
+
+    def row(self) -> str:
+        ga = f"{100 * self.gpu_active:.1f}%" if self.gpu_active is not None else "-"
+        gpu = f"{self.gpu_ms_per_step:.2f}" if self.gpu_ms_per_step is not None else "-"
+        return (f"| {self.workload} | {self.mode} | {self.wall_s:.2f} s | {self.tokens_per_s:,.0f} | {ga} | "
+                f"{self.floor_s:.2f} s | {self.wall_over_floor:.2f} | {self.cpu_ms_per_step:.2f} | {gpu} | {self.steps} |")
+
+    @staticmethod
+    def header() -> str:
+        return ("| workload | mode | wall | output tok/s | GPU active | floor | wall/floor | CPU ms/step | "
+                "GPU ms/step | steps |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def measure_ceilings(device: torch.device) -> tuple[float, float]:
+    """(copy bandwidth in bytes/s counting read + written, bf16 matmul flop/s)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+
+    def timed(fn, reps: int) -> float:
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+
+    bw = 2 * src.numel() / timed(lambda: dst.copy_(src), 20)
+    rate = 2 * 8192 ** 3 / timed(lambda: a @ b, 10)
+    del src, dst, a, b
+    torch.cuda.empty_cache()
+    return bw, rate
+
+
+def floor_seconds(timeline: Timeline, model_config, dtype: torch.dtype,
+                  bandwidth: float = COPY_BANDWIDTH, rate: float = MATMUL_RATE) -> float:
+    c = model_config
+    elem = torch.empty((), dtype=dtype).element_size()
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    layer_params = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    matmul_params = c.num_layers * layer_params
+    head_params = c.vocab_size * c.hidden_size
+    weight_bytes = (matmul_params + head_params) * elem
+    kv_bytes_per_token = 2 * c.num_layers * kv * elem
+    total = 0.0
+    for b in timeline.batches:
+        bytes_moved = weight_bytes + kv_bytes_per_token * (b.context_tokens + b.num_tokens)
+        flops = (2 * matmul_params * b.num_tokens + 2 * head_params * b.num_samples
+                 + 4 * c.num_layers * q * b.attention_pairs)
+        total += max(bytes_moved / bandwidth, flops / rate)
+    return total
+
+
+def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_BANDWIDTH,
+                 rate: float = MATMUL_RATE) -> tuple[RunResult, Timeline, list]:
+    """Run every request of `workload` to completion in `mode` ("sync" or "async")."""
+    engine.set_async_scheduling(mode == "async")
+    engine.reset_prefix_cache()
+    timeline = Timeline()
+    engine.loop.timeline = timeline
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for prompt, params in zip(workload.prompts, workload.params):
+        engine.add_request(prompt, params)
+    outputs = engine.run_until_done()
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    engine.loop.timeline = None
+    tokens = sum(len(o.token_ids) for o in outputs)
+    steps = len(timeline.batches)
+    cpu = sum(s.end - s.start for s in timeline.spans if s.lane == "cpu" and s.name != "wait")
+    compute = [s for s in timeline.spans if s.lane == "compute"]
+    floor = floor_seconds(timeline, engine.model_config, engine.dtype, bandwidth, rate)
+    result = RunResult(
+        workload=workload.name, mode=mode, wall_s=wall, output_tokens=tokens, tokens_per_s=tokens / wall,
+        steps=steps, gpu_active=timeline.busy("compute", start, start + wall) / wall if compute else None,
+        floor_s=floor, wall_over_floor=wall / floor if floor else float("nan"),
+        cpu_ms_per_step=1e3 * cpu / max(steps, 1),
+        gpu_ms_per_step=1e3 * sum(s.end - s.start for s in compute) / steps if compute else None)
+    return result, timeline, outputs
+
+
+def result_dict(result: RunResult) -> dict:
+    return asdict(result)

@@ -1,0 +1,71 @@
+"""The benchmark workloads, by name (design brief §6).
+
+Each is a model architecture (a config.json shipped with the package, loaded with
+dummy weights), a list of prompts as token ids, their sampling parameters, and the
+engine options the workload runs under.
+"""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+
+from slipstream.sampling_params import SamplingParams
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
+
+
+@dataclass
+class Workload:
+    name: str
+    model: str  # a folder holding config.json
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    engine: dict = field(default_factory=dict)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(p.max_tokens for p in self.params)
+
+
+def seed_8b(new_tokens: int = 8192, name: str = "seed-8b") -> Workload:
+    """Llama-3.1-8B shape, 32 requests, 256-token random prompts, greedy, EOS ignored."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(128000) for _ in range(256)] for _ in range(32)]
+    params = [SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)] * 32
+    return Workload(name, os.path.join(CONFIGS, "llama-3.1-8b"), prompts, params,
+                    dict(max_num_seqs=32, max_model_len=256 + new_tokens, max_num_batched_tokens=8192))
+
+
+def small_256() -> Workload:
+    """Qwen3-0.6B shape, 256 requests of random lengths, temperature 0.6, EOS ignored."""
+    random.seed(0)
+    pairs = [(random.randint(100, 1024), random.randint(100, 1024)) for _ in range(256)]
+    prompts = [[random.randint(0, 10000) for _ in range(n)] for n, _ in pairs]
+    params = [SamplingParams(max_tokens=m, temperature=0.6, ignore_eos=True, seed=i)
+              for i, (_, m) in enumerate(pairs)]
+    return Workload("small-256", os.path.join(CONFIGS, "qwen3-0.6b"), prompts, params,
+                    dict(max_num_seqs=256, max_model_len=2048, max_num_batched_tokens=8192))
+
+
+def tiny(num_requests: int = 8, new_tokens: int = 16) -> Workload:
+    """A few requests on the Qwen3-0.6B shape: a smoke test of the benchmark path."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10000) for _ in range(rng.randint(5, 40))] for _ in range(num_requests)]
+    params = [SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)] * num_requests
+    return Workload("tiny", os.path.join(CONFIGS, "qwen3-0.6b"), prompts, params,
+                    dict(max_num_seqs=16, max_model_len=256, max_num_batched_tokens=256))
+
+
+WORKLOADS = {
+    "seed-8b": seed_8b,
+    "seed-8b-short": lambda: seed_8b(1024, "seed-8b-short"),
+    "small-256": small_256,
+    "tiny": tiny,
+}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; known: {sorted(WORKLOADS)}")
+    return WORKLOADS[name]()

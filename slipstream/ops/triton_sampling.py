@@ -1,0 +1,256 @@
+"""Triton kernel of the sampler: temperature, cutoff, Gumbel noise and argmax in one pass.
+
+The semantics (and the torch twin used on CPU and as the oracle) live in
+`slipstream.sampler`; read its module docstring first. This kernel must reproduce
+`slipstream.sampler.sample_ref` exactly: the same 32-bit hash, the same float32
+operations in the same order, the same tie-breaking (first index of the maximum).
+
+Work split: grid (rows, splits). Each program scans one contiguous range of the
+vocabulary in chunks of BLOCK_V and keeps (best value, first index reaching it).
+With one split the program writes the token; otherwise a second tiny kernel picks,
+per row, the first split holding the maximum. Splitting the vocabulary keeps the GPU
+busy when the batch is small; rows with min-p then read their whole row once more for
+the row maximum (min-p needs it before any token can be judged).
+
+Chunk skipping: the noise g is bounded (g <= 17.4, see `sampler._G_MAX`), so a chunk
+whose best kept scaled value s satisfies s + 32 < best value so far cannot hold the
+winner, and its noise is never computed. Rounding is monotone, so this never changes
+the result (|scaled| < 2**28). Peaked distributions skip almost every chunk.
+
+No host syncs; the grid depends only on shapes: CUDA-graph safe.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["sample_tokens_triton", "gumbel_noise_triton", "random_bits_triton"]
+
+
+@triton.jit
+def _mix32(x):
+    # 32-bit integer finaliser (xorshift-multiply, two rounds); x is uint32, wraps mod 2**32
+    x = x ^ (x >> 16)
+    x = x * 0x21F0AAAD
+    x = x ^ (x >> 15)
+    x = x * 0x735A2D97
+    x = x ^ (x >> 15)
+    return x
+
+
+@triton.jit
+def _row_keys(seed_ptr, tidx_ptr, row):
+    seed = tl.load(seed_ptr + row)  # int64
+    lo = seed.to(tl.uint32)  # low word (truncation)
+    hi = (seed >> 32).to(tl.uint32)  # high word
+    ti = tl.load(tidx_ptr + row).to(tl.uint32)
+    k1 = _mix32(lo ^ 0x2545F491)
+    k1 = _mix32(k1 ^ hi)
+    k1 = _mix32(k1 ^ ti)
+    k2 = _mix32(k1 ^ 0x68E31DA4)
+    return k1, k2
+
+
+@triton.jit
+def _bits(v, k1, k2):
+    # v: uint32 token ids -> uint32 random bits
+    return _mix32(_mix32(v ^ k1) ^ k2)
+
+
+@triton.jit
+def _gumbel(h):
+    # h: uint32 random bits -> Gumbel(0, 1) noise, float32
+    m = (h >> 8).to(tl.float32)  # 24 bits, exact
+    u = (m + 0.5) * 5.9604644775390625e-08  # (m + 1/2) / 2**24 in (0, 1), exact
+    w = ((16777215.0 - m) + 0.5) * 5.9604644775390625e-08  # 1 - u, exact
+    # E = -log(u), Exponential(1); for u near 1 use the series of -log(1 - w) (no cancellation)
+    series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * (0.25 + w * 0.20000000298023224))))
+    e = tl.where(w < 0.015625, series, -tl.log(u))
+    return -tl.log(e)
+
+
+@triton.jit
+def _sample_kernel(
+    logits_ptr, stride_row, V, span,
+    temp_ptr, inv_t_ptr, cutoff_ptr, lmp_ptr, seed_ptr, tidx_ptr,
+    part_val_ptr, part_idx_ptr, tokens_ptr,
+    num_splits,
+    HAS_CUTOFF: tl.constexpr,
+    SINGLE: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    base = logits_ptr + row.to(tl.int64) * stride_row
+    v_lo = split * span
+    v_hi = tl.minimum(v_lo + span, V)
+    arange = tl.arange(0, BLOCK_V)
+
+    best_val = tl.zeros([], tl.float32) - float("inf")
+    best_idx = tl.zeros([], tl.int32)
+    temp = tl.load(temp_ptr + row)
+    if temp < 1e-5:
+        # greedy: first index of the maximum (penalised) logit
+        for start in range(v_lo, v_hi, BLOCK_V):
+            offs = start + arange
+            x = tl.load(base + offs, mask=offs < v_hi, other=float("-inf"))
+            m = tl.max(x, axis=0)
+            a = tl.argmax(x, axis=0).to(tl.int32) + start
+            best_idx = tl.where(m > best_val, a, best_idx)
+            best_val = tl.maximum(best_val, m)
+    else:
+        inv_t = tl.load(inv_t_ptr + row)
+        thr = tl.zeros([], tl.float32) - float("inf")
+        if HAS_CUTOFF:
+            thr = tl.load(cutoff_ptr + row)  # top-k / top-p / min-p, folded by the host code
+        else:
+            lmp = tl.load(lmp_ptr + row)
+            if lmp > -3.0e38:
+                # min-p: needs the row maximum of the scaled logits (= max logit * inv_t)
+                mx = tl.zeros([], tl.float32) - float("inf")
+                for start in range(0, V, BLOCK_V):
+                    offs = start + arange
+                    x = tl.load(base + offs, mask=offs < V, other=float("-inf"))
+                    mx = tl.maximum(mx, tl.max(x, axis=0))
+                smax = mx * inv_t
+                thr = tl.minimum(smax + lmp, smax)
+        k1, k2 = _row_keys(seed_ptr, tidx_ptr, row)
+        for start in range(v_lo, v_hi, BLOCK_V):
+            offs = start + arange
+            valid = offs < v_hi
+            x = tl.load(base + offs, mask=valid, other=float("-inf"))
+            s = x * inv_t
+            keep = valid & (s >= thr)
+            s_keep = tl.where(keep, s, float("-inf"))
+            chunk_max = tl.max(s_keep, axis=0)
+            if chunk_max + 32.0 >= best_val:  # else nothing here can win: skip the noise
+                g = _gumbel(_bits(offs.to(tl.uint32), k1, k2))
+                val = tl.where(keep, s + g, float("-inf"))
+                m = tl.max(val, axis=0)
+                a = tl.argmax(val, axis=0).to(tl.int32) + start
+                best_idx = tl.where(m > best_val, a, best_idx)
+                best_val = tl.maximum(best_val, m)
+
+    if SINGLE:
+        tl.store(tokens_ptr + row, best_idx)
+    else:
+        tl.store(part_val_ptr + row * num_splits + split, best_val)
+        tl.store(part_idx_ptr + row * num_splits + split, best_idx)
+
+
+@triton.jit
+def _reduce_splits_kernel(part_val_ptr, part_idx_ptr, tokens_ptr, num_splits,
+                          BLOCK_S: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_S)
+    mask = offs < num_splits
+    vals = tl.load(part_val_ptr + row * num_splits + offs, mask=mask, other=float("-inf"))
+    idxs = tl.load(part_idx_ptr + row * num_splits + offs, mask=mask, other=0)
+    # splits are in vocabulary order: the first split holding the maximum holds the
+    # first index reaching it
+    m = tl.max(vals, axis=0)
+    first = tl.min(tl.where(mask & (vals == m), offs, BLOCK_S), axis=0)
+    first = tl.where(first == BLOCK_S, 0, first)  # no split compares equal (NaN): split 0
+    tok = tl.sum(tl.where(offs == first, idxs, 0), axis=0)
+    tl.store(tokens_ptr + row, tok)
+
+
+@triton.jit
+def _noise_kernel(seed_ptr, tidx_ptr, out_ptr, V, stride_out,
+                  GUMBEL: tl.constexpr, BLOCK_V: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask = offs < V
+    k1, k2 = _row_keys(seed_ptr, tidx_ptr, row)
+    h = _bits(offs.to(tl.uint32), k1, k2)
+    if GUMBEL:
+        tl.store(out_ptr + row.to(tl.int64) * stride_out + offs, _gumbel(h), mask=mask)
+    else:
+        tl.store(out_ptr + row.to(tl.int64) * stride_out + offs, h.to(tl.int64), mask=mask)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t: torch.Tensor,
+                         log_min_p: torch.Tensor, cutoff: torch.Tensor | None,
+                         seed: torch.Tensor, token_index: torch.Tensor, *,
+                         num_splits: int | None = None, block_v: int | None = None,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """Draw one token per row; int32 [B].
+
+    logits: float32 [B, V] (penalised); temperature/inv_t/log_min_p: float32 [B]
+    (inv_t = 1 / temperature, 1 for greedy rows; log_min_p = log(min_p), -inf = off);
+    cutoff: float32 [B] threshold on the scaled logits that already folds top-k, top-p
+    and min-p (then log_min_p is not read), or None; seed int64 [B]; token_index int32 [B].
+    num_splits / block_v: launch shape (None = chosen from the shapes and the device).
+    """
+    B, V = logits.shape
+    if logits.dtype != torch.float32:
+        raise TypeError(f"logits must be float32, got {logits.dtype}")
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    if out is None:
+        out = torch.empty(B, dtype=torch.int32, device=logits.device)
+    if B == 0:
+        return out
+    if block_v is None:
+        block_v = min(2048, triton.next_power_of_2(V))
+    n_chunks = triton.cdiv(V, block_v)
+    if num_splits is None:
+        target = 2 * _sm_count(logits.device)  # programs that keep every SM busy
+        num_splits = max(1, min(triton.cdiv(target, B), triton.cdiv(n_chunks, 4)))
+    num_splits = max(1, min(num_splits, n_chunks))
+    span = triton.cdiv(n_chunks, num_splits) * block_v
+    num_splits = triton.cdiv(V, span)  # no empty split
+    single = num_splits == 1
+    if single:
+        part_val = part_idx = out  # unused
+    else:
+        part_val = torch.empty(B, num_splits, dtype=torch.float32, device=logits.device)
+        part_idx = torch.empty(B, num_splits, dtype=torch.int32, device=logits.device)
+    has_cutoff = cutoff is not None
+    num_warps = 8 if block_v >= 2048 else 4
+    _sample_kernel[(B, num_splits)](
+        logits, logits.stride(0), V, span,
+        temperature, inv_t, cutoff if has_cutoff else inv_t, log_min_p, seed, token_index,
+        part_val, part_idx, out,
+        num_splits,
+        HAS_CUTOFF=has_cutoff, SINGLE=single, BLOCK_V=block_v, num_warps=num_warps,
+    )
+    if not single:
+        _reduce_splits_kernel[(B,)](part_val, part_idx, out, num_splits,
+                                    BLOCK_S=triton.next_power_of_2(num_splits), num_warps=1)
+    return out
+
+
+def _noise(seed: torch.Tensor, token_index: torch.Tensor, vocab_size: int, gumbel: bool) -> torch.Tensor:
+    B = seed.shape[0]
+    out = torch.empty(B, vocab_size, dtype=torch.float32 if gumbel else torch.int64, device=seed.device)
+    if B == 0 or vocab_size == 0:
+        return out
+    block = min(1024, triton.next_power_of_2(vocab_size))
+    _noise_kernel[(B, triton.cdiv(vocab_size, block))](
+        seed.contiguous(), token_index.contiguous(), out, vocab_size, out.stride(0),
+        GUMBEL=gumbel, BLOCK_V=block)
+    return out
+
+
+def random_bits_triton(seed: torch.Tensor, token_index: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The kernel's 32-bit hash of (seed, token_index, v) for v < vocab_size, as int64 [B, V]."""
+    return _noise(seed, token_index, vocab_size, gumbel=False)
+
+
+def gumbel_noise_triton(seed: torch.Tensor, token_index: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The kernel's Gumbel noise G(seed, token_index, v), float32 [B, V] (tests, debugging)."""
+    return _noise(seed, token_index, vocab_size, gumbel=True)

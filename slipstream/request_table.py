@@ -1,0 +1,57 @@
+"""Host arrays indexed by a running request's row.
+
+The scheduler writes a request's tokens, block ids and sampling parameters here when
+they change (admission, a new block, a new token), so that building a batch of 256
+requests is a handful of numpy gathers rather than a Python loop over requests.
+Row `scratch_row` is never given out: padded rows of CUDA-graph batches point at it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from slipstream.request import Request
+
+
+class RequestTable:
+    def __init__(self, num_rows: int, max_model_len: int, block_size: int) -> None:
+        rows = num_rows + 1
+        self.scratch_row = num_rows
+        self.block_size = block_size
+        self.max_blocks = -(-max_model_len // block_size)
+        # np.zeros maps untouched pages lazily, so wide tables cost only what is used.
+        self.token_ids = np.zeros((rows, max_model_len), np.int32)
+        self.block_table = np.zeros((rows, self.max_blocks), np.int32)
+        self.temperature = np.zeros(rows, np.float32)
+        self.top_k = np.zeros(rows, np.int32)
+        self.top_p = np.ones(rows, np.float32)
+        self.min_p = np.zeros(rows, np.float32)
+        self.seed = np.zeros(rows, np.int64)
+        self.repetition_penalty = np.ones(rows, np.float32)
+        self.presence_penalty = np.zeros(rows, np.float32)
+        self.frequency_penalty = np.zeros(rows, np.float32)
+        self._free_rows = list(range(num_rows - 1, -1, -1))
+
+    @property
+    def num_free_rows(self) -> int:
+        return len(self._free_rows)
+
+    def acquire(self, req: Request) -> int:
+        row = self._free_rows.pop()
+        tokens = req.token_ids()
+        self.token_ids[row, :len(tokens)] = tokens
+        p = req.params
+        self.temperature[row] = 0.0 if p.is_greedy else p.temperature
+        self.top_k[row] = p.top_k
+        self.top_p[row] = p.top_p
+        self.min_p[row] = p.min_p
+        self.seed[row] = req.seed
+        self.repetition_penalty[row] = p.repetition_penalty
+        self.presence_penalty[row] = p.presence_penalty
+        self.frequency_penalty[row] = p.frequency_penalty
+        return row
+
+    def release(self, row: int) -> None:
+        self._free_rows.append(row)
+
+    def set_blocks(self, row: int, start: int, blocks: list[int]) -> None:
+        self.block_table[row, start:start + len(blocks)] = blocks

@@ -1,0 +1,95 @@
+"""Turn a scheduled batch into a slot's host inputs, with numpy gathers over rows.
+
+No Python loop runs over the requests of a batch: every per-token and per-row field is
+gathered from the request table (slipstream.request_table) by row index.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slipstream.sampler import SamplerFlags
+from slipstream.scheduler import ScheduledBatch
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Host-side sizes of a step; a CUDA graph is keyed by (slot, num_seqs, flags)."""
+    num_tokens: int  # padded
+    num_seqs: int  # padded
+    num_samples: int  # padded
+    max_query_len: int
+    max_seq_len: int
+    flags: SamplerFlags
+    padded: bool  # a decode batch padded to a captured graph size
+
+
+def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad_to: int | None,
+                graph_max_seq_len: int) -> StepShape:
+    t = batch.table
+    rows, start, n = batch.rows, batch.start, batch.num_new
+    B = len(rows)
+    qsl = np.zeros(B + 1, np.int64)
+    np.cumsum(n, out=qsl[1:])
+    T = int(qsl[-1])
+    seq_of_token = np.repeat(np.arange(B), n)
+    pos = np.arange(T) - qsl[seq_of_token] + start[seq_of_token]
+    row_of_token = rows[seq_of_token]
+    host.input_ids[:T] = t.token_ids[row_of_token, pos]
+    host.positions[:T] = pos
+    host.slot_mapping[:T] = t.block_table[row_of_token, pos // block_size] * block_size + pos % block_size
+    host.carry_idx[:T] = -1
+    carried = batch.carry_src >= 0
+    host.carry_idx[qsl[:-1][carried]] = batch.carry_src[carried]
+    host.query_start_loc[:B + 1] = qsl
+    host.seq_lens[:B] = start + n
+    num_blocks = -(-batch.max_seq_len // block_size)
+    host.block_table[:B, :num_blocks] = t.block_table[rows, :num_blocks]
+
+    S = len(batch.sampled)
+    sample_rows = rows[batch.sample_seq]
+    host.logits_indices[:S] = qsl[batch.sample_seq + 1] - 1
+    host.token_index[:S] = batch.token_index
+    host.state_row[:S] = sample_rows
+    host.seed[:S] = t.seed[sample_rows]
+    temperature = t.temperature[sample_rows]
+    top_k, top_p = t.top_k[sample_rows], t.top_p[sample_rows]
+    rep, pres, freq = (t.repetition_penalty[sample_rows], t.presence_penalty[sample_rows],
+                       t.frequency_penalty[sample_rows])
+    host.temperature[:S] = temperature
+    host.top_k[:S] = top_k
+    host.top_p[:S] = top_p
+    host.min_p[:S] = t.min_p[sample_rows]
+    host.repetition_penalty[:S] = rep
+    host.presence_penalty[:S] = pres
+    host.frequency_penalty[:S] = freq
+    sampling = temperature > 0
+    flags = SamplerFlags(
+        use_top_k_top_p=bool(((top_k[sampling] > 0) | (top_p[sampling] < 1.0)).any()),
+        use_penalties=bool(((rep != 1.0) | (pres != 0.0) | (freq != 0.0)).any()),
+        num_logprobs=batch.num_logprobs)
+
+    if pad_to is None:
+        return StepShape(T, B, S, int(n.max()), batch.max_seq_len, flags, padded=False)
+    # A decode batch (T == B == S) padded to a captured size: padding rows have no
+    # context (seq_len 0), store nothing, and draw greedily into the scratch row.
+    P = pad_to
+    host.input_ids[T:P] = 0
+    host.positions[T:P] = 0
+    host.slot_mapping[T:P] = -1
+    host.carry_idx[T:P] = -1
+    host.query_start_loc[B + 1:P + 1] = np.arange(T + 1, T + 1 + P - B)
+    host.seq_lens[B:P] = 0
+    host.logits_indices[S:P] = np.arange(S, P)
+    host.token_index[S:P] = 0
+    host.state_row[S:P] = t.scratch_row
+    host.seed[S:P] = 0
+    host.temperature[S:P] = 0.0
+    host.top_k[S:P] = 0
+    host.top_p[S:P] = 1.0
+    host.min_p[S:P] = 0.0
+    host.repetition_penalty[S:P] = 1.0
+    host.presence_penalty[S:P] = 0.0
+    host.frequency_penalty[S:P] = 0.0
+    return StepShape(P, P, P, 1, graph_max_seq_len, flags, padded=True)

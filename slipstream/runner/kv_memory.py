@@ -1,0 +1,102 @@
+"""Sizing and allocating the paged KV cache.
+
+On CUDA the pool takes what is left of `gpu_memory_utilization` x total memory after
+the weights and the peak of a profiling step (the largest prefill the scheduler may
+build, plus sampling at max_num_seqs rows) and a reserve for the CUDA-graph pool.
+On the CPU it takes a fixed budget.  Never more than max_num_seqs full-length sequences.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from slipstream.ops.attention import AttentionMetadata
+from slipstream.sampler import PenaltyState, SamplerFlags, SamplingTensors, sample
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_layers: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+
+def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+    return [(torch.zeros(shape, dtype=spec.dtype, device=device),
+             torch.zeros(shape, dtype=spec.dtype, device=device)) for _ in range(spec.num_layers)]
+
+
+def num_kv_blocks(runner, spec: KVCacheSpec, opts) -> int:
+    per_seq = -(-opts.max_model_len // opts.block_size)
+    useful = per_seq * opts.max_num_seqs
+    if opts.num_kv_blocks is not None:
+        return opts.num_kv_blocks
+    if runner.device.type != "cuda":
+        return max(1, min(useful, int(opts.cpu_kv_cache_gib * GiB) // spec.bytes_per_block))
+    peak = _profile_peak(runner, spec, opts)
+    free, total = torch.cuda.mem_get_info(runner.device)
+    not_torch = total - free - torch.cuda.memory_reserved(runner.device)
+    vocab = runner.model_config.vocab_size
+    graph_reserve = (opts.cuda_graph_max_batch * vocab * 4 * 6 + GiB // 2) if opts.use_cuda_graphs else 0
+    available = total * opts.gpu_memory_utilization - not_torch - peak - graph_reserve
+    blocks = int(available // spec.bytes_per_block)
+    if blocks < per_seq:
+        raise RuntimeError(
+            f"the model does not fit: after weights ({_gib(peak)} peak incl. activations) "
+            f"{_gib(max(available, 0))} is left for the KV cache under gpu_memory_utilization="
+            f"{opts.gpu_memory_utilization} of {_gib(total)}, but one sequence of max_model_len="
+            f"{opts.max_model_len} needs {_gib(per_seq * spec.bytes_per_block)}; lower max_model_len, "
+            f"max_num_batched_tokens or max_num_seqs, or raise gpu_memory_utilization")
+    return min(blocks, useful)
+
+
+def _profile_peak(runner, spec: KVCacheSpec, opts) -> int:
+    """Peak bytes of the largest eager step, measured with a throw-away KV cache."""
+    device = runner.device
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    tokens = opts.max_num_batched_tokens
+    seq_len = min(tokens, opts.max_model_len)
+    num_seqs = -(-tokens // seq_len)
+    lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
+    blocks_per_seq = -(-seq_len // spec.block_size)
+    caches = allocate_kv_caches(spec, blocks_per_seq * num_seqs, device)
+    qsl = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
+    table = torch.arange(blocks_per_seq * num_seqs, dtype=torch.int32, device=device).view(num_seqs, -1)
+    positions = torch.cat([torch.arange(n) for n in lens]).to(device=device, dtype=torch.int32)
+    slots = torch.cat([i * blocks_per_seq * spec.block_size + torch.arange(n) for i, n in enumerate(lens)])
+    slots = slots.to(device=device, dtype=torch.int32)
+    meta = AttentionMetadata(qsl, torch.tensor(lens, dtype=torch.int32, device=device), table, slots,
+                             max(lens), max(lens))
+    ids = torch.zeros(tokens, dtype=torch.int32, device=device)
+    with torch.inference_mode():
+        hidden = runner.model(ids, positions, meta, caches)
+        rows = opts.max_num_seqs
+        logits = runner.model.compute_logits(hidden[:1].expand(rows, -1).contiguous())
+        z = lambda dt, v=0: torch.full((rows,), v, dtype=dt, device=device)
+        t = SamplingTensors(temperature=z(torch.float32, 1.0), top_k=z(torch.int32, 5), top_p=z(torch.float32, 0.9),
+                            min_p=z(torch.float32), seed=z(torch.int64), token_index=z(torch.int32),
+                            repetition_penalty=z(torch.float32, 1.1), presence_penalty=z(torch.float32, 0.1),
+                            frequency_penalty=z(torch.float32, 0.1), state_row=z(torch.int32))
+        sample(logits, t, SamplerFlags(True, True, 20), runner.penalties)
+    del caches, hidden, logits
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.empty_cache()
+    return peak
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"

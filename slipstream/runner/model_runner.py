@@ -1,0 +1,195 @@
+"""The model runner: turns a scheduled batch into device work, and tokens back.
+
+`launch` fills one of two IO slots, then issues three pieces of work, each on its own
+stream and ordered by events: upload (h2d), step (compute: carry-over, forward,
+sampling), download (d2h).  It returns at once; `wait` blocks on the download of that
+batch only.  A decode batch replays a CUDA graph captured for its slot and padded
+size; other batches run eagerly.  On the CPU the streams and events are no-ops and the
+same calls run one after the other.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from slipstream.ops.attention import AttentionMetadata
+from slipstream.runner.graphs import DecodeGraphs, capture_sizes
+from slipstream.runner.inputs import StepShape, fill_inputs
+from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
+from slipstream.runner.pipeline import Streams
+from slipstream.runner.slots import IOSlot
+from slipstream.sampler import PenaltyState, SamplerFlags, SamplingTensors, sample
+from slipstream.scheduler import BatchResult, ScheduledBatch
+
+
+@dataclass
+class Launched:
+    batch: ScheduledBatch
+    slot: IOSlot
+    num_samples: int
+    num_logprobs: int
+    used_graph: bool
+    gpu_times: dict | None = None  # filled by wait() when tracing
+
+
+@dataclass
+class RunnerOptions:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int | None
+    gpu_memory_utilization: float
+    cpu_kv_cache_gib: float
+    use_cuda_graphs: bool
+    cuda_graph_max_batch: int
+    trace: bool
+
+
+class ModelRunner:
+    def __init__(self, model, model_config, opts: RunnerOptions, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.model = model
+        self.model_config = model_config
+        self.opts = opts
+        self.device = device
+        self.dtype = dtype
+        self.block_size = opts.block_size
+        self.max_model_len = opts.max_model_len
+        self.streams = Streams(device, timing=opts.trace)
+        max_tokens = max(opts.max_num_batched_tokens, opts.max_num_seqs)
+        max_blocks = -(-opts.max_model_len // opts.block_size)
+        self.slots = [IOSlot(i, max_tokens, opts.max_num_seqs, max_blocks, device, self.streams)
+                      for i in range(2)]
+        self.penalties = PenaltyState(opts.max_num_seqs + 1, model_config.vocab_size, device)
+        spec = KVCacheSpec(model_config.num_layers, opts.block_size, model_config.num_kv_heads,
+                           model_config.head_dim, dtype)
+        self.num_blocks = num_kv_blocks(self, spec, opts)
+        self.kv_caches = allocate_kv_caches(spec, self.num_blocks, device)
+        self.graphs: DecodeGraphs | None = None
+        if opts.use_cuda_graphs and device.type == "cuda":
+            sizes = capture_sizes(min(opts.cuda_graph_max_batch, opts.max_num_seqs))
+            self.graphs = DecodeGraphs(sizes, opts.max_model_len)
+            self.graphs.capture_all(self)
+        self.trace_origin = None
+        if opts.trace:
+            self.streams.synchronize()
+            self.trace_origin = (self.streams.event(), time.perf_counter())
+            self.trace_origin[0].record(self.streams.compute)
+
+    # -- the step on the compute stream (eager, or captured into a graph) ---------------
+    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None) -> None:
+        logits = self.forward(slot, shape)
+        if suppress:
+            rows = [r for r, ids in suppress for _ in ids]
+            cols = [t for _, ids in suppress for t in ids]
+            logits[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = float("-inf")
+        self.sample(slot, shape, logits)
+
+    def forward(self, slot: IOSlot, shape: StepShape) -> torch.Tensor:
+        d = slot.dev
+        prev = self.slots[1 - slot.index]
+        T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
+        input_ids, carry = d.input_ids[:T], d.carry_idx[:T]
+        # Carry-over: tokens the previous batch just drew replace their placeholders.
+        input_ids.copy_(torch.where(carry >= 0, prev.dev.tokens[carry.clamp(min=0).long()], input_ids))
+        meta = AttentionMetadata(d.query_start_loc[:B + 1], d.seq_lens[:B], d.block_table[:B],
+                                 d.slot_mapping[:T], shape.max_query_len, shape.max_seq_len)
+        hidden = self.model(input_ids, d.positions[:T], meta, self.kv_caches)
+        return self.model.compute_logits(hidden.index_select(0, d.logits_indices[:S]))
+
+    def sample(self, slot: IOSlot, shape: StepShape, logits: torch.Tensor) -> None:
+        d, S, k = slot.dev, shape.num_samples, shape.flags.num_logprobs
+        tensors = SamplingTensors(
+            temperature=d.temperature[:S], top_k=d.top_k[:S], top_p=d.top_p[:S], min_p=d.min_p[:S],
+            seed=d.seed[:S], token_index=d.token_index[:S],
+            repetition_penalty=d.repetition_penalty[:S], presence_penalty=d.presence_penalty[:S],
+            frequency_penalty=d.frequency_penalty[:S], state_row=d.state_row[:S])
+        out = sample(logits, tensors, shape.flags, self.penalties)
+        d.tokens[:S].copy_(out.tokens)
+        if k:
+            d.logprobs[:S, :1 + k].copy_(out.logprobs)
+            d.logprob_ids[:S, :k].copy_(out.logprob_ids)
+        self.penalties.record(d.state_row[:S], out.tokens)
+
+    def fill_padding(self, slot: IOSlot, size: int) -> None:
+        """Inputs of an all-padding decode batch of `size` rows (graph capture, profiling)."""
+        h = slot.host
+        h.input_ids[:size] = 0
+        h.positions[:size] = 0
+        h.slot_mapping[:size] = -1
+        h.carry_idx[:size] = -1
+        h.query_start_loc[:size + 1] = np.arange(size + 1)
+        h.seq_lens[:size] = 0
+        h.logits_indices[:size] = np.arange(size)
+        h.state_row[:size] = self.opts.max_num_seqs  # the scratch row
+        h.temperature[:size] = 0.0
+        h.top_k[:size] = 0
+        h.top_p[:size] = 1.0
+        h.min_p[:size] = 0.0
+        h.repetition_penalty[:size] = 1.0
+        h.presence_penalty[:size] = 0.0
+        h.frequency_penalty[:size] = 0.0
+        slot.upload(size)
+        self.streams.synchronize()
+
+    # -- the pipeline -----------------------------------------------------------------
+    def launch(self, batch: ScheduledBatch) -> Launched:
+        slot = self.slots[batch.batch_id % 2]
+        slot.h2d_done.synchronize()  # the slot's last upload is done: its host side is free
+        pad = None
+        if self.graphs is not None and batch.is_decode_only:
+            pad = self.graphs.padded_size(batch.num_seqs)
+        shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
+        use_graph = (self.graphs is not None and not batch.suppress and not batch.penalty_resets
+                     and self.graphs.can_replay(slot.index, shape))
+        s = self.streams
+        with s.on(s.h2d):
+            s.wait(s.h2d, slot.compute_done)  # the slot's previous step has read its inputs
+            slot.h2d_start.record()
+            slot.upload(shape.num_seqs)
+            slot.h2d_done.record()
+        with s.on(s.compute):
+            s.wait(s.compute, slot.h2d_done)
+            s.wait(s.compute, slot.d2h_done)  # the slot's previous tokens were copied out
+            slot.compute_start.record()
+            if use_graph:
+                self.graphs.replay(slot.index, shape)
+            else:
+                for row, prompt, outputs in batch.penalty_resets:
+                    self.penalties.reset_row(row, prompt, outputs)
+                self.compute_step(slot, shape, batch.suppress)
+            slot.compute_done.record()
+        num_samples, k = len(batch.sampled), shape.flags.num_logprobs
+        with s.on(s.d2h):
+            s.wait(s.d2h, slot.compute_done)
+            slot.d2h_start.record()
+            slot.download(num_samples, k)
+            slot.d2h_done.record()
+        return Launched(batch, slot, num_samples, k, use_graph)
+
+    def wait(self, launched: Launched) -> BatchResult:
+        slot = launched.slot
+        slot.d2h_done.synchronize()
+        S, k = launched.num_samples, launched.num_logprobs
+        result = BatchResult(tokens=slot.host.tokens[:S].numpy().copy())
+        if k:
+            result.logprobs = slot.host.logprobs[:S, :1 + k].numpy().copy()
+            result.logprob_ids = slot.host.logprob_ids[:S, :k].numpy().copy()
+        if self.trace_origin is not None and self.streams.cuda:
+            launched.gpu_times = self._gpu_times(slot)
+        return result
+
+    def _gpu_times(self, slot: IOSlot) -> dict[str, tuple[float, float]]:
+        """Wall-clock (perf_counter) spans of the batch's three stream stages."""
+        origin, t0 = self.trace_origin
+
+        def at(ev) -> float:
+            return t0 + origin.elapsed_time(ev) / 1e3
+
+        return {"h2d": (at(slot.h2d_start), at(slot.h2d_done)),
+                "compute": (at(slot.compute_start), at(slot.compute_done)),
+                "d2h": (at(slot.d2h_start), at(slot.d2h_done))}

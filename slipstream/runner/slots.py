@@ -1,0 +1,81 @@
+"""IO slots: the pinned host inputs of one batch, their device copies, and its outputs.
+
+Two slots alternate between batches, so the CPU fills batch N+1's inputs while the GPU
+still reads batch N's.  All integer inputs share one buffer (block table last) and all
+float inputs another, so a step's upload is two copies.  Device views have fixed
+addresses: CUDA graphs captured for a slot read and write exactly these.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+MAX_LOGPROBS = 20
+
+
+class IOSlot:
+    def __init__(self, index: int, max_tokens: int, max_seqs: int, max_blocks: int,
+                 device: torch.device, streams) -> None:
+        self.index = index
+        self.max_blocks = max_blocks
+        pin = device.type == "cuda"
+        T, S = max_tokens, max_seqs
+        ints = [("input_ids", T), ("positions", T), ("slot_mapping", T), ("carry_idx", T),
+                ("query_start_loc", S + 1), ("seq_lens", S), ("logits_indices", S), ("top_k", S),
+                ("token_index", S), ("state_row", S), ("seed", 2 * S), ("block_table", S * max_blocks)]
+        floats = [("temperature", S), ("top_p", S), ("min_p", S), ("repetition_penalty", S),
+                  ("presence_penalty", S), ("frequency_penalty", S)]
+        self._int_offsets, n_int = _layout(ints)
+        self._float_offsets, n_float = _layout(floats)
+        self.block_table_offset = self._int_offsets["block_table"][0]
+        self.host_int = torch.zeros(n_int, dtype=torch.int32, pin_memory=pin)
+        self.host_float = torch.zeros(n_float, dtype=torch.float32, pin_memory=pin)
+        self.dev_int = torch.zeros(n_int, dtype=torch.int32, device=device)
+        self.dev_float = torch.zeros(n_float, dtype=torch.float32, device=device)
+        # numpy views of the host side (the CPU writes these), torch views of the device side
+        self.host = SimpleNamespace(**self._views(self.host_int.numpy(), self.host_float.numpy(), np))
+        self.dev = SimpleNamespace(**self._views(self.dev_int, self.dev_float, torch))
+        # outputs
+        self.dev.tokens = torch.zeros(S, dtype=torch.int32, device=device)
+        self.dev.logprobs = torch.zeros(S, 1 + MAX_LOGPROBS, dtype=torch.float32, device=device)
+        self.dev.logprob_ids = torch.zeros(S, MAX_LOGPROBS, dtype=torch.int32, device=device)
+        self.host.tokens = torch.zeros(S, dtype=torch.int32, pin_memory=pin)
+        self.host.logprobs = torch.zeros(S, 1 + MAX_LOGPROBS, dtype=torch.float32, pin_memory=pin)
+        self.host.logprob_ids = torch.zeros(S, MAX_LOGPROBS, dtype=torch.int32, pin_memory=pin)
+        self.h2d_start, self.h2d_done = streams.event(), streams.event()
+        self.compute_start, self.compute_done = streams.event(), streams.event()
+        self.d2h_start, self.d2h_done = streams.event(), streams.event()
+
+    def _views(self, ints, floats, lib) -> dict:
+        v = {}
+        for name, (off, size) in self._int_offsets.items():
+            v[name] = ints[off:off + size]
+        for name, (off, size) in self._float_offsets.items():
+            v[name] = floats[off:off + size]
+        v["seed"] = v["seed"].view(np.int64 if lib is np else torch.int64)
+        v["block_table"] = v["block_table"].reshape(-1, self.max_blocks)
+        return v
+
+    def upload(self, num_seqs: int) -> None:
+        """Copy the inputs of a batch of `num_seqs` rows (host -> device, current stream)."""
+        end = self.block_table_offset + num_seqs * self.max_blocks
+        self.dev_int[:end].copy_(self.host_int[:end], non_blocking=True)
+        self.dev_float.copy_(self.host_float, non_blocking=True)
+
+    def download(self, num_samples: int, num_logprobs: int) -> None:
+        """Copy the outputs back (device -> host, current stream)."""
+        self.host.tokens[:num_samples].copy_(self.dev.tokens[:num_samples], non_blocking=True)
+        if num_logprobs:
+            self.host.logprobs[:num_samples].copy_(self.dev.logprobs[:num_samples], non_blocking=True)
+            self.host.logprob_ids[:num_samples].copy_(self.dev.logprob_ids[:num_samples], non_blocking=True)
+
+
+def _layout(fields) -> tuple[dict[str, tuple[int, int]], int]:
+    offsets, off = {}, 0
+    for name, size in fields:
+        off += off % 2  # keep 8-byte alignment so int64 views (seed) are legal
+        offsets[name] = (off, size)
+        off += size
+    return offsets, off

@@ -1,0 +1,294 @@
+"""Continuous batching: who runs this step, with how many tokens.
+
+Policy only: the scheduler never touches device tensors.  Each step it walks the
+running requests in arrival order, gives each the tokens it needs (one for a decode,
+a chunk for a prefill) within the token budget, allocates their KV blocks (preempting
+the newest running requests by recompute when blocks run out), then admits waiting
+requests in FCFS order with prefix-cache hits.
+
+It runs one step ahead of the GPU: when batch N+1 is built, batch N's tokens are not
+known yet.  A request whose next input is such a pending token gets a placeholder and
+a carry-over index (`carry_src`: its sample row in batch N); tokens that arrive for a
+request that already finished are dropped; blocks and rows come back late (kv_cache).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from slipstream.kv_cache import BlockPool, InFlight
+from slipstream.request import Request, Status
+from slipstream.request_table import RequestTable
+
+
+@dataclass
+class ScheduledBatch:
+    batch_id: int
+    requests: list[Request]  # one per sequence row
+    rows: np.ndarray  # int32 [B] request-table rows
+    start: np.ndarray  # int32 [B] first position computed this step
+    num_new: np.ndarray  # int32 [B] tokens computed this step
+    carry_src: np.ndarray  # int32 [B] previous batch's sample row giving this row's input, or -1
+    sample_seq: np.ndarray  # int32 [S] sequence row of each sampling row
+    token_index: np.ndarray  # int32 [S] output index each sampling row draws
+    sampled: list[Request]  # request of each sampling row
+    table: RequestTable
+    max_seq_len: int
+    num_logprobs: int = 0  # top-k logprobs to return (max over sampling rows)
+    suppress: list[tuple[int, list[int]]] = field(default_factory=list)  # (sample row, token ids) masked for min_tokens
+    penalty_resets: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # (row, prompt, outputs)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.requests)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.num_new.sum())
+
+    @property
+    def is_decode_only(self) -> bool:
+        return bool((self.num_new == 1).all()) and len(self.sampled) == len(self.requests)
+
+
+@dataclass
+class BatchResult:
+    """What the runner hands back for a batch: host arrays, one entry per sampling row."""
+    tokens: np.ndarray  # int32 [S]
+    logprobs: np.ndarray | None = None  # float32 [S, 1 + k]: sampled token, then top-k
+    logprob_ids: np.ndarray | None = None  # int32 [S, k]
+
+
+class _BatchBuilder:
+    def __init__(self, batch_id: int) -> None:
+        self.batch_id = batch_id
+        self.requests: list[Request] = []
+        self.start: list[int] = []
+        self.num_new: list[int] = []
+        self.carry: list[int] = []
+        self.sample_seq: list[int] = []
+        self.token_index: list[int] = []
+        self.sampled: list[Request] = []
+        self.penalty_resets: list[tuple[int, list[int], list[int]]] = []
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, table: RequestTable, max_num_seqs: int,
+                 max_num_batched_tokens: int) -> None:
+        self.pool = pool
+        self.table = table
+        self.in_flight: InFlight = pool.in_flight
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_size = pool.block_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.next_batch_id = 0
+        self.num_preemptions = 0
+
+    # -- requests ---------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        """End a request now (stop, length, abort); in-flight tokens of it are dropped."""
+        if req.finished:
+            return
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+            self._release(req)
+        else:
+            self.waiting.remove(req)
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        req.error = error
+
+    def _release(self, req: Request) -> None:
+        self.pool.free(req.block_ids)
+        row = req.row
+        self.in_flight.release_later(lambda: self.table.release(row))
+        req.block_ids, req.block_keys, req.row, req.num_computed = [], [], -1, 0
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    # -- scheduling -------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        b = _BatchBuilder(self.next_batch_id)
+        budget = self.max_num_batched_tokens
+        preempted = self.num_preemptions
+        stalled = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            if req.all_done_scheduling:
+                i += 1
+                continue
+            n = min(req.num_tokens_with_pending - req.num_computed, budget)
+            if not self._reserve(req, req.num_computed + n):
+                stalled = req.status is Status.RUNNING
+                break
+            self._add(b, req, n)
+            budget -= n
+            i += 1
+        if not stalled and self.num_preemptions == preempted:
+            budget = self._admit(b, budget)
+        if not b.requests:
+            return None
+        return self._finalize(b)
+
+    def _reserve(self, req: Request, num_tokens: int) -> bool:
+        """Give `req` blocks for `num_tokens`, preempting the newest running requests.
+
+        False when `req` itself was preempted, or when the blocks it needs are on their
+        way back from in-flight batches (then it waits a step instead of preempting more).
+        """
+        need = -(-num_tokens // self.block_size) - len(req.block_ids)
+        while need > self.pool.num_free:
+            if self.pool.num_free + self.pool.num_freeing >= need:
+                return False
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is req:
+                return False
+        if need > 0:
+            new = self.pool.allocate(need)
+            self.table.set_blocks(req.row, len(req.block_ids), new)
+            req.block_ids.extend(new)
+        return True
+
+    def _admit(self, b: _BatchBuilder, budget: int) -> int:
+        bs = self.block_size
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            if req.num_pending or not self.table.num_free_rows:
+                break  # a token still in flight for it, or rows still coming back late
+            tokens = req.token_ids()
+            # Leave at least one token to compute: its logits draw the next token.
+            keys = self.pool.block_keys(tokens, (len(tokens) - 1) // bs)
+            hits = self.pool.peek(keys)
+            computed = len(hits) * bs
+            n = min(len(tokens) - computed, budget)
+            need = -(-(computed + n) // bs) - len(hits)
+            if need + self.pool.num_free_among(hits) > self.pool.num_free:
+                break
+            self.pool.take(hits)
+            req.row = self.table.acquire(req)
+            req.block_ids = hits + self.pool.allocate(need)
+            req.block_keys = keys[:len(hits)]
+            self.table.set_blocks(req.row, 0, req.block_ids)
+            req.num_computed = computed
+            req.status = Status.RUNNING
+            self.waiting.popleft()
+            self.running.append(req)
+            if req.params.uses_penalties:  # its row of the device-side penalty state is stale
+                b.penalty_resets.append((req.row, req.prompt_token_ids, list(req.output_token_ids)))
+            self._add(b, req, n)
+            budget -= n
+        return budget
+
+    def _add(self, b: _BatchBuilder, req: Request, n: int) -> None:
+        start = req.num_computed
+        carry = -1
+        if start >= req.num_tokens:  # its input is the token batch N-1 is still drawing
+            assert n == 1 and req.last_sample[0] == b.batch_id - 1, "carry-over from a non-adjacent batch"
+            carry = req.last_sample[1]
+        b.requests.append(req)
+        b.start.append(start)
+        b.num_new.append(n)
+        b.carry.append(carry)
+        req.num_computed = start + n
+        self._register_blocks(req)
+        if req.num_computed == req.num_tokens_with_pending:
+            b.sample_seq.append(len(b.requests) - 1)
+            b.token_index.append(req.num_scheduled_outputs)
+            req.last_sample = (b.batch_id, len(b.sampled))
+            b.sampled.append(req)
+            req.num_pending += 1
+
+    def _register_blocks(self, req: Request) -> None:
+        """Publish full blocks whose tokens are known and whose KV is scheduled."""
+        full = min(req.num_computed, req.num_tokens) // self.block_size
+        if full > len(req.block_keys) and self.pool.enable_prefix_caching:
+            keys = self.pool.block_keys(self.table.token_ids[req.row], full, req.block_keys)
+            for j in range(len(req.block_keys), full):
+                self.pool.register(req.block_ids[j], keys[j])
+            req.block_keys = keys
+
+    def _finalize(self, b: _BatchBuilder) -> ScheduledBatch:
+        self.next_batch_id += 1
+        start = np.array(b.start, np.int32)
+        num_new = np.array(b.num_new, np.int32)
+        batch = ScheduledBatch(
+            batch_id=b.batch_id, requests=b.requests,
+            rows=np.array([r.row for r in b.requests], np.int32), start=start, num_new=num_new,
+            carry_src=np.array(b.carry, np.int32), sample_seq=np.array(b.sample_seq, np.int32),
+            token_index=np.array(b.token_index, np.int32), sampled=b.sampled, table=self.table,
+            max_seq_len=int((start + num_new).max()))
+        for j, req in enumerate(b.sampled):
+            p = req.params
+            if p.logprobs is not None:
+                batch.num_logprobs = max(batch.num_logprobs, p.logprobs, 1)
+            if b.token_index[j] < p.min_tokens:
+                stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(req.eos_token_ids))
+                if stop_ids:
+                    batch.suppress.append((j, sorted(stop_ids)))
+        batch.penalty_resets = b.penalty_resets
+        blocks = frozenset(x for r in b.requests for x in r.block_ids) if self.pool.debug else frozenset()
+        self.in_flight.launched(b.batch_id, blocks)
+        return batch
+
+    # -- results ----------------------------------------------------------------------
+    def update(self, batch: ScheduledBatch, result: BatchResult) -> list[Request]:
+        """Take a completed batch's tokens; returns the requests that got a token or ended."""
+        touched = []
+        tokens = result.tokens.tolist()
+        for j, req in enumerate(batch.sampled):
+            req.num_pending -= 1
+            if req.finished:  # ended while this batch was in flight: drop the token
+                continue
+            token = tokens[j]
+            req.output_token_ids.append(token)
+            if req.row >= 0:
+                self.table.token_ids[req.row, req.num_tokens - 1] = token
+            if result.logprobs is not None and req.params.logprobs is not None:
+                self._append_logprobs(req, token, result, j)
+            reason = self._stop_reason(req, token)
+            if reason is not None:
+                self.finish(req, reason)
+            touched.append(req)
+        self.in_flight.completed(batch.batch_id)
+        return touched
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        num_out = len(req.output_token_ids)
+        if num_out > p.min_tokens or p.min_tokens == 0:
+            if token in p.stop_token_ids or (not p.ignore_eos and token in req.eos_token_ids):
+                return "stop"
+        if req.detokenizer is not None:
+            _, hit = req.detokenizer.add_token(token)
+            if hit:  # it looks for stop strings only once min_tokens are out
+                return "stop"
+        if num_out >= p.max_tokens:
+            return "length"
+        return None
+
+    @staticmethod
+    def _append_logprobs(req: Request, token: int, result: BatchResult, j: int) -> None:
+        k = req.params.logprobs
+        entry = {token: float(result.logprobs[j, 0])}
+        for t, lp in zip(result.logprob_ids[j, :k].tolist(), result.logprobs[j, 1:1 + k].tolist()):
+            entry.setdefault(t, lp)
+        if req.logprobs is None:
+            req.logprobs = []
+        req.logprobs.append(entry)

@@ -1,0 +1,106 @@
+"""A thin wrapper over a transformers fast tokenizer, for a model folder or a GGUF file.
+
+`load_tokenizer(source)` takes the same sources as `slipstream.model.loader.load_model`
+(None = the embedded SmolLM2) and returns None for a folder without tokenizer files (dummy
+benchmark models).  For GGUF the tokenizer is rebuilt from the file's metadata by
+transformers (`PreTrainedTokenizerFast(gguf_file=...)`); we call the fast-tokenizer class
+directly because `AutoTokenizer` would first parse the whole GGUF again to build a config,
+which costs several seconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class Tokenizer:
+    def __init__(self, hf_tokenizer, extra_eos_ids=()):
+        self.hf = hf_tokenizer
+        eos = {hf_tokenizer.eos_token_id} if hf_tokenizer.eos_token_id is not None else set()
+        self.eos_token_ids: set[int] = eos | {int(i) for i in extra_eos_ids}
+        self.bos_token_id: int | None = hf_tokenizer.bos_token_id
+        self.vocab_size: int = len(hf_tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, with BOS if (and as) the model's tokenizer adds one."""
+        return self.hf.encode(text, add_special_tokens=True)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(_as_list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return self.hf.convert_ids_to_tokens(_as_list(ids))
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text of a chat, ending with the assistant's generation prompt."""
+        if not self.has_chat_template:
+            raise ValueError(
+                f"the tokenizer of {self.hf.name_or_path or 'this model'} has no chat template; "
+                "send a plain prompt instead of chat messages")
+        return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
+        # The template writes every special token itself (BOS included where the model wants
+        # it), so the rendered text is encoded without adding any.
+        return self.hf.encode(self.render_chat(messages), add_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size}, "
+                f"eos={sorted(self.eos_token_ids)})")
+
+
+def _as_list(ids) -> list[int]:
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+
+
+def _config_eos_ids(folder: str) -> set[int]:
+    """eos ids stated by config.json / generation_config.json (Llama 3.1 lists several)."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                eos = json.load(f).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list):
+            ids.update(int(i) for i in eos)
+    return ids
+
+
+def load_tokenizer(source: str | os.PathLike | None) -> Tokenizer | None:
+    from slipstream.model.loader import resolve_model_source
+
+    path = resolve_model_source(source)
+    if path.endswith(".gguf"):
+        from transformers import PreTrainedTokenizerFast
+
+        from slipstream.model.gguf import GGUFFile
+
+        folder, name = os.path.split(path)
+        try:
+            hf = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
+        except Exception:  # older transformers: let AutoTokenizer pick the class
+            from transformers import AutoTokenizer
+            hf = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        md = GGUFFile(path).metadata
+        extra = [md[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                 "tokenizer.ggml.eom_token_id") if k in md]
+        return Tokenizer(hf, extra)
+    folder = os.path.dirname(path) if path.endswith(".json") else path
+    if not any(os.path.isfile(os.path.join(folder, f)) for f in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return Tokenizer(AutoTokenizer.from_pretrained(folder), _config_eos_ids(folder))

@@ -1,0 +1,86 @@
+"""A model-free runner for scheduler tests.
+
+It builds its inputs with the engine's own `fill_inputs`, keeps a "KV cache" of token
+ids written through the slot mapping, resolves carry-over from the previous batch's
+draws, and draws each token as a hash of the context it reads back through the block
+table.  So a wrong block table, a block freed too early, a lost carry-over or a wrong
+placeholder changes the output.  Like the GPU it executes a batch late (at `wait`).
+"""
+from __future__ import annotations
+
+from collections import deque
+from types import SimpleNamespace
+
+import numpy as np
+
+from slipstream.runner.inputs import fill_inputs
+from slipstream.scheduler import BatchResult
+
+VOCAB = 97
+
+
+def next_token(context: np.ndarray, seed: int, token_index: int) -> int:
+    h = seed * 1000003 + token_index * 7919
+    for t in context[-24:].tolist():  # a window keeps it fast; long enough to see errors
+        h = (h * 31 + t + 1) % 2_147_483_647
+    return int(h % VOCAB) + len(context) % 3  # stays below VOCAB + 2
+
+
+class FakeRunner:
+    def __init__(self, num_blocks: int, block_size: int, max_seqs: int, max_tokens: int,
+                 max_blocks: int, check_pool=None) -> None:
+        self.block_size = block_size
+        self.kv = np.full(num_blocks * block_size, -1, np.int64)
+        self.prev_tokens = np.zeros(max_seqs, np.int64)
+        self.pending: deque = deque()
+        self.check_pool = check_pool
+        T, S = max_tokens, max_seqs
+        i32 = lambda n: np.zeros(n, np.int32)
+        f32 = lambda n: np.zeros(n, np.float32)
+        self.host = SimpleNamespace(
+            input_ids=i32(T), positions=i32(T), slot_mapping=i32(T), carry_idx=i32(T),
+            query_start_loc=i32(S + 1), seq_lens=i32(S), logits_indices=i32(S), top_k=i32(S),
+            token_index=i32(S), state_row=i32(S), seed=np.zeros(S, np.int64),
+            block_table=np.zeros((S, max_blocks), np.int32), temperature=f32(S), top_p=f32(S),
+            min_p=f32(S), repetition_penalty=f32(S), presence_penalty=f32(S), frequency_penalty=f32(S))
+
+    def launch(self, batch):
+        shape = fill_inputs(batch, self.host, self.block_size, None, 0)
+        h = self.host
+        snapshot = {k: v.copy() for k, v in vars(h).items()}  # the "H2D copy"
+        self.pending.append((batch, shape, snapshot))
+        return SimpleNamespace(batch=batch)
+
+    def wait(self, launched) -> BatchResult:
+        batch, shape, h = self.pending.popleft()
+        assert batch is launched.batch, "batches must complete in launch order"
+        T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
+        ids = h["input_ids"][:T].astype(np.int64)
+        carry = h["carry_idx"][:T]
+        ids[carry >= 0] = self.prev_tokens[carry[carry >= 0]]
+        slots = h["slot_mapping"][:T]
+        self.kv[slots[slots >= 0]] = ids[slots >= 0]
+        tokens = np.zeros(S, np.int32)
+        bs = self.block_size
+        for j in range(S):
+            i = int(batch.sample_seq[j])
+            seq_len = int(h["seq_lens"][i])
+            pos = np.arange(seq_len)
+            ctx = self.kv[h["block_table"][i, pos // bs] * bs + pos % bs]
+            assert (ctx >= 0).all(), "read a KV slot nothing wrote"
+            tokens[j] = next_token(ctx, int(h["seed"][j]), int(h["token_index"][j]))
+        self.prev_tokens[:S] = tokens
+        return BatchResult(tokens=tokens)
+
+
+def reference_output(prompt: list[int], seed: int, max_tokens: int, stop_ids=(), min_tokens=0) -> list[int]:
+    """What a request must produce, computed directly."""
+    ctx = list(prompt)
+    out = []
+    while len(out) < max_tokens:
+        t = next_token(np.array(ctx), seed, len(out))
+        out.append(t)
+        ctx.append(t)
+        if t in stop_ids and len(out) > min_tokens:
+            break
+    return out

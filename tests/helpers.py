@@ -1,0 +1,246 @@
+"""Shared test utilities: tiny random Hugging Face models, and a paged-KV greedy loop.
+
+Import from tests as `from helpers import ...` (pytest puts tests/ on sys.path).
+
+- `make_hf_model(kind, folder)` saves a tiny random HF model of one family (fp32, peaked
+  logits) with `save_pretrained`; `TINY_MODELS` lists the kinds.
+- `PagedModelRunner` drives `slipstream.model.llama.LlamaForCausalLM` directly over a paged
+  KV cache, building `AttentionMetadata` and slot mappings by hand (random block ids).
+- `greedy_generate` is prefill (optionally chunked) + one-token decodes, all sequences batched.
+- `smollm2()` loads the embedded GGUF model once per process (shared by test files).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import random
+from dataclasses import dataclass
+
+import torch
+
+from slipstream.ops.attention import AttentionMetadata
+
+# kind -> (transformers class names, config overrides, tied, save shard size)
+_COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+               initializer_range=0.15, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+TINY_MODELS = {
+    # untied, saved in shards (model.safetensors.index.json)
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_theta=10000.0), False, "100KB"),
+    # Llama 3.1 rope scaling; original context 64 so every branch of the scaling is used
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",
+               dict(rope_theta=500000.0, num_key_value_heads=1,
+                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                      high_freq_factor=4.0, original_max_position_embeddings=64)),
+               True, None),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=384), False, None),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1000000.0), True, None),
+    # explicit head_dim different from hidden / heads
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, rope_theta=1000000.0),
+              False, None),
+}
+
+
+def make_hf_model(kind: str, folder: str, seed: int | None = None):
+    """Save a tiny random fp32 HF model of family `kind` into `folder`; return the HF model."""
+    import transformers
+
+    config_cls, model_cls, overrides, tied, shard = TINY_MODELS[kind]
+    kwargs = {**_COMMON, **overrides, "tie_word_embeddings": tied}
+    rope_scaling = kwargs.pop("rope_scaling", None)
+    config = getattr(transformers, config_cls)(**kwargs)
+    if rope_scaling is not None:
+        config.rope_parameters = {**rope_scaling, "rope_theta": kwargs["rope_theta"]}
+    torch.manual_seed(list(TINY_MODELS).index(kind) if seed is None else seed)
+    model = getattr(transformers, model_cls)(config).float().eval()
+    with torch.no_grad():  # norms away from 1 so that their weights are exercised
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+    save_kwargs = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(folder, **save_kwargs)
+    model.generation_config.eos_token_id = None  # greedy runs go the full length
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def hf_greedy(hf_model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens,
+                                do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def hf_logits(hf_model, prompt: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([prompt])).logits[0].float()
+
+
+def write_gguf(hf_model, path: str) -> None:
+    """Write a tiny HF Llama/Qwen2/Qwen3 model as an F32 GGUF the way llama.cpp's converter
+    does: its tensor names (from the gguf package's own name map), q/k rows of the llama
+    architecture permuted, Llama 3.1 rope scaling as a `rope_freqs` tensor."""
+    import gguf
+    import numpy as np
+
+    cfg = hf_model.config
+    arch = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
+            "qwen3": gguf.MODEL_ARCH.QWEN3}[cfg.model_type]
+    arch_name = gguf.MODEL_ARCH_NAMES[arch]
+    name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer = gguf.GGUFWriter(path, arch_name)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_id)
+    if cfg.rope_parameters.get("rope_type") == "llama3":
+        plain = 1.0 / cfg.rope_parameters["rope_theta"] ** (
+            torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        scaled = hf_model.model.rotary_emb.inv_freq.double()
+        writer.add_tensor("rope_freqs.weight", (plain / scaled).float().numpy())
+
+    def permute(w, heads):
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        w = tensor.detach().float().numpy()
+        if arch == gguf.MODEL_ARCH.LLAMA and ".q_proj." in name:
+            w = permute(w, cfg.num_attention_heads)
+        elif arch == gguf.MODEL_ARCH.LLAMA and ".k_proj." in name:
+            w = permute(w, cfg.num_key_value_heads)
+        gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name, name
+        writer.add_tensor(gguf_name, np.ascontiguousarray(w))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@dataclass
+class _Seq:
+    blocks: list[int]
+    num_cached: int = 0
+
+
+class PagedModelRunner:
+    """Runs a LlamaForCausalLM over a paged KV cache, with metadata built by hand."""
+
+    def __init__(self, model, num_blocks: int = 256, block_size: int = 4, seed: int = 0):
+        cfg = model.config
+        self.model, self.block_size = model, block_size
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=model.dtype, device=model.device),
+                           torch.zeros(shape, dtype=model.dtype, device=model.device))
+                          for _ in range(cfg.num_layers)]
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)  # sequences get scattered, non-contiguous blocks
+        self.seqs: dict[int, _Seq] = {}
+
+    def step(self, chunks: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """Feed `chunks` [(seq_id, new tokens)] as one batch; float32 logits for every token."""
+        input_ids, positions, slots, q_loc, seq_lens, tables = [], [], [], [0], [], []
+        for seq_id, tokens in chunks:
+            seq = self.seqs.setdefault(seq_id, _Seq([]))
+            total = seq.num_cached + len(tokens)
+            while len(seq.blocks) * self.block_size < total:
+                seq.blocks.append(self.free.pop())
+            for pos in range(seq.num_cached, total):
+                positions.append(pos)
+                slots.append(seq.blocks[pos // self.block_size] * self.block_size + pos % self.block_size)
+            input_ids += tokens
+            q_loc.append(q_loc[-1] + len(tokens))
+            seq_lens.append(total)
+            tables.append(seq.blocks)
+            seq.num_cached = total
+        width = max(len(t) for t in tables)
+        table = torch.zeros(len(tables), width, dtype=torch.int32)
+        for i, t in enumerate(tables):
+            table[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+        dev = self.model.device
+        meta = AttentionMetadata(
+            query_start_loc=torch.tensor(q_loc, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_table=table.to(dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int32, device=dev),
+            max_query_len=max(len(t) for _, t in chunks),
+            max_seq_len=max(seq_lens))
+        with torch.no_grad():
+            hidden = self.model(torch.tensor(input_ids, dtype=torch.int32, device=dev),
+                                torch.tensor(positions, dtype=torch.int32, device=dev), meta,
+                                self.kv_caches)
+            return self.model.compute_logits(hidden)
+
+    @staticmethod
+    def last_rows(logits: torch.Tensor, chunks) -> torch.Tensor:
+        ends = torch.tensor([len(t) for _, t in chunks]).cumsum(0) - 1
+        return logits[ends]
+
+
+def greedy_generate(model, prompts: list[list[int]], max_new_tokens: int,
+                    prefill_chunk: int | None = None, block_size: int = 4,
+                    stop_ids: set[int] | None = None) -> list[list[int]]:
+    """Greedy tokens for every prompt: prefill in chunks of `prefill_chunk` tokens (all
+    sequences batched in each step), then one-token decodes for all sequences together."""
+    runner = PagedModelRunner(model, block_size=block_size)
+    chunk = prefill_chunk or max(len(p) for p in prompts)
+    pending = {i: list(p) for i, p in enumerate(prompts)}
+    next_tok: dict[int, int] = {}
+    while pending:
+        batch = [(i, toks[:chunk]) for i, toks in pending.items()]
+        last = PagedModelRunner.last_rows(runner.step(batch), batch).argmax(-1).tolist()
+        for (i, toks), tok in zip(batch, last):
+            pending[i] = pending[i][chunk:]
+            if not pending[i]:
+                del pending[i]
+                next_tok[i] = tok
+    outputs = {i: [t] for i, t in next_tok.items()}
+    active = [i for i in outputs if not (stop_ids and outputs[i][-1] in stop_ids)]
+    for _ in range(max_new_tokens - 1):
+        active = [i for i in active if len(outputs[i]) < max_new_tokens]
+        if not active:
+            break
+        batch = [(i, [outputs[i][-1]]) for i in active]
+        tokens = runner.step(batch).argmax(-1).tolist()
+        for i, tok in zip(active, tokens):
+            outputs[i].append(tok)
+        if stop_ids:
+            active = [i for i in active if outputs[i][-1] not in stop_ids]
+    return [outputs[i] for i in range(len(prompts))]
+
+
+@functools.lru_cache(maxsize=None)
+def smollm2():
+    """(model, config, tokenizer) of the embedded SmolLM2 GGUF, float32 on CPU, loaded once."""
+    from slipstream.model.loader import load_model
+    from slipstream.tokenizer import load_tokenizer
+
+    model, config = load_model(None)
+    return model, config, load_tokenizer(None)
+
+
+@functools.lru_cache(maxsize=None)
+def smollm2_hf():
+    """The transformers oracle: HF loads the same GGUF file (slow: ~20 s)."""
+    from transformers import AutoModelForCausalLM
+
+    from slipstream.model.loader import embedded_model_path
+
+    path = embedded_model_path()
+    return AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()

@@ -1,0 +1,378 @@
+"""Triton paged-attention kernels against their pure-torch references.
+
+On CPU the kernels run under Triton's interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1), so sizes are tiny.  Outputs and every cache slot no sequence owns
+are poisoned with NaN, so an element left unwritten or read from the wrong place fails.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+from slipstream.ops.attention import (AttentionMetadata, paged_attention, paged_attention_ref,
+                                      store_kv_ref)
+from slipstream.ops.triton_attention import (DecodeConfig, PrefillConfig, choose_num_splits,
+                                             effective_decode_config, paged_attention_triton,
+                                             store_kv_triton)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# Tiny tiles for the interpreter: many KV tiles, many splits, many query tiles.
+SMALL_DECODE = DecodeConfig(block_n=16, min_chunk=16, num_warps=1, num_stages=1)
+SMALL_PREFILL = PrefillConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
+
+
+def make_batch(seqs, num_kv_heads, group, head_dim, block_size, dtype, *, seed, max_seq_len=None,
+               extra_tokens=0, device=DEVICE):
+    """seqs: list of (seq_len, query_len).  Returns q, k_cache, v_cache, meta.
+
+    Blocks are assigned in a random order; slots no sequence owns hold NaN, and every
+    unused block-table entry points at a NaN block.
+    """
+    g = torch.Generator().manual_seed(seed)
+    num_heads = num_kv_heads * group
+    blocks_per_seq = [(s + block_size - 1) // block_size for s, _ in seqs]
+    num_used = sum(blocks_per_seq)
+    num_blocks = num_used + 3  # spare blocks stay NaN
+    perm = torch.randperm(num_blocks, generator=g)
+    nan_block = int(perm[-1])
+    width = max(max(blocks_per_seq, default=0), 1) + 1
+    block_table = torch.full((len(seqs), width), nan_block, dtype=torch.int32)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    i = 0
+    for r, ((seq_len, _), nb) in enumerate(zip(seqs, blocks_per_seq)):
+        ids = perm[i:i + nb]
+        i += nb
+        block_table[r, :nb] = ids.to(torch.int32)
+        for j, b in enumerate(ids.tolist()):
+            n = min(block_size, seq_len - j * block_size)
+            k_cache[b, :n] = torch.randn((n, num_kv_heads, head_dim), generator=g).to(dtype)
+            v_cache[b, :n] = torch.randn((n, num_kv_heads, head_dim), generator=g).to(dtype)
+    q_lens = [ql for _, ql in seqs]
+    qsl = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
+    num_tokens = int(qsl[-1]) + extra_tokens
+    q = torch.randn((num_tokens, num_heads, head_dim), generator=g).to(dtype)
+    seq_lens = torch.tensor([s for s, _ in seqs], dtype=torch.int32)
+    meta = AttentionMetadata(
+        query_start_loc=qsl.to(device), seq_lens=seq_lens.to(device), block_table=block_table.to(device),
+        slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int32, device=device),
+        max_query_len=max(q_lens + [1]),
+        max_seq_len=max_seq_len if max_seq_len is not None else max(s for s, _ in seqs))
+    return q.to(device), k_cache.to(device), v_cache.to(device), meta
+
+
+def tolerances(dtype):
+    return {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3),
+            torch.bfloat16: (2e-2, 2e-2)}[dtype]
+
+
+def check_attention(seqs, num_kv_heads, group, head_dim, block_size, dtype, *, seed,
+                    max_seq_len=None, extra_tokens=0, **kwargs):
+    q, k_cache, v_cache, meta = make_batch(seqs, num_kv_heads, group, head_dim, block_size, dtype,
+                                           seed=seed, max_seq_len=max_seq_len,
+                                           extra_tokens=extra_tokens)
+    scale = head_dim ** -0.5
+    expected = paged_attention_ref(q, k_cache, v_cache, meta, scale)
+    out = torch.full_like(q, float("nan"))
+    got = paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out, **kwargs)
+    assert got is out
+    assert not torch.isnan(out).any(), "unwritten or NaN-contaminated output"
+    atol, rtol = tolerances(dtype)
+    torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
+    # Padding rows and tokens past the last sequence are exactly zero.
+    starts = meta.query_start_loc.tolist()
+    for r, (seq_len, _) in enumerate(seqs):
+        if seq_len == 0:
+            assert (out[starts[r]:starts[r + 1]] == 0).all()
+    assert (out[starts[-1]:] == 0).all()
+    return out, expected
+
+
+# ----------------------------------------------------------------------------- store
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv(dtype):
+    g = torch.Generator().manual_seed(1)
+    num_blocks, block_size, num_kv_heads, head_dim = 5, 8, 3, 32  # 3 heads: padded to 4
+    num_tokens = 13
+    k = torch.randn((num_tokens, num_kv_heads, head_dim), generator=g).to(dtype)
+    # v as a strided view of a wider tensor (as when split from a fused qkv projection)
+    v_wide = torch.randn((num_tokens, num_kv_heads, 2 * head_dim), generator=g).to(dtype)
+    v = v_wide[:, :, head_dim:]
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens].to(torch.int32)
+    slots[[2, 7]] = -1
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    kc = torch.full(shape, float("nan"), dtype=dtype)
+    vc = torch.full(shape, float("nan"), dtype=dtype)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    store_kv_ref(k, v, kc_ref, vc_ref, slots)
+    kc, vc, k, v, slots = (t.to(DEVICE) for t in (kc, vc, k, v, slots))
+    store_kv_triton(k, v, kc, vc, slots)
+    torch.testing.assert_close(kc.cpu(), kc_ref, atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(vc.cpu(), vc_ref, atol=0, rtol=0, equal_nan=True)
+    assert torch.isnan(kc).sum() == kc.numel() - (num_tokens - 2) * num_kv_heads * head_dim
+
+
+# ----------------------------------------------------------------------------- decode
+
+DECODE_SEQS = [(1, 1), (7, 1), (8, 1), (9, 1), (0, 1), (16, 1), (17, 1), (50, 1)]
+
+
+@pytest.mark.parametrize("num_kv_heads,group,block_size,splits", [
+    (2, 1, 8, 1),
+    (1, 3, 16, 3),
+    (2, 4, 8, 4),
+    (1, 8, 16, None),
+])
+def test_decode_fp32(num_kv_heads, group, block_size, splits):
+    check_attention(DECODE_SEQS, num_kv_heads, group, 32, block_size, torch.float32,
+                    seed=10 + group, decode_config=SMALL_DECODE, num_splits=splits)
+
+
+def test_decode_bf16_many_splits():
+    # 7 splits over 50 tokens: chunk 16 -> splits 4..6 of the longest row exit early.
+    check_attention(DECODE_SEQS, 2, 4, 64, 16, torch.bfloat16, seed=3,
+                    decode_config=SMALL_DECODE, num_splits=7)
+
+
+def test_decode_graph_bound_and_padding():
+    # A graph-style batch: max_seq_len far above the real lengths (heuristic picks many
+    # splits, most exit), an empty row, and trailing padding tokens in q.
+    seqs = [(33, 1), (0, 1), (5, 1), (12, 0), (24, 1)]
+    cfg = DecodeConfig(block_n=16, min_chunk=16, num_warps=1, num_stages=1, max_splits=8)
+    assert choose_num_splits(len(seqs), 2, 4096, cfg, 132) == 8
+    check_attention(seqs, 2, 3, 32, 8, torch.float32, seed=5, max_seq_len=4096, extra_tokens=2,
+                    decode_config=cfg)
+
+
+def test_split_heuristic():
+    cfg = DecodeConfig(block_n=64, min_chunk=256, ctas_per_sm=8, max_splits=32)
+    # Llama-8B decode, batch 32 x 8K: 256 (seq, kv head) pairs split to reach ~8 x 132 programs.
+    assert choose_num_splits(32, 8, 8192, cfg, 132) == 5
+    assert choose_num_splits(256, 8, 1024, cfg, 132) == 1  # enough programs already
+    assert choose_num_splits(1, 8, 200, cfg, 132) == 1  # too short to split
+    assert choose_num_splits(1, 8, 600, cfg, 132) == 3  # at most one split per min_chunk
+    assert choose_num_splits(1, 1, 1 << 20, cfg, 132) == 32  # capped
+    assert choose_num_splits(1, 1, 1 << 20, replace(cfg, num_splits=5), 132) == 5
+    # The decode path's effective config: fp32 shrinks tiles; min_chunk is a tile multiple.
+    eff = effective_decode_config(DecodeConfig(block_n=64, min_chunk=100), torch.float32, 128)
+    assert eff.block_n == 32 and eff.min_chunk == 128 and eff.num_warps >= 8
+
+
+def test_paged_attention_dispatch_out():
+    # CPU dispatch honours out= (the GPU dispatch passes it to the kernel).
+    q, k_cache, v_cache, meta = make_batch([(5, 2), (3, 1)], 1, 2, 32, 8, torch.float32, seed=9,
+                                           device="cpu")
+    out = torch.full_like(q, float("nan"))
+    got = paged_attention(q, k_cache, v_cache, meta, 0.2, out=out)
+    assert got is out
+    torch.testing.assert_close(out, paged_attention_ref(q, k_cache, v_cache, meta, 0.2))
+
+
+# ----------------------------------------------------------------------------- prefill / mixed
+
+MIXED_SEQS = [(20, 20), (37, 5), (9, 1), (0, 3), (33, 33), (16, 16), (48, 17)]
+
+
+@pytest.mark.parametrize("num_kv_heads,group,block_size,dtype", [
+    (2, 1, 8, torch.float32),
+    (1, 3, 16, torch.float32),
+    (2, 4, 8, torch.bfloat16),
+    (1, 8, 16, torch.float32),
+])
+def test_mixed(num_kv_heads, group, block_size, dtype):
+    check_attention(MIXED_SEQS, num_kv_heads, group, 32, block_size, dtype, seed=20 + group,
+                    extra_tokens=1, prefill_config=SMALL_PREFILL)
+
+
+def test_mixed_many_seqs():
+    # More sequences than one search chunk (128) of the prefill kernel's sequence lookup.
+    g = torch.Generator().manual_seed(11)
+    seqs = []
+    for _ in range(140):
+        seq_len = int(torch.randint(0, 12, (), generator=g))
+        q_len = int(torch.randint(1, seq_len + 1, (), generator=g)) if seq_len else 0
+        seqs.append((seq_len, q_len))
+    seqs[-1] = (10, 10)
+    check_attention(seqs, 1, 2, 32, 8, torch.float32, seed=12, prefill_config=SMALL_PREFILL)
+
+
+def test_prefill_larger_tiles_fp16():
+    # Query tiles larger than the sequences, KV tiles spanning 4 blocks, head_dim 64.
+    seqs = [(70, 70), (40, 9), (1, 1), (19, 2)]
+    check_attention(seqs, 2, 2, 64, 8, torch.float16, seed=7,
+                    prefill_config=PrefillConfig(block_m=64, block_n=32, num_warps=2, num_stages=1))
+
+
+# ----------------------------------------------------------------------------- compiled for Hopper
+
+def compile_for_hopper() -> None:
+    """Compile every kernel for sm_90 as the host code would launch it (8B shape; bf16 and
+    fp32), without a GPU.  The interpreter runs kernels as Python, so it misses what only
+    the compiler rejects (globals, types, shapes of dots).  Run in a process without
+    TRITON_INTERPRET (see the test below)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import slipstream.ops.triton_attention as ta
+
+    launches = []
+
+    class Capture:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.fn, args, kw))
+
+    for name in ["_store_kv_kernel", "_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel"]:
+        setattr(ta, name, Capture(getattr(ta, name)))
+    for dtype in [torch.bfloat16, torch.float32]:
+        lens = [8192] * 32
+        for max_q in [1, 8]:  # decode (split + reduce), prefill
+            q, kc, vc, meta = make_batch([(s, 1) for s in lens[:2]], 8, 4, 128, 16, dtype, seed=0)
+            meta = replace(meta, max_query_len=max_q, max_seq_len=8192)
+            ta.paged_attention_triton(q, kc, vc, meta, 0.1)
+        ta.store_kv_triton(q[:, :8], q[:, 8:16], kc, vc, meta.slot_mapping)
+    ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+    for fn, args, kw in launches:
+        kw = dict(kw, UPCAST=False) if "UPCAST" in kw else dict(kw)
+        opts = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3)}
+        names = [n for n in fn.arg_names if n not in kw]
+        assert len(names) == len(args)
+        sig, consts, attrs = {}, dict(kw), {}
+        for n, v in zip(names, args):
+            i = fn.arg_names.index(n)
+            if isinstance(v, torch.Tensor):
+                sig[n] = ty[v.dtype]
+                attrs[(i,)] = [["tt.divisibility", 16]]
+            elif isinstance(v, float):
+                sig[n] = "fp32"
+            elif v == 1:
+                consts[n] = 1  # the launcher specialises ints equal to 1
+            else:
+                sig[n] = "i32"
+                if v % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        for n in consts:
+            sig[n] = "constexpr"
+        sig = {n: sig[n] for n in fn.arg_names}
+        triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+        print("compiled", fn.__name__, {k: v for k, v in kw.items() if k.isupper()})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU every test compiles the kernels")
+def test_kernels_compile_for_hopper():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    assert r.stdout.count("compiled") == 8, r.stdout
+
+
+# ----------------------------------------------------------------------------- GPU, real sizes
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_store_kv_8b(dtype):
+    g = torch.Generator().manual_seed(0)
+    num_blocks, block_size, kvh, d = 600, 16, 8, 128
+    num_tokens = 4096
+    k = torch.randn((num_tokens, kvh, d), generator=g).to(dtype).cuda()
+    v = torch.randn((num_tokens, kvh, d), generator=g).to(dtype).cuda()
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens].to(torch.int32)
+    slots[::7] = -1
+    slots = slots.cuda()
+    kc = torch.full((num_blocks, block_size, kvh, d), float("nan"), dtype=dtype, device="cuda")
+    vc = kc.clone()
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    store_kv_ref(k, v, kc_ref, vc_ref, slots)
+    store_kv_triton(k, v, kc, vc, slots)
+    torch.testing.assert_close(kc, kc_ref, atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(vc, vc_ref, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("splits", [None, 1, 16])
+def test_gpu_decode_8b(dtype, splits):
+    g = torch.Generator().manual_seed(1)
+    lens = torch.randint(1, 8193, (32,), generator=g).tolist()
+    lens[0], lens[1], lens[2] = 8192, 0, 1
+    seqs = [(s, 1) for s in lens]
+    check_attention(seqs, 8, 4, 128, 16, dtype, seed=2, num_splits=splits)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_graph_bound():
+    # CUDA-graph style: max_seq_len = max model length, short real rows.
+    seqs = [(s, 1) for s in [3, 100, 0, 700, 2049, 16]]
+    check_attention(seqs, 8, 4, 128, 16, torch.bfloat16, seed=3, max_seq_len=131072,
+                    extra_tokens=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_query_len", [1, 16])
+def test_gpu_cuda_graph_replay(max_query_len):
+    # Capture once with a max_model_len bound, then change the batch in place (lengths,
+    # block tables, query layout) and replay: the graph must follow the new contents.
+    qlen = max_query_len
+    first = [(s, qlen) for s in [9000, 300, 17, 0]]
+    q, kc, vc, meta = make_batch(first, 8, 4, 128, 16, torch.bfloat16, seed=8, max_seq_len=32768)
+    out = torch.empty_like(q)
+    paged_attention_triton(q, kc, vc, meta, 0.1, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_attention_triton(q, kc, vc, meta, 0.1, out=out)
+    for seed, lens, qlens in [(9, [40, 3000, 0, 999], [qlen, 1, 2, qlen]),
+                              (10, [7, 0, 8000, 64], [1, 0, qlen, 3])]:
+        qlens = [min(x, qlen) for x in qlens]
+        q2, kc2, vc2, meta2 = make_batch(list(zip(lens, qlens)), 8, 4, 128, 16, torch.bfloat16,
+                                         seed=seed, max_seq_len=32768)
+        assert q2.shape[0] <= q.shape[0] and kc2.shape[0] <= kc.shape[0]
+        n = q2.shape[0]
+        q.zero_()
+        q[:n] = q2
+        kc[:kc2.shape[0]] = kc2
+        vc[:vc2.shape[0]] = vc2
+        meta.seq_lens.copy_(meta2.seq_lens)
+        meta.query_start_loc.copy_(meta2.query_start_loc)
+        meta.block_table.zero_()
+        meta.block_table[:, :meta2.block_table.shape[1]] = meta2.block_table
+        out.fill_(float("nan"))
+        graph.replay()
+        expected = paged_attention_ref(q2, kc2, vc2, meta2, 0.1)
+        torch.testing.assert_close(out[:n].float(), expected.float(), atol=2e-2, rtol=2e-2)
+        assert (out[n:] == 0).all()  # tokens past the last sequence
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_mixed_8b(dtype):
+    seqs = [(2048, 2048), (4096, 2048), (2300, 1000), (0, 5), (8192, 1), (513, 1), (77, 77)]
+    check_attention(seqs, 8, 4, 128, 16, dtype, seed=4, extra_tokens=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group,head_dim,block_size", [(1, 64, 32), (3, 128, 16), (8, 256, 8)])
+def test_gpu_other_shapes(group, head_dim, block_size):
+    decode = [(s, 1) for s in [1, 1000, 4097, 0, 33]]
+    check_attention(decode, 2, group, head_dim, block_size, torch.bfloat16, seed=5, num_splits=4)
+    mixed = [(600, 600), (1000, 17), (5, 1), (0, 0), (129, 128)]
+    check_attention(mixed, 2, group, head_dim, block_size, torch.bfloat16, seed=6)
+
+
+if __name__ == "__main__" and "--compile-for-hopper" in sys.argv:
+    compile_for_hopper()

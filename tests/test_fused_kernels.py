@@ -1,0 +1,277 @@
+"""Triton element-wise kernels (slipstream/ops/triton_fused.py) vs their torch references.
+
+On a machine without a GPU they run under Triton's interpreter (tests/conftest.py) at tiny
+sizes; the `gpu` tests check real sizes on CUDA.
+"""
+import math
+
+import pytest
+import torch
+
+from slipstream.ops import fused
+from slipstream.ops.triton_fused import (
+    fused_add_rms_norm_triton,
+    rms_norm_triton,
+    rope_triton,
+    silu_and_mul_triton,
+)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _tol(dtype):
+    # fp32: summation order only; bf16: one bf16 rounding step of the result
+    return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=1.6e-2)
+
+
+def _sum_tol(dtype):
+    # x + residual rounded to the dtype: bit-exact on GPU (round-to-nearest-even, like torch).
+    # Triton's interpreter truncates fp32 -> bf16 instead, so allow one bf16 ulp there.
+    if dtype == torch.float32 or DEV == "cuda":
+        return dict(atol=0, rtol=0)
+    return dict(atol=1e-6, rtol=2 ** -7)
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape, dtype, seed, scale=1.0):
+    g = torch.Generator(device=DEV).manual_seed(seed)  # on the GPU for the big GPU tests
+    return (torch.randn(*shape, generator=g, device=DEV) * scale).to(dtype)
+
+
+# ------------------------------------------------------------------------- RMSNorm
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden", [(1, 8), (5, 37), (3, 300), (2, 1024)])
+def test_rms_norm(dtype, rows, hidden):
+    x = _randn(rows, hidden, dtype=dtype, seed=1, scale=3.0)
+    w = _randn(hidden, dtype=dtype, seed=2)
+    ref = fused.rms_norm_ref(x, w, 1e-6)
+    out = torch.full_like(ref, float("nan"))
+    got = rms_norm_triton(x, w, 1e-6, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got, ref, **_tol(dtype))
+    # default allocation path and a 3-D input
+    got3 = rms_norm_triton(x.view(1, rows, hidden), w, 1e-6)
+    torch.testing.assert_close(got3.view(rows, hidden), ref, **_tol(dtype))
+
+
+def test_rms_norm_mixed_dtype_weight():
+    # fp32 weight with bf16 activations promotes to fp32, as in the reference
+    x = _randn(4, 64, dtype=torch.bfloat16, seed=3)
+    w = _randn(64, dtype=torch.float32, seed=4)
+    ref = fused.rms_norm_ref(x, w, 1e-5)
+    got = rms_norm_triton(x, w, 1e-5)
+    assert got.dtype == ref.dtype == torch.float32
+    # the normalised value is rounded to bf16 before the weight: bf16 tolerance
+    torch.testing.assert_close(got, ref, **_tol(torch.bfloat16))
+
+
+def test_rms_norm_strided_rows():
+    # rows of a wider buffer (row stride != hidden)
+    buf = _randn(6, 80, dtype=torch.float32, seed=5)
+    x = buf[:, 8:72]
+    w = _randn(64, dtype=torch.float32, seed=6)
+    torch.testing.assert_close(rms_norm_triton(x, w, 1e-6), fused.rms_norm_ref(x, w, 1e-6),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden", [(1, 16), (7, 45), (3, 513)])
+def test_fused_add_rms_norm_into_buffers(dtype, rows, hidden):
+    x = _randn(rows, hidden, dtype=dtype, seed=7, scale=2.0)
+    r = _randn(rows, hidden, dtype=dtype, seed=8, scale=2.0)
+    w = _randn(hidden, dtype=dtype, seed=9)
+    ref_out, ref_res = fused.fused_add_rms_norm_ref(x, r, w, 1e-6)
+    x0, r0 = x.clone(), r.clone()
+    out = torch.full_like(x, float("nan"))
+    res_out = torch.full_like(r, float("nan"))
+    got_out, got_res = fused_add_rms_norm_triton(x, r, w, 1e-6, out=out, residual_out=res_out)
+    assert got_out.data_ptr() == out.data_ptr() and got_res.data_ptr() == res_out.data_ptr()
+    assert not torch.isnan(got_out).any() and not torch.isnan(got_res).any()
+    # the residual sum is exact up to the dtype rounding (same op order as the reference)
+    torch.testing.assert_close(got_res, ref_res, **_sum_tol(dtype))
+    torch.testing.assert_close(got_out, ref_out, **_tol(dtype))
+    # inputs untouched when outputs are given
+    assert torch.equal(x, x0) and torch.equal(r, r0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm_inplace(dtype):
+    x = _randn(5, 96, dtype=dtype, seed=10)
+    r = _randn(5, 96, dtype=dtype, seed=11)
+    w = _randn(96, dtype=dtype, seed=12)
+    ref_out, ref_res = fused.fused_add_rms_norm_ref(x, r, w, 1e-6)
+    got_out, got_res = fused_add_rms_norm_triton(x, r, w, 1e-6)
+    # documented default: out written into x, sum into residual
+    assert got_out.data_ptr() == x.data_ptr() and got_res.data_ptr() == r.data_ptr()
+    torch.testing.assert_close(got_res, ref_res, **_sum_tol(dtype))
+    torch.testing.assert_close(got_out, ref_out, **_tol(dtype))
+    # out-of-place on request
+    x2, r2 = ref_res.clone(), ref_out.clone()
+    o, s = fused_add_rms_norm_triton(x2, r2, w, 1e-6, inplace=False)
+    assert o.data_ptr() != x2.data_ptr() and s.data_ptr() != r2.data_ptr()
+    ro, rs = fused.fused_add_rms_norm_ref(ref_res, ref_out, w, 1e-6)
+    torch.testing.assert_close(o, ro, **_tol(dtype))
+    torch.testing.assert_close(s, rs, **_sum_tol(dtype))
+
+
+# ------------------------------------------------------------------------- RoPE
+
+def _cache(head_dim, max_pos=64, base=10000.0):
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    return fused.build_cos_sin_cache(inv_freq, max_pos).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+def test_rope_fused_qkv_views(dtype, head_dim):
+    T, hq, hk = 5, 6, 2
+    cache = _cache(head_dim)
+    qkv = _randn(T, (hq + 2 * hk) * head_dim, dtype=dtype, seed=13)
+    q = qkv[:, : hq * head_dim].view(T, hq, head_dim)
+    k = qkv[:, hq * head_dim:(hq + hk) * head_dim].view(T, hk, head_dim)
+    v_before = qkv[:, (hq + hk) * head_dim:].clone()
+    assert not q.is_contiguous() and not k.is_contiguous()
+    positions = torch.tensor([0, 3, 17, 63, 5], device=DEV)
+    ref_q, ref_k = fused.rope_ref(q, k, positions, cache)
+    got_q, got_k = rope_triton(q, k, positions, cache)
+    assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()
+    torch.testing.assert_close(got_q, ref_q, **_tol(dtype))
+    torch.testing.assert_close(got_k, ref_k, **_tol(dtype))
+    assert torch.equal(qkv[:, (hq + hk) * head_dim:], v_before)  # v untouched
+
+
+def test_rope_odd_strides_int32_positions():
+    # transposed layout: [T, H, D] view of an [H, T, D] buffer, int32 positions, 3 heads
+    T, D = 4, 32
+    cache = _cache(D, max_pos=16)
+    qb = _randn(3, T, D, dtype=torch.float32, seed=14)
+    kb = _randn(1, T, D, dtype=torch.float32, seed=15)
+    q, k = qb.transpose(0, 1), kb.transpose(0, 1)
+    pos = torch.tensor([15, 0, 2, 9], dtype=torch.int32, device=DEV)
+    ref_q, ref_k = fused.rope_ref(q, k, pos, cache)
+    rope_triton(q, k, pos, cache)
+    torch.testing.assert_close(q, ref_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k, ref_k, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_rejects_odd_head_dim():
+    q = torch.zeros(1, 1, 6, device=DEV)
+    with pytest.raises(ValueError):
+        rope_triton(q, q.clone(), torch.zeros(1, dtype=torch.long, device=DEV),
+                    torch.zeros(4, 6, device=DEV))
+
+
+# ------------------------------------------------------------------------- SiLU * mul
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,inter", [(1, 1), (3, 37), (2, 1500)])
+def test_silu_and_mul(dtype, rows, inter):
+    x = _randn(rows, 2 * inter, dtype=dtype, seed=16, scale=4.0)
+    ref = fused.silu_and_mul_ref(x)
+    out = torch.full_like(ref, float("nan"))
+    got = silu_and_mul_triton(x, out=out)
+    assert got.data_ptr() == out.data_ptr() and not torch.isnan(got).any()
+    torch.testing.assert_close(got, ref, **_tol(dtype))
+
+
+def test_silu_and_mul_strided_rows():
+    buf = _randn(3, 100, dtype=torch.float32, seed=17)
+    x = buf[:, :60]
+    torch.testing.assert_close(silu_and_mul_triton(x), fused.silu_and_mul_ref(x),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_outputs_into_padded_buffers_leave_padding_alone():
+    # outputs are row views of wider NaN buffers: the kernels must write exactly [T, N]
+    T, I, H = 3, 37, 45
+    x = _randn(T, 2 * I, dtype=torch.float32, seed=32)
+    big = torch.full((T, I + 5), float("nan"), device=DEV)
+    silu_and_mul_triton(x, out=big[:, :I])
+    torch.testing.assert_close(big[:, :I], fused.silu_and_mul_ref(x), atol=1e-5, rtol=1e-5)
+    assert torch.isnan(big[:, I:]).all()
+
+    h = _randn(T, H, dtype=torch.float32, seed=33)
+    r = _randn(T, H, dtype=torch.float32, seed=34)
+    w = _randn(H, dtype=torch.float32, seed=35)
+    o_big = torch.full((T, H + 3), float("nan"), device=DEV)
+    r_big = torch.full((T, H + 7), float("nan"), device=DEV)
+    fused_add_rms_norm_triton(h, r, w, 1e-6, out=o_big[:, 1:H + 1], residual_out=r_big[:, :H])
+    ro, rr = fused.fused_add_rms_norm_ref(h, r, w, 1e-6)
+    torch.testing.assert_close(o_big[:, 1:H + 1], ro, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(r_big[:, :H], rr, atol=0, rtol=0)
+    assert torch.isnan(o_big[:, 0]).all() and torch.isnan(o_big[:, H + 1:]).all()
+    assert torch.isnan(r_big[:, H:]).all()
+
+
+# ------------------------------------------------------------------------- dispatch
+
+@pytest.mark.skipif(DEV == "cpu", reason="dispatch goes to Triton only for CUDA tensors")
+def test_dispatch_uses_triton_on_cuda():
+    x = _randn(2, 64, dtype=torch.float32, seed=18)
+    r = _randn(2, 64, dtype=torch.float32, seed=19)
+    w = _randn(64, dtype=torch.float32, seed=20)
+    ref = fused.fused_add_rms_norm_ref(x, r, w, 1e-6)
+    got = fused.fused_add_rms_norm(x.clone(), r.clone(), w, 1e-6)
+    torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------- real sizes (GPU)
+
+@pytest.mark.gpu
+def test_gpu_real_sizes():
+    T, H, I = 8192, 4096, 14336
+    for dtype in DTYPES:
+        tol = _tol(dtype)
+        x = _randn(T, H, dtype=dtype, seed=21)
+        r = _randn(T, H, dtype=dtype, seed=22)
+        w = _randn(H, dtype=dtype, seed=23)
+        torch.testing.assert_close(rms_norm_triton(x, w, 1e-5), fused.rms_norm_ref(x, w, 1e-5), **tol)
+        ro, rr = fused.fused_add_rms_norm_ref(x, r, w, 1e-5)
+        go, gr = fused_add_rms_norm_triton(x.clone(), r.clone(), w, 1e-5)
+        torch.testing.assert_close(gr, rr, atol=0, rtol=0)
+        torch.testing.assert_close(go, ro, **tol)
+        x8 = _randn(64, 8192, dtype=dtype, seed=24)
+        w8 = _randn(8192, dtype=dtype, seed=25)
+        torch.testing.assert_close(rms_norm_triton(x8, w8, 1e-5), fused.rms_norm_ref(x8, w8, 1e-5), **tol)
+
+        g = _randn(T, 2 * I, dtype=dtype, seed=26)
+        torch.testing.assert_close(silu_and_mul_triton(g), fused.silu_and_mul_ref(g), **tol)
+        del g
+
+        hq, hk, D = 128, 8, 128
+        cache = _cache(D, max_pos=32768)
+        qkv = _randn(T, (hq + 2 * hk) * D, dtype=dtype, seed=27)
+        q = qkv[:, : hq * D].view(T, hq, D)
+        k = qkv[:, hq * D:(hq + hk) * D].view(T, hk, D)
+        pos = torch.randint(0, 32768, (T,), generator=_gen(28)).to(DEV)
+        rq, rk = fused.rope_ref(q, k, pos, cache)
+        rope_triton(q, k, pos, cache)
+        torch.testing.assert_close(q, rq, **tol)
+        torch.testing.assert_close(k, rk, **tol)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    T, H = 32, 4096
+    x = _randn(T, H, dtype=torch.bfloat16, seed=29)
+    r = _randn(T, H, dtype=torch.bfloat16, seed=30)
+    w = _randn(H, dtype=torch.bfloat16, seed=31)
+    xs, rs = x.clone(), r.clone()
+    fused_add_rms_norm_triton(xs.clone(), rs.clone(), w, 1e-5)  # compile outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        go, gr = fused_add_rms_norm_triton(xs, rs, w, 1e-5, inplace=False)
+    xs.copy_(x)
+    rs.copy_(r)
+    graph.replay()
+    torch.cuda.synchronize()
+    ro, rr = fused.fused_add_rms_norm_ref(x, r, w, 1e-5)
+    torch.testing.assert_close(go, ro, **_tol(torch.bfloat16))
+    assert math.isfinite(go.float().sum().item())
