@@ -16,3 +16,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """tiny_model(kind) -> (folder, hf_model): a tiny random HF model saved once per session."""
+    from helpers import make_hf_model
+
+    made = {}
+
+    def get(kind: str):
+        if kind not in made:
+            folder = str(tmp_path_factory.mktemp(f"tiny-{kind}"))
+            made[kind] = (folder, make_hf_model(kind, folder))
+        return made[kind]
+
+    return get

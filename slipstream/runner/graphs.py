@@ -43,10 +43,10 @@ class DecodeGraphs:
     def replay(self, slot_index: int, shape: StepShape) -> None:
         self.graphs[(slot_index, shape.num_seqs, shape.flags.use_top_k_top_p)].replay()
 
-    def capture_all(self, runner) -> None:
+    def capture_all(self, runner, slots=None) -> None:
         """Capture every graph, largest batch first so smaller ones reuse its pool memory."""
         for size in reversed(self.sizes):
-            for slot in runner.slots:
+            for slot in slots or runner.slots:
                 for flags in self.VARIANTS:
                     self._capture(runner, slot, size, flags)
 

@@ -74,6 +74,7 @@ class ModelRunner:
             sizes = capture_sizes(min(opts.cuda_graph_max_batch, opts.max_num_seqs))
             self.graphs = DecodeGraphs(sizes, opts.max_model_len)
             self.graphs.capture_all(self)
+        self.graph_replays = [0, 0]  # per slot
         self.trace_origin = None
         if opts.trace:
             self.streams.synchronize()
@@ -158,6 +159,7 @@ class ModelRunner:
             slot.compute_start.record()
             if use_graph:
                 self.graphs.replay(slot.index, shape)
+                self.graph_replays[slot.index] += 1
             else:
                 for row, prompt, outputs in batch.penalty_resets:
                     self.penalties.reset_row(row, prompt, outputs)

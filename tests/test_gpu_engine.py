@@ -1,0 +1,104 @@
+"""The engine on a CUDA GPU (marked `gpu`; run on the H200): the fast path against the
+CPU engine (fp32, token for token) and against transformers (bf16 logits), and async
+against sync with CUDA graphs replayed on both IO slots."""
+import numpy as np
+import pytest
+import torch
+from async_mix import make_tokenized_tiny_llama, mix, run_mix
+from helpers import PagedModelRunner, smollm2_hf
+
+from slipstream import LLM, SamplingParams
+from slipstream.model.loader import load_model
+
+pytestmark = pytest.mark.gpu
+
+
+def prompts_for(tokenizer) -> list[list[int]]:
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
+    return [chat, tokenizer.encode("The history of the Roman Empire"), tokenizer.encode("import numpy as np\n")]
+
+
+def test_smollm2_fp32_gpu_equals_cpu_engine():
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    cpu = LLM(device="cpu", max_model_len=512)
+    prompts = prompts_for(cpu.tokenizer)
+    ref = [o.token_ids for o in cpu.generate(prompts, params)]
+    for async_scheduling in (False, True):
+        gpu = LLM(device="cuda", dtype="float32", max_model_len=512, max_num_seqs=8,
+                  async_scheduling=async_scheduling)
+        assert [o.token_ids for o in gpu.generate(prompts, params)] == ref
+        assert sum(gpu.engine.runner.graph_replays) > 0
+        del gpu
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("kind", ["llama3", "qwen3"])
+def test_tiny_fp32_gpu_equals_cpu_engine(tiny_model, kind):
+    folder, _ = tiny_model(kind)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 256, n).tolist() for n in (4, 17, 33, 60)]
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    ref = [o.token_ids for o in LLM(folder, device="cpu", max_model_len=256).generate(prompts, params)]
+    gpu = LLM(folder, device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8)
+    assert [o.token_ids for o in gpu.generate(prompts, params)] == ref
+
+
+@pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3"])
+def test_bf16_logits_close_to_transformers(tiny_model, kind):
+    folder, hf = tiny_model(kind)
+    model, _ = load_model(folder, dtype="bfloat16", device="cuda")
+    hf = hf.to("cuda", torch.bfloat16)
+    prompt = np.random.default_rng(1).integers(3, 256, 100).tolist()
+    ours = PagedModelRunner(model, block_size=16).step([(0, prompt)])
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt], device="cuda")).logits[0].float()
+    hf.to("cpu", torch.float32)
+    err = (ours - ref).norm() / ref.norm()
+    assert err < 2e-2, err
+
+
+def test_smollm2_bf16_logits_close_to_transformers():
+    model, _ = load_model(None, dtype="bfloat16", device="cuda")
+    hf = smollm2_hf().to("cuda", torch.bfloat16)
+    prompt = np.random.default_rng(2).integers(3, 49000, 300).tolist()
+    ours = PagedModelRunner(model, block_size=16).step([(0, prompt)])
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt], device="cuda")).logits[0].float()
+    hf.to("cpu", torch.float32)
+    err = (ours - ref).norm() / ref.norm()
+    assert err < 2e-2, err
+    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+
+
+@pytest.fixture(scope="module")
+def tokenized_tiny(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("tiny-tok"))
+    make_tokenized_tiny_llama(folder)
+    return folder
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_async_equals_sync_bf16_with_graphs_on_both_slots(tokenized_tiny, sampled):
+    reqs = mix(tokenized_tiny, sampled=sampled)
+    common = dict(device="cuda", dtype="bfloat16", max_model_len=256, max_num_seqs=16, debug_kv=True)
+    sync = LLM(tokenized_tiny, async_scheduling=False, **common)
+    asyn = LLM(tokenized_tiny, async_scheduling=True, **common)
+    assert run_mix(sync, reqs) == run_mix(asyn, reqs)
+    for llm in (sync, asyn):
+        assert min(llm.engine.runner.graph_replays) > 0, llm.engine.runner.graph_replays
+
+
+def test_async_equals_sync_smollm2_bf16():
+    llm = LLM(device="cuda", dtype="bfloat16", max_model_len=1024, max_num_seqs=32)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 49000, int(n)).tolist() for n in rng.integers(5, 400, 40)]
+    params = [SamplingParams(max_tokens=int(m), temperature=t, seed=i, ignore_eos=True)
+              for i, (m, t) in enumerate(zip(rng.integers(8, 96, 40), [0.0, 0.8] * 20))]
+    llm.engine.set_async_scheduling(False)
+    sync = [o.token_ids for o in llm.generate(prompts, params)]
+    llm.engine.reset_prefix_cache()
+    llm.engine.set_async_scheduling(True)
+    asyn = [o.token_ids for o in llm.generate(prompts, params)]
+    same = sum(a == b for a, b in zip(sync, asyn))
+    assert same == len(prompts), f"{same}/{len(prompts)} identical"
+    assert min(llm.engine.runner.graph_replays) > 0
