@@ -54,18 +54,18 @@ DECODE_VARIANTS: dict[str, ta.DecodeConfig] = {
     "n32": ta.DecodeConfig(block_n=32),
     "n128w8": ta.DecodeConfig(block_n=128, num_warps=8),
     "w8": ta.DecodeConfig(num_warps=8),
-    "s2": ta.DecodeConfig(num_stages=2),
-    "s4": ta.DecodeConfig(num_stages=4),
+    "s1": ta.DecodeConfig(num_stages=1),
+    "s3": ta.DecodeConfig(num_stages=3),
     "cta8": ta.DecodeConfig(ctas_per_sm=8),
     "cta32": ta.DecodeConfig(ctas_per_sm=32, max_splits=64),
     "nosplit": ta.DecodeConfig(num_splits=1),
 }
 PREFILL_VARIANTS: dict[str, ta.PrefillConfig] = {
     "default": ta.PrefillConfig(),
-    "s3": ta.PrefillConfig(num_stages=3),
-    "m128n128": ta.PrefillConfig(block_m=128, block_n=128),
-    "m64n64w4": ta.PrefillConfig(block_m=64, block_n=64, num_warps=4),
-    "m128n32w4": ta.PrefillConfig(block_m=128, block_n=32, num_warps=4, num_stages=3),
+    "m128n64w8": ta.PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=2),
+    "m128n32w4s2": ta.PrefillConfig(block_m=128, block_n=32, num_warps=4, num_stages=2),
+    "m64n32w4": ta.PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=3),
+    "m128n64w4": ta.PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=3),
 }
 DECODE_CASES = [(32, 8192), (32, 4096), (256, 1024)]
 PREFILL_CASE = (8, 2048)

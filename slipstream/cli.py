@@ -56,8 +56,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from slipstream.engine import LLM
     from slipstream.sampling_params import SamplingParams
 
+    if a.workload:
+        return _generate_workload(a)
     if (a.prompt is None) == (a.input is None):
-        print("error: give a prompt argument or --input prompts.jsonl (not both)", file=sys.stderr)
+        print("error: give a prompt argument, --input prompts.jsonl or --workload NAME", file=sys.stderr)
         return 2
     defaults = _sampling_kwargs(a)
     jobs = read_jsonl(a.input, defaults, a.chat) if a.input else None
@@ -80,6 +82,30 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _generate_workload(a: argparse.Namespace) -> int:
+    """Run a named benchmark workload (e.g. seed-8b-short) through the offline API."""
+    import time
+
+    from slipstream.bench.workloads import get_workload
+    from slipstream.engine import LLM
+
+    workload = get_workload(a.workload)
+    kwargs = _engine_kwargs(a)
+    kwargs.update(workload.engine)
+    kwargs["model"] = a.model or workload.model
+    if a.model is None:
+        kwargs["load_format"] = "dummy"
+    llm = LLM(**kwargs)
+    start = time.perf_counter()
+    outs = llm.generate(workload.prompts, workload.params, use_tqdm=not a.quiet)
+    wall = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) for o in outs)
+    mode = "async" if llm.engine.async_scheduling else "sync"
+    print(f"{workload.name}: {len(outs)} requests, {tokens} output tokens in {wall:.2f} s "
+          f"({tokens / wall:,.0f} tok/s, {mode})")
+    return 0
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from slipstream.bench.run import run_bench
     return run_bench(a)
@@ -95,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--input", default=None, help="JSONL: {\"prompt\": ...} or {\"messages\": [...]} per line")
     g.add_argument("--output", default=None, help="JSONL results (default: stdout)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--workload", default=None,
+                   help="run a benchmark workload (seed-8b, seed-8b-short, small-256, tiny); "
+                        "without --model, on its architecture with dummy weights")
     _engine_args(g)
     _sampling_args(g)
     g.set_defaults(func=cmd_generate)

@@ -38,7 +38,11 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         source = resolve_model_source(config.model)
-        self.model, self.model_config = load_model(source, config.load_format, config.dtype, self.device)
+        try:
+            self.model, self.model_config = load_model(source, config.load_format, config.dtype, self.device)
+        except torch.OutOfMemoryError as e:
+            raise RuntimeError(f"the model does not fit: its weights alone exhaust {self.device} memory "
+                               f"({e}); use a smaller model or dtype") from None
         self.dtype = next(self.model.parameters()).dtype
         self.tokenizer = None if config.load_format == "dummy" else load_tokenizer(source)
         self.max_model_len = self._max_model_len()

@@ -180,3 +180,9 @@ def test_a_request_larger_than_the_whole_kv_cache_fails_alone(tiny_model):
 def test_unknown_model_path_is_a_clear_error(tmp_path):
     with pytest.raises((FileNotFoundError, ValueError), match="does-not-exist"):
         LLM(str(tmp_path / "does-not-exist"), device="cpu")
+
+
+def test_kv_cache_too_small_for_one_sequence_is_a_clear_error(tiny_model):
+    folder, _ = tiny_model("llama")
+    with pytest.raises(RuntimeError, match="does not fit.*max_model_len=512"):
+        LLM(folder, device="cpu", max_model_len=512, cpu_kv_cache_gib=1e-6)

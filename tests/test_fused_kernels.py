@@ -11,6 +11,7 @@ import torch
 from slipstream.ops import fused
 from slipstream.ops.triton_fused import (
     fused_add_rms_norm_triton,
+    qkv_epilogue_triton,
     rms_norm_triton,
     rope_triton,
     silu_and_mul_triton,
@@ -275,3 +276,166 @@ def test_gpu_cuda_graph_capture():
     ro, rr = fused.fused_add_rms_norm_ref(x, r, w, 1e-5)
     torch.testing.assert_close(go, ro, **_tol(torch.bfloat16))
     assert math.isfinite(go.float().sum().item())
+
+
+# ------------------------------------------------------------------------- qkv epilogue
+# q/k RMSNorm + RoPE + paged KV store in one kernel (qkv_epilogue_triton) against the
+# composed references (qkv_epilogue_ref).
+
+def _epilogue_case(T, hq, hk, D, dtype, qk_norm, seed, num_blocks=8, block_size=4, max_pos=64,
+                   norm_dtype=None):
+    g = _gen(seed)
+    qkv = _randn(T, (hq + 2 * hk) * D, dtype=dtype, seed=seed, scale=2.0)
+    positions = torch.randint(0, max_pos, (T,), generator=g).to(DEV)
+    # scattered slots over several blocks, every third token padding (-1)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:T].to(torch.int32)
+    slots[::3] = -1
+    nd = norm_dtype or dtype
+    qw = _randn(D, dtype=nd, seed=seed + 1) if qk_norm else None
+    kw = _randn(D, dtype=nd, seed=seed + 2) if qk_norm else None
+    cache_shape = (num_blocks, block_size, hk, D)
+    k_cache = torch.full(cache_shape, float("nan"), dtype=dtype, device=DEV)
+    v_cache = torch.full(cache_shape, float("nan"), dtype=dtype, device=DEV)
+    return dict(qkv=qkv, positions=positions, cos_sin_cache=_cache(D, max_pos=max_pos),
+                k_cache=k_cache, v_cache=v_cache, slot_mapping=slots.to(DEV), num_heads=hq,
+                num_kv_heads=hk, head_dim=D, q_norm_weight=qw, k_norm_weight=kw, eps=1e-6)
+
+
+def _run_epilogue(case, **kw):
+    """(ref q, ref caches, triton q, triton caches, the qkv the kernel worked on)."""
+    ref_args = dict(case, k_cache=case["k_cache"].clone(), v_cache=case["v_cache"].clone())
+    ref_q = fused.qkv_epilogue_ref(**ref_args)
+    qkv = case["qkv"].clone()
+    got_args = dict(case, qkv=qkv, k_cache=case["k_cache"].clone(), v_cache=case["v_cache"].clone())
+    got_q = qkv_epilogue_triton(**got_args, **kw)
+    return (ref_q, ref_args["k_cache"], ref_args["v_cache"],
+            got_q, got_args["k_cache"], got_args["v_cache"], qkv)
+
+
+def _epi_tol(dtype):
+    if dtype == torch.float16:  # RNE on both sides; only the RMS sum order differs
+        return dict(atol=1e-5, rtol=2 ** -10)
+    return _tol(dtype)
+
+
+def _check_epilogue(case, ref_q, ref_kc, ref_vc, got_q, got_kc, got_vc, exact_fp32_rope=True):
+    dtype = case["qkv"].dtype
+    tol = _epi_tol(dtype)
+    T, hq, D = ref_q.shape
+    assert got_q.shape == (T, hq, D) and got_q.dtype == ref_q.dtype and got_q.stride(-1) == 1
+    # unwritten slots stay NaN, written ones are finite and match
+    written = torch.zeros(ref_kc.shape[0] * ref_kc.shape[1], dtype=torch.bool, device=DEV)
+    sm = case["slot_mapping"][:T]  # entries past T (padded buffers) are not used
+    written[sm[sm >= 0].long()] = True
+    for ref_c, got_c in ((ref_kc, got_kc), (ref_vc, got_vc)):
+        flat = got_c.view(-1, *got_c.shape[2:])
+        assert torch.isnan(flat[~written]).all()
+        assert not torch.isnan(flat[written]).any()
+    # v is a copy: bitwise
+    assert torch.equal(got_vc.view(-1, *got_vc.shape[2:])[written], ref_vc.view(-1, *ref_vc.shape[2:])[written])
+    has_norm = case["q_norm_weight"] is not None
+    if dtype == torch.float32 and not has_norm and exact_fp32_rope:
+        tol = dict(atol=0, rtol=0)  # same fp32 ops in the same order (no FMA contraction)
+    torch.testing.assert_close(got_q, ref_q, **tol)
+    torch.testing.assert_close(got_kc, ref_kc, equal_nan=True, **tol)
+    if dtype == torch.float16 and DEV == "cpu":
+        # fp16 rounds to nearest-even in the interpreter too: the rounding points of the
+        # reference are reproduced (almost) bit for bit
+        assert (got_q == ref_q).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("dtype,hq,hk,D", [
+    (torch.float32, 4, 2, 16), (torch.float32, 3, 1, 64),
+    (torch.bfloat16, 4, 2, 64), (torch.bfloat16, 3, 1, 16),
+    (torch.float16, 4, 2, 16),
+])
+def test_qkv_epilogue(dtype, hq, hk, D, qk_norm):
+    case = _epilogue_case(7, hq, hk, D, dtype, qk_norm, seed=40 + D + hq)
+    qkv0 = case["qkv"].clone()
+    ref_q, ref_kc, ref_vc, got_q, got_kc, got_vc, qkv = _run_epilogue(case)
+    assert torch.equal(case["qkv"], qkv0)  # the reference leaves qkv alone
+    _check_epilogue(case, ref_q, ref_kc, ref_vc, got_q, got_kc, got_vc)
+    # documented default: q written in place into the q columns of qkv; k, v columns untouched
+    assert got_q.data_ptr() == qkv.data_ptr() and got_q.stride() == (qkv.stride(0), D, 1)
+    assert torch.equal(qkv[:, hq * D:], qkv0[:, hq * D:])
+
+
+def test_qkv_epilogue_out_blocking_and_int64_indices():
+    # out= buffer, forced one-head blocks (heads masked at the tail), int64 positions/slots,
+    # positions / slot_mapping longer than T (CUDA-graph padded buffers), and a T the grid
+    # heuristic would split differently
+    case = _epilogue_case(5, 6, 2, 32, torch.float32, True, seed=50, num_blocks=4, block_size=8)
+    case["positions"] = torch.cat([case["positions"], torch.zeros(3, dtype=torch.long, device=DEV)])
+    case["slot_mapping"] = torch.cat([case["slot_mapping"].long(),
+                                      torch.full((3,), 7, dtype=torch.long, device=DEV)])
+    for bh in (1, 4):
+        out = torch.full((5, 6, 32), float("nan"), device=DEV)
+        ref_q, ref_kc, ref_vc, got_q, got_kc, got_vc, qkv = _run_epilogue(case, out=out, block_h=bh)
+        assert got_q.data_ptr() == out.data_ptr()
+        assert torch.equal(qkv, case["qkv"])  # with out=, qkv is not written
+        _check_epilogue(case, ref_q, ref_kc, ref_vc, got_q, got_kc, got_vc)
+
+
+def test_qkv_epilogue_fp32_norm_weight_promotes():
+    # fp32 q/k norm weights with bf16 activations: the norm's result is fp32 (as in
+    # rms_norm_ref), so q comes back fp32 in a new tensor and k is rounded once into the cache
+    case = _epilogue_case(4, 2, 1, 16, torch.bfloat16, True, seed=60, norm_dtype=torch.float32)
+    ref_q, ref_kc, ref_vc, got_q, got_kc, got_vc, qkv = _run_epilogue(case)
+    assert ref_q.dtype == got_q.dtype == torch.float32
+    assert got_q.data_ptr() != qkv.data_ptr()
+    _check_epilogue(case, ref_q, ref_kc, ref_vc, got_q, got_kc, got_vc)
+
+
+def test_qkv_epilogue_empty_and_bad_shapes():
+    case = _epilogue_case(3, 2, 1, 16, torch.float32, False, seed=70)
+    empty = dict(case, qkv=case["qkv"][:0])
+    assert qkv_epilogue_triton(**empty).shape == (0, 2, 16)
+    with pytest.raises(ValueError):
+        qkv_epilogue_triton(**dict(case, num_heads=3))
+    with pytest.raises(ValueError):
+        qkv_epilogue_triton(**dict(case, qkv=case["qkv"].t().contiguous().t()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_gpu_qkv_epilogue_real_sizes(qk_norm):
+    hq, hk, D = 32, 8, 128
+    for T in (256, 8192):
+        case = _epilogue_case(T, hq, hk, D, torch.bfloat16, qk_norm, seed=80 + T,
+                              num_blocks=T // 16 + 8, block_size=16, max_pos=32768)
+        _check_epilogue(case, *_run_epilogue(case)[:6])
+    # fp32 at decode size: bitwise without the norm
+    case = _epilogue_case(256, hq, hk, D, torch.float32, qk_norm, seed=90,
+                          num_blocks=24, block_size=16, max_pos=32768)
+    _check_epilogue(case, *_run_epilogue(case)[:6])
+
+
+@pytest.mark.gpu
+def test_gpu_qkv_epilogue_cuda_graph():
+    case = _epilogue_case(64, 32, 8, 128, torch.bfloat16, True, seed=95, num_blocks=16,
+                          block_size=16, max_pos=4096)
+    ref_q, ref_kc, ref_vc = _run_epilogue(case)[:3]
+    qkv = case["qkv"].clone()
+    kc, vc = case["k_cache"].clone(), case["v_cache"].clone()
+    args = dict(case, qkv=qkv, k_cache=kc, v_cache=vc)
+    qkv_epilogue_triton(**dict(args, qkv=qkv.clone(), k_cache=kc.clone(), v_cache=vc.clone()))
+    torch.cuda.synchronize()  # compiled outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got_q = qkv_epilogue_triton(**args)
+    qkv.copy_(case["qkv"])
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_epilogue(case, ref_q, ref_kc, ref_vc, got_q, kc, vc)
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="dispatch goes to Triton only for CUDA tensors")
+def test_qkv_epilogue_dispatch_uses_triton_on_cuda():
+    case = _epilogue_case(6, 4, 2, 64, torch.float32, True, seed=99)
+    ref_q = fused.qkv_epilogue_ref(**dict(case, k_cache=case["k_cache"].clone(),
+                                         v_cache=case["v_cache"].clone()))
+    qkv = case["qkv"].clone()
+    got = fused.qkv_epilogue(**dict(case, qkv=qkv))
+    assert got.data_ptr() == qkv.data_ptr()  # Triton's in-place q
+    torch.testing.assert_close(got, ref_q, atol=1e-5, rtol=1e-5)

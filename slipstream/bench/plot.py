@@ -32,7 +32,7 @@ def plot_timelines(timelines: dict[str, Timeline], path: str, title: str = "",
                     continue
                 a, b = max(s.start, lo), min(s.end, hi)
                 ax.broken_barh([((a - lo) * 1e3, (b - a) * 1e3)], (y - 0.4, 0.8),
-                               facecolors=COLORS.get(s.name, "#999999"))
+                               facecolors=COLORS.get(s.name, "#999999"), edgecolors="white", linewidth=0.6)
         active = tl.gpu_active(lo, hi)
         ax.set_yticks(range(len(LANES)))
         ax.set_yticklabels(list(reversed(LANES)))

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from slipstream.model.config import ModelConfig
-from slipstream.ops.attention import AttentionMetadata, paged_attention, store_kv
-from slipstream.ops.fused import (build_cos_sin_cache, fused_add_rms_norm, rms_norm, rope,
+from slipstream.ops.attention import AttentionMetadata, paged_attention
+from slipstream.ops.fused import (build_cos_sin_cache, fused_add_rms_norm, qkv_epilogue, rms_norm,
                                   silu_and_mul)
 
 
@@ -97,16 +97,14 @@ class Attention(nn.Module):
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache, cos_sin_cache):
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.qk_norm:
-            q = rms_norm(q.reshape(-1, self.head_dim), self.q_norm.weight, self.eps)
-            k = rms_norm(k.reshape(-1, self.head_dim), self.k_norm.weight, self.eps)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = rope(q, k, positions, cos_sin_cache)
         k_cache, v_cache = kv_cache
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        # q/k norm (Qwen3) + RoPE + KV-cache store: one kernel on CUDA (q is then a view
+        # into qkv), the torch reference on CPU
+        q = qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
+                         self.num_heads, self.num_kv_heads, self.head_dim,
+                         q_norm_weight=self.q_norm.weight if self.qk_norm else None,
+                         k_norm_weight=self.k_norm.weight if self.qk_norm else None,
+                         eps=self.eps)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 

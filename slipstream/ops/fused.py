@@ -1,4 +1,5 @@
-"""Element-wise ops the decoder fuses on the GPU: RMSNorm (+ residual), RoPE, SiLU·mul.
+"""Element-wise ops the decoder fuses on the GPU: RMSNorm (+ residual), RoPE, SiLU·mul, and
+the attention prologue after the qkv GEMM (q/k norm + RoPE + KV-cache store, `qkv_epilogue`).
 
 Each has a pure-torch reference (the CPU path and the oracle) and a dispatch that uses
 the Triton kernel of `slipstream.ops.triton_fused` for CUDA tensors.
@@ -55,6 +56,39 @@ def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tens
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
 
 
+def qkv_epilogue_ref(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                     num_heads: int, num_kv_heads: int, head_dim: int,
+                     q_norm_weight: torch.Tensor | None = None,
+                     k_norm_weight: torch.Tensor | None = None,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """Everything between the qkv GEMM and attention, composed from the references.
+
+    qkv [T, (num_heads + 2 * num_kv_heads) * head_dim] = [q heads | k heads | v heads].
+    Per token: q and k heads get a per-head RMSNorm when their weights are given (Qwen3's
+    q_norm / k_norm, `rms_norm_ref` over head_dim), then neox RoPE (`rope_ref`); k and v are
+    written into the paged cache at slot_mapping[t] (-1: skipped; `store_kv_ref`).
+    Returns the rotated q as a new contiguous tensor [T, num_heads, head_dim]; qkv is not
+    modified.  This is the CPU path and the oracle of `qkv_epilogue_triton`.
+    """
+    from slipstream.ops.attention import store_kv_ref
+
+    num_tokens = qkv.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    assert qkv.shape[-1] == q_size + 2 * kv_size, "qkv width != (num_heads + 2 * num_kv_heads) * head_dim"
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    if q_norm_weight is not None:
+        q = rms_norm_ref(q.reshape(-1, head_dim), q_norm_weight, eps)
+    if k_norm_weight is not None:
+        k = rms_norm_ref(k.reshape(-1, head_dim), k_norm_weight, eps)
+    q = q.reshape(num_tokens, num_heads, head_dim)
+    k = k.reshape(num_tokens, num_kv_heads, head_dim)
+    v = v.view(num_tokens, num_kv_heads, head_dim)
+    q, k = rope_ref(q, k, positions[:num_tokens], cos_sin_cache)
+    store_kv_ref(k, v, k_cache, v_cache, slot_mapping[:num_tokens])
+    return q
+
+
 def rms_norm(x, weight, eps):
     if x.is_cuda:
         from slipstream.ops.triton_fused import rms_norm_triton
@@ -81,3 +115,22 @@ def silu_and_mul(x):
         from slipstream.ops.triton_fused import silu_and_mul_triton
         return silu_and_mul_triton(x)
     return silu_and_mul_ref(x)
+
+
+def qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                 num_heads, num_kv_heads, head_dim, q_norm_weight=None, k_norm_weight=None,
+                 eps=1e-6):
+    """q/k norm + RoPE + KV store after the qkv GEMM; returns q [T, num_heads, head_dim].
+
+    CUDA: one Triton kernel that writes q IN PLACE into the q part of `qkv` and returns a
+    strided view of it (last dim contiguous); qkv's contents are consumed.  CPU: the
+    reference, which returns a new tensor and leaves qkv alone.  Callers must use the
+    returned q and must not rely on qkv afterwards.
+    """
+    if qkv.is_cuda:
+        from slipstream.ops.triton_fused import qkv_epilogue_triton
+        return qkv_epilogue_triton(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                                   num_heads, num_kv_heads, head_dim, q_norm_weight,
+                                   k_norm_weight, eps)
+    return qkv_epilogue_ref(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                            num_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight, eps)

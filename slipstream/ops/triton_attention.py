@@ -50,7 +50,7 @@ class DecodeConfig:
     """Tunables of the decode (split-KV) path."""
     block_n: int = 64  # KV tokens per tile (any power of two >= 16; may span many blocks)
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 2  # measured best on the H200 (docs/kernel-notes.md, 2026-11-29)
     min_chunk: int = 256  # fewest KV tokens one split covers (rounded up to block_n)
     ctas_per_sm: int = 16  # split heuristic: aim at ~ctas_per_sm x SMs programs
     max_splits: int = 32
@@ -61,9 +61,9 @@ class DecodeConfig:
 class PrefillConfig:
     """Tunables of the prefill / mixed path."""
     block_m: int = 128  # q rows per program = query tokens x packed heads (power of two)
-    block_n: int = 64  # KV tokens per tile (power of two >= 16)
-    num_warps: int = 8
-    num_stages: int = 2
+    block_n: int = 32  # KV tokens per tile (power of two >= 16); 32/4 warps/3 stages measured
+    num_warps: int = 4  # best on the H200 (docs/kernel-notes.md, 2026-11-29)
+    num_stages: int = 3
 
 
 DEFAULT_DECODE_CONFIG = DecodeConfig()

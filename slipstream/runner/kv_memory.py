@@ -38,27 +38,33 @@ def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int, device) -> list[tuple
 
 
 def num_kv_blocks(runner, spec: KVCacheSpec, opts) -> int:
-    per_seq = -(-opts.max_model_len // opts.block_size)
-    useful = per_seq * opts.max_num_seqs
     if opts.num_kv_blocks is not None:
         return opts.num_kv_blocks
     if runner.device.type != "cuda":
-        return max(1, min(useful, int(opts.cpu_kv_cache_gib * GiB) // spec.bytes_per_block))
+        budget = opts.cpu_kv_cache_gib * GiB
+        return blocks_that_fit(budget, spec, opts, f"cpu_kv_cache_gib={opts.cpu_kv_cache_gib} leaves")
     peak = _profile_peak(runner, spec, opts)
     free, total = torch.cuda.mem_get_info(runner.device)
     not_torch = total - free - torch.cuda.memory_reserved(runner.device)
     vocab = runner.model_config.vocab_size
     graph_reserve = (opts.cuda_graph_max_batch * vocab * 4 * 6 + GiB // 2) if opts.use_cuda_graphs else 0
     available = total * opts.gpu_memory_utilization - not_torch - peak - graph_reserve
-    blocks = int(available // spec.bytes_per_block)
+    return blocks_that_fit(available, spec, opts,
+                           f"after the weights and activations ({_gib(peak)} at peak), "
+                           f"gpu_memory_utilization={opts.gpu_memory_utilization} of {_gib(total)} leaves")
+
+
+def blocks_that_fit(available: float, spec: KVCacheSpec, opts, what_leaves: str) -> int:
+    """KV blocks in `available` bytes, at most max_num_seqs full-length sequences; an error
+    naming the fix when not even one sequence of max_model_len fits."""
+    per_seq = -(-opts.max_model_len // opts.block_size)
+    blocks = int(max(available, 0) // spec.bytes_per_block)
     if blocks < per_seq:
         raise RuntimeError(
-            f"the model does not fit: after weights ({_gib(peak)} peak incl. activations) "
-            f"{_gib(max(available, 0))} is left for the KV cache under gpu_memory_utilization="
-            f"{opts.gpu_memory_utilization} of {_gib(total)}, but one sequence of max_model_len="
-            f"{opts.max_model_len} needs {_gib(per_seq * spec.bytes_per_block)}; lower max_model_len, "
-            f"max_num_batched_tokens or max_num_seqs, or raise gpu_memory_utilization")
-    return min(blocks, useful)
+            f"the model does not fit: {what_leaves} {_gib(max(available, 0))} for the KV cache, but one "
+            f"sequence of max_model_len={opts.max_model_len} needs {_gib(per_seq * spec.bytes_per_block)}; "
+            f"lower max_model_len (or max_num_batched_tokens / max_num_seqs), or give the KV cache more memory")
+    return min(blocks, per_seq * opts.max_num_seqs)
 
 
 def _profile_peak(runner, spec: KVCacheSpec, opts) -> int:

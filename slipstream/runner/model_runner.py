@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from slipstream.ops.attention import AttentionMetadata
+from slipstream.ops.carry import carry_over
 from slipstream.runner.graphs import DecodeGraphs, capture_sizes
 from slipstream.runner.inputs import StepShape, fill_inputs
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
@@ -94,9 +95,8 @@ class ModelRunner:
         d = slot.dev
         prev = self.slots[1 - slot.index]
         T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
-        input_ids, carry = d.input_ids[:T], d.carry_idx[:T]
-        # Carry-over: tokens the previous batch just drew replace their placeholders.
-        input_ids.copy_(torch.where(carry >= 0, prev.dev.tokens[carry.clamp(min=0).long()], input_ids))
+        input_ids = d.input_ids[:T]
+        carry_over(input_ids, d.carry_idx[:T], prev.dev.tokens)
         meta = AttentionMetadata(d.query_start_loc[:B + 1], d.seq_lens[:B], d.block_table[:B],
                                  d.slot_mapping[:T], shape.max_query_len, shape.max_seq_len)
         hidden = self.model(input_ids, d.positions[:T], meta, self.kv_caches)
