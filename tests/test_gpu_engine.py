@@ -78,22 +78,39 @@ def tokenized_tiny(tmp_path_factory):
 
 
 @pytest.mark.parametrize("sampled", [False, True])
-def test_async_equals_sync_bf16_with_graphs_on_both_slots(tokenized_tiny, sampled):
+def test_async_equals_sync_on_the_mixed_workload_with_graphs_on_both_slots(tokenized_tiny, sampled):
+    """EOS, stop strings, aborts, staggered arrivals, prefix hits and preemption (fp32).
+
+    In fp32 the result of a row does not depend on the batch it rides in, so the strict
+    comparison checks the pipeline itself (placeholders, carry-over, dropped tokens).
+    """
     reqs = mix(tokenized_tiny, sampled=sampled)
-    common = dict(device="cuda", dtype="bfloat16", max_model_len=256, max_num_seqs=16, debug_kv=True)
+    common = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=12, num_kv_blocks=24,
+                  max_num_batched_tokens=64, debug_kv=True)
     sync = LLM(tokenized_tiny, async_scheduling=False, **common)
     asyn = LLM(tokenized_tiny, async_scheduling=True, **common)
-    assert run_mix(sync, reqs) == run_mix(asyn, reqs)
+    got = run_mix(sync, reqs)
+    assert got == run_mix(asyn, reqs)
+    assert {r for _, _, r in got.values()} == {"stop", "length", "abort"}
     for llm in (sync, asyn):
         assert min(llm.engine.runner.graph_replays) > 0, llm.engine.runner.graph_replays
+        assert llm.engine.scheduler.num_preemptions > 0
 
 
-def test_async_equals_sync_smollm2_bf16():
-    llm = LLM(device="cuda", dtype="bfloat16", max_model_len=1024, max_num_seqs=32)
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_async_equals_sync_smollm2_bf16(temperature):
+    """Real size, bf16, CUDA graphs: 40 requests of different lengths, all running at once.
+
+    Batches are then the same in both modes (max_tokens is known ahead, so no row is
+    scheduled past its end), and so are the tokens, greedy or seeded.  (When a request
+    stops on EOS, async keeps its row one more step and bf16 GEMMs may round a row
+    differently in a batch of another size: see docs/architecture.md.)
+    """
+    llm = LLM(device="cuda", dtype="bfloat16", max_model_len=1024, max_num_seqs=48)
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 49000, int(n)).tolist() for n in rng.integers(5, 400, 40)]
-    params = [SamplingParams(max_tokens=int(m), temperature=t, seed=i, ignore_eos=True)
-              for i, (m, t) in enumerate(zip(rng.integers(8, 96, 40), [0.0, 0.8] * 20))]
+    params = [SamplingParams(max_tokens=int(m), temperature=temperature, seed=i, ignore_eos=True)
+              for i, m in enumerate(rng.integers(8, 96, 40))]
     llm.engine.set_async_scheduling(False)
     sync = [o.token_ids for o in llm.generate(prompts, params)]
     llm.engine.reset_prefix_cache()

@@ -178,4 +178,6 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 [N, vocab] from hidden states [N, hidden] (typically one row per sequence)."""
+        if hidden.is_cuda and hidden.dtype != torch.float32:  # fp32 straight out of the GEMM
+            return torch.mm(hidden, self.lm_head_weight.t(), out_dtype=torch.float32)
         return F.linear(hidden, self.lm_head_weight).float()

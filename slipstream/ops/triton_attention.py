@@ -54,6 +54,9 @@ class DecodeConfig:
     min_chunk: int = 256  # fewest KV tokens one split covers (rounded up to block_n)
     ctas_per_sm: int = 16  # split heuristic: aim at ~ctas_per_sm x SMs programs
     max_splits: int = 32
+    # one split once num_seqs x kv_heads >= this x SMs (256 x 8 heads on 132 SMs: 1 split
+    # ran at 103% of copy bandwidth against 95% with 2, docs/kernel-notes.md)
+    full_occupancy_per_sm: int = 8
     num_splits: int | None = None  # force a split count (tests, tuning); None: heuristic
 
 
@@ -98,6 +101,9 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int,
     min_chunk tokens.  Pure function of host ints (CUDA-graph safe)."""
     if cfg.num_splits is not None:
         return max(1, int(cfg.num_splits))
+    programs = num_seqs * num_kv_heads
+    if programs >= cfg.full_occupancy_per_sm * sm_count:
+        return 1  # the batch alone fills the GPU: splitting only adds the merge pass
     min_chunk = max(cfg.min_chunk, cfg.block_n)
     by_len = triton.cdiv(max(max_seq_len, 1), min_chunk)
     by_occupancy = triton.cdiv(cfg.ctas_per_sm * sm_count, max(num_seqs * num_kv_heads, 1))
