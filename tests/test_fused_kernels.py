@@ -1,4 +1,5 @@
-"""Triton element-wise kernels (slipstream/ops/triton_fused.py) vs their torch references.
+"""Triton element-wise kernels (slipstream/ops/triton_fused.py, triton_qkv_epilogue.py) vs
+their torch references.
 
 On a machine without a GPU they run under Triton's interpreter (tests/conftest.py) at tiny
 sizes; the `gpu` tests check real sizes on CUDA.
@@ -9,13 +10,8 @@ import pytest
 import torch
 
 from slipstream.ops import fused
-from slipstream.ops.triton_fused import (
-    fused_add_rms_norm_triton,
-    qkv_epilogue_triton,
-    rms_norm_triton,
-    rope_triton,
-    silu_and_mul_triton,
-)
+from slipstream.ops.triton_fused import fused_add_rms_norm_triton, rms_norm_triton, silu_and_mul_triton
+from slipstream.ops.triton_qkv_epilogue import qkv_epilogue_triton
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16]
@@ -121,51 +117,11 @@ def test_fused_add_rms_norm_inplace(dtype):
     torch.testing.assert_close(s, rs, **_sum_tol(dtype))
 
 
-# ------------------------------------------------------------------------- RoPE
+# ------------------------------------------------------------------------- RoPE cache (qkv epilogue)
 
 def _cache(head_dim, max_pos=64, base=10000.0):
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     return fused.build_cos_sin_cache(inv_freq, max_pos).to(DEV)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [16, 64, 128])
-def test_rope_fused_qkv_views(dtype, head_dim):
-    T, hq, hk = 5, 6, 2
-    cache = _cache(head_dim)
-    qkv = _randn(T, (hq + 2 * hk) * head_dim, dtype=dtype, seed=13)
-    q = qkv[:, : hq * head_dim].view(T, hq, head_dim)
-    k = qkv[:, hq * head_dim:(hq + hk) * head_dim].view(T, hk, head_dim)
-    v_before = qkv[:, (hq + hk) * head_dim:].clone()
-    assert not q.is_contiguous() and not k.is_contiguous()
-    positions = torch.tensor([0, 3, 17, 63, 5], device=DEV)
-    ref_q, ref_k = fused.rope_ref(q, k, positions, cache)
-    got_q, got_k = rope_triton(q, k, positions, cache)
-    assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()
-    torch.testing.assert_close(got_q, ref_q, **_tol(dtype))
-    torch.testing.assert_close(got_k, ref_k, **_tol(dtype))
-    assert torch.equal(qkv[:, (hq + hk) * head_dim:], v_before)  # v untouched
-
-
-def test_rope_odd_strides_int32_positions():
-    # transposed layout: [T, H, D] view of an [H, T, D] buffer, int32 positions, 3 heads
-    T, D = 4, 32
-    cache = _cache(D, max_pos=16)
-    qb = _randn(3, T, D, dtype=torch.float32, seed=14)
-    kb = _randn(1, T, D, dtype=torch.float32, seed=15)
-    q, k = qb.transpose(0, 1), kb.transpose(0, 1)
-    pos = torch.tensor([15, 0, 2, 9], dtype=torch.int32, device=DEV)
-    ref_q, ref_k = fused.rope_ref(q, k, pos, cache)
-    rope_triton(q, k, pos, cache)
-    torch.testing.assert_close(q, ref_q, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(k, ref_k, atol=1e-5, rtol=1e-5)
-
-
-def test_rope_rejects_odd_head_dim():
-    q = torch.zeros(1, 1, 6, device=DEV)
-    with pytest.raises(ValueError):
-        rope_triton(q, q.clone(), torch.zeros(1, dtype=torch.long, device=DEV),
-                    torch.zeros(4, 6, device=DEV))
 
 
 # ------------------------------------------------------------------------- SiLU * mul
@@ -244,17 +200,6 @@ def test_gpu_real_sizes():
         g = _randn(T, 2 * I, dtype=dtype, seed=26)
         torch.testing.assert_close(silu_and_mul_triton(g), fused.silu_and_mul_ref(g), **tol)
         del g
-
-        hq, hk, D = 128, 8, 128
-        cache = _cache(D, max_pos=32768)
-        qkv = _randn(T, (hq + 2 * hk) * D, dtype=dtype, seed=27)
-        q = qkv[:, : hq * D].view(T, hq, D)
-        k = qkv[:, hq * D:(hq + hk) * D].view(T, hk, D)
-        pos = torch.randint(0, 32768, (T,), generator=_gen(28)).to(DEV)
-        rq, rk = fused.rope_ref(q, k, pos, cache)
-        rope_triton(q, k, pos, cache)
-        torch.testing.assert_close(q, rq, **tol)
-        torch.testing.assert_close(k, rk, **tol)
 
 
 @pytest.mark.gpu

@@ -1,5 +1,8 @@
 """Paged attention: metadata, pure-torch references, and the device dispatch.
 
+(`store_kv_ref` is the oracle of the KV store that `slipstream.ops.fused.qkv_epilogue`
+fuses with the q/k norm and RoPE.)
+
 KV cache layout (one tensor each for K and V, per layer):
     [num_blocks, block_size, num_kv_heads, head_dim]
 A token's cache slot is `block_id * block_size + offset`; `slot_mapping` gives it for
@@ -75,14 +78,6 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         probs = scores.softmax(dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
-
-
-def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    if k.is_cuda:
-        from slipstream.ops.triton_attention import store_kv_triton
-        store_kv_triton(k, v, k_cache, v_cache, slot_mapping)
-    else:
-        store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,

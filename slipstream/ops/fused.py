@@ -103,13 +103,6 @@ def fused_add_rms_norm(x, residual, weight, eps):
     return fused_add_rms_norm_ref(x, residual, weight, eps)
 
 
-def rope(q, k, positions, cos_sin_cache):
-    if q.is_cuda:
-        from slipstream.ops.triton_fused import rope_triton
-        return rope_triton(q, k, positions, cos_sin_cache)
-    return rope_ref(q, k, positions, cos_sin_cache)
-
-
 def silu_and_mul(x):
     if x.is_cuda:
         from slipstream.ops.triton_fused import silu_and_mul_triton
@@ -128,7 +121,7 @@ def qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
     returned q and must not rely on qkv afterwards.
     """
     if qkv.is_cuda:
-        from slipstream.ops.triton_fused import qkv_epilogue_triton
+        from slipstream.ops.triton_qkv_epilogue import qkv_epilogue_triton
         return qkv_epilogue_triton(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                                    num_heads, num_kv_heads, head_dim, q_norm_weight,
                                    k_norm_weight, eps)

@@ -1,12 +1,11 @@
-"""Triton kernels of paged attention: KV store, split-KV decode, mixed prefill/decode.
+"""Triton kernels of paged attention: split-KV decode, mixed prefill/decode.
+(New K/V are stored by the qkv epilogue kernel, `slipstream.ops.triton_qkv_epilogue`.)
 
 Cache layout and batch semantics are those of `slipstream.ops.attention` (whose
 pure-torch references are the oracle of everything here).
 
 Kernels
 -------
-* `_store_kv_kernel`: one program per new token writes K and V of all KV heads into
-  the token's slot (slot -1: skipped).
 * Decode (`meta.max_query_len == 1`), "flash-decoding":
   `_decode_kernel`, grid (num_seqs, num_kv_heads, num_splits).  A program handles the
   query heads that share one KV head together (GQA packing: a [BLOCK_G >= 16, D] q tile,
@@ -111,31 +110,6 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int,
 
 
 # ----------------------------------------------------------------------------- kernels
-
-@triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num_kv_heads,
-                     stride_kt, stride_kh, stride_vt, stride_vh,
-                     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-                     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr):
-    tok = tl.program_id(0)
-    slot = tl.load(slot_ptr + tok)
-    if slot < 0:
-        return
-    slot = slot.to(tl.int64)
-    blk = slot // BLOCK_SIZE
-    off = slot % BLOCK_SIZE
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, HEAD_DIM)
-    hmask = offs_h[:, None] < num_kv_heads
-    k = tl.load(k_ptr + tok * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=hmask)
-    v = tl.load(v_ptr + tok * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=hmask)
-    kc = k_cache_ptr + blk * stride_kcb + off * stride_kcs
-    vc = v_cache_ptr + blk * stride_vcb + off * stride_vcs
-    tl.store(kc + offs_h[:, None] * stride_kch + offs_d[None, :],
-             k.to(k_cache_ptr.dtype.element_ty), mask=hmask)
-    tl.store(vc + offs_h[:, None] * stride_vch + offs_d[None, :],
-             v.to(v_cache_ptr.dtype.element_ty), mask=hmask)
-
 
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
@@ -397,26 +371,6 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int
     return block_size, num_kv_heads, head_dim
 
 
-def store_kv_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> None:
-    """Write k, v [num_tokens, num_kv_heads, head_dim] into their cache slots (-1: skip)."""
-    block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
-    num_tokens = k.shape[0]
-    if num_tokens == 0:
-        return
-    assert k.shape == v.shape == (num_tokens, num_kv_heads, head_dim)
-    assert k.stride(-1) == 1 and v.stride(-1) == 1
-    assert slot_mapping.shape[0] >= num_tokens
-    block_h = triton.next_power_of_2(num_kv_heads)
-    _store_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping, num_kv_heads,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        BLOCK_SIZE=block_size, BLOCK_H=block_h, HEAD_DIM=head_dim,
-        num_warps=4 if block_h * head_dim >= 1024 else 1)
-
-
 def _dot_flags(dtype: torch.dtype, device: torch.device) -> tuple[bool, bool]:
     ieee = dtype == torch.float32
     upcast = device.type != "cuda" and dtype == torch.bfloat16
@@ -551,4 +505,4 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 __all__ = ["DecodeConfig", "PrefillConfig", "set_default_configs", "choose_num_splits",
            "decode_num_splits", "effective_decode_config", "effective_prefill_config",
-           "store_kv_triton", "paged_attention_triton"]
+           "paged_attention_triton"]

@@ -1,0 +1,251 @@
+"""One kernel for everything between the qkv GEMM and attention: per-head RMSNorm of q
+and k (Qwen3, optional), neox RoPE of q and k, and the store of k and v into the paged
+KV cache.  Semantics: `slipstream.ops.fused.qkv_epilogue_ref` (the oracle).
+
+`qkv_epilogue_triton` writes the rotated q IN PLACE into the q part of `qkv` by default
+and returns a strided view [T, Hq, D] of it (or writes into `out=`); k and v go to the
+cache only.  The launch depends only on shapes (no host syncs): CUDA-graph safe.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["qkv_epilogue_triton"]
+
+
+# ----------------------------------------------------------------------------- qkv epilogue
+#
+# Everything between the qkv GEMM and attention in one launch: per-head RMSNorm of q and k
+# (optional), neox RoPE of q and k, and the store of k and v into the paged cache.
+#
+# Grid: (tokens, head blocks).  The head blocks of a token are ceil(Hq / BLOCK_H) q blocks,
+# then ceil(Hk / BLOCK_H) k blocks, then as many v blocks; every program handles BLOCK_H
+# heads of one kind, so the branch is uniform per program.  A head is loaded as its two
+# rotary halves [BLOCK_H, D/2] (x1 = d < D/2, x2 = d >= D/2): RoPE pairs (j, j + D/2) are then
+# element-wise, and the RMS statistic is sum(x1^2) + sum(x2^2) -- no shuffles.
+# Rounding follows `qkv_epilogue_ref` step by step: normalised value -> input dtype, times
+# the weight -> the norm's result dtype (promote(weight, input)), RoPE in float32 -> that
+# dtype once, then -> the cache dtype for k (a no-op when they agree).
+
+
+@triton.jit
+def _epi_norm_rope(x_ptrs, mask, w_ptr, cos, sin, eps,
+                   HALF: tl.constexpr, HAS_NORM: tl.constexpr, MID_FP32: tl.constexpr):
+    """Loads [BLOCK_H, HALF] x 2 halves at x_ptrs / x_ptrs + HALF; returns the rotated halves
+    in float32 (not yet rounded to the output dtype) and the input's dtype carrier."""
+    x1 = tl.load(x_ptrs, mask=mask, other=0.0)
+    x2 = tl.load(x_ptrs + HALF, mask=mask, other=0.0)
+    x1f = x1.to(tl.float32)
+    x2f = x2.to(tl.float32)
+    if HAS_NORM:
+        d = tl.arange(0, HALF)
+        ss = tl.sum(x1f * x1f, axis=1) + tl.sum(x2f * x2f, axis=1)
+        rstd = tl.rsqrt(ss / (2 * HALF) + eps)
+        w1 = tl.load(w_ptr + d).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
+        # normalised value rounded to the input dtype, then times the weight (rms_norm_ref)
+        x1f = (x1f * rstd[:, None]).to(x1.dtype).to(tl.float32) * w1[None, :]
+        x2f = (x2f * rstd[:, None]).to(x1.dtype).to(tl.float32) * w2[None, :]
+        if not MID_FP32:  # the norm's result dtype is the input's: round the product to it
+            x1f = x1f.to(x1.dtype).to(tl.float32)
+            x2f = x2f.to(x1.dtype).to(tl.float32)
+    o1 = x1f * cos[None, :] - x2f * sin[None, :]
+    o2 = x2f * cos[None, :] + x1f * sin[None, :]
+    return o1, o2, x1
+
+
+@triton.jit
+def _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF: tl.constexpr):
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, HALF)
+    cos = tl.load(cs_ptr + pos * stride_cs + d).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + d).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
+def _epi_q(row, pos_ptr, cs_ptr, w_ptr, out_ptr, t, h0, n_q_heads, eps,
+           stride_cs, stride_ot, stride_oh,
+           HALF: tl.constexpr, BLOCK_H: tl.constexpr, HAS_NORM: tl.constexpr,
+           MID_FP32: tl.constexpr):
+    cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
+    h = h0 + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HALF)
+    mask = (h < n_q_heads)[:, None] & (d < HALF)[None, :]
+    x_ptrs = row + h[:, None] * (2 * HALF) + d[None, :]
+    o1, o2, x1 = _epi_norm_rope(x_ptrs, mask, w_ptr, cos, sin, eps, HALF, HAS_NORM, MID_FP32)
+    # out's dtype is the norm's result dtype (rope_ref rounds to it once)
+    o_ptrs = out_ptr + t * stride_ot + h[:, None].to(tl.int64) * stride_oh + d[None, :]
+    tl.store(o_ptrs, o1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_ptrs + HALF, o2.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _epi_k(row, pos_ptr, cs_ptr, w_ptr, slot_ptr, cache_ptr, t, h0, n_q_heads, n_kv_heads, eps,
+           stride_cs, stride_cb, stride_cs_slot, stride_ch,
+           HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+           HAS_NORM: tl.constexpr, MID_FP32: tl.constexpr):
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
+    h = h0 + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HALF)
+    # (slot broadcast before the compare: Triton's interpreter turns `tensor & scalar bool`
+    # into integers, which tl.load rejects as a mask)
+    mask = ((h < n_kv_heads) & (h * 0 + slot >= 0))[:, None] & (d < HALF)[None, :]
+    slot = tl.maximum(slot, 0)
+    x_ptrs = row + (n_q_heads + h[:, None]) * (2 * HALF) + d[None, :]
+    o1, o2, x1 = _epi_norm_rope(x_ptrs, mask, w_ptr, cos, sin, eps, HALF, HAS_NORM, MID_FP32)
+    if not MID_FP32:  # rope_ref's rounding to the input dtype, then the cache's dtype
+        o1 = o1.to(x1.dtype)
+        o2 = o2.to(x1.dtype)
+    c_ptrs = (cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs_slot
+              + h[:, None].to(tl.int64) * stride_ch + d[None, :])
+    tl.store(c_ptrs, o1.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptrs + HALF, o2.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _epi_v(row, slot_ptr, cache_ptr, t, h0, n_q_heads, n_kv_heads,
+           stride_cb, stride_cs_slot, stride_ch,
+           HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    h = h0 + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HEAD_DIM)
+    mask = ((h < n_kv_heads) & (h * 0 + slot >= 0))[:, None] & (d < HEAD_DIM)[None, :]
+    slot = tl.maximum(slot, 0)
+    v = tl.load(row + (n_q_heads + n_kv_heads + h[:, None]) * HEAD_DIM + d[None, :],
+                mask=mask, other=0.0)
+    c_ptrs = (cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs_slot
+              + h[:, None].to(tl.int64) * stride_ch + d[None, :])
+    tl.store(c_ptrs, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _qkv_epilogue_kernel(
+    qkv_ptr, pos_ptr, cs_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, qw_ptr, kw_ptr, q_out_ptr,
+    stride_t, stride_cs, stride_ot, stride_oh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    n_q_heads, n_kv_heads, eps,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    Q_NORM: tl.constexpr,
+    K_NORM: tl.constexpr,
+    Q_MID_FP32: tl.constexpr,
+    K_MID_FP32: tl.constexpr,
+):
+    # grid: (tokens, q head blocks + k head blocks + v head blocks); each branch is a
+    # helper so that no value escapes an `if` (its types differ between branches)
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    n_qb = tl.cdiv(n_q_heads, BLOCK_H)
+    n_kb = tl.cdiv(n_kv_heads, BLOCK_H)
+    row = qkv_ptr + t * stride_t
+    if hb < n_qb:
+        _epi_q(row, pos_ptr, cs_ptr, qw_ptr, q_out_ptr, t, hb * BLOCK_H, n_q_heads, eps,
+               stride_cs, stride_ot, stride_oh,
+               HALF, BLOCK_H, Q_NORM, Q_MID_FP32)
+    elif hb < n_qb + n_kb:
+        _epi_k(row, pos_ptr, cs_ptr, kw_ptr, slot_ptr, k_cache_ptr, t, (hb - n_qb) * BLOCK_H,
+               n_q_heads, n_kv_heads, eps,
+               stride_cs, stride_kcb, stride_kcs, stride_kch,
+               HALF, BLOCK_H, BLOCK_SIZE, K_NORM, K_MID_FP32)
+    else:
+        _epi_v(row, slot_ptr, v_cache_ptr, t, (hb - n_qb - n_kb) * BLOCK_H, n_q_heads, n_kv_heads,
+               stride_vcb, stride_vcs, stride_vch,
+               2 * HALF, BLOCK_H, BLOCK_SIZE)
+
+
+def _epilogue_block_h(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
+    """Heads per program: blocks of up to 2048 elements, shrunk (down to 512 elements) while
+    the grid has fewer than ~1024 programs, so that small decode batches still spread over
+    all SMs and prefill gets programs big enough to amortise their fixed cost."""
+    bh = max(1, min(triton.next_power_of_2(max(num_heads, num_kv_heads)), 2048 // head_dim))
+
+    def n_programs(b):
+        return num_tokens * (triton.cdiv(num_heads, b) + 2 * triton.cdiv(num_kv_heads, b))
+
+    while bh > 1 and bh * head_dim > 512 and n_programs(bh) < 1024:
+        bh //= 2
+    return bh
+
+
+def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                        k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                        num_heads: int, num_kv_heads: int, head_dim: int,
+                        q_norm_weight: torch.Tensor | None = None,
+                        k_norm_weight: torch.Tensor | None = None,
+                        eps: float = 1e-6, *,
+                        out: torch.Tensor | None = None,
+                        block_h: int | None = None,
+                        num_warps: int | None = None) -> torch.Tensor:
+    """`qkv_epilogue_ref` in one kernel launch; returns q [T, num_heads, head_dim].
+
+    qkv: [T, (Hq + 2 Hk) * D] with a contiguous last dim (any row stride).
+    positions / slot_mapping: int32 or int64, at least T entries (the first T are used).
+    k_cache / v_cache: [num_blocks, block_size, Hk, D], head_dim contiguous.
+    By default q is written IN PLACE into the q columns of qkv and the returned tensor is a
+    view of qkv with strides (qkv.stride(0), D, 1); when the result dtype differs from
+    qkv's (a float32 norm weight with half inputs) a new tensor is allocated instead.
+    `out=` ([T, Hq, D], last dim contiguous) writes q there.  `block_h` / `num_warps`
+    override the launch heuristic (benchmarks).  No host syncs: CUDA-graph capturable.
+    """
+    num_tokens = qkv.shape[0]
+    D = head_dim
+    if D < 2 or D & (D - 1):
+        raise ValueError(f"head_dim must be a power of two, got {D}")
+    if qkv.dim() != 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * D:
+        raise ValueError(f"qkv must be [T, {(num_heads + 2 * num_kv_heads) * D}], got {tuple(qkv.shape)}")
+    if qkv.stride(1) != 1:
+        raise ValueError("qkv must have a contiguous last dimension")
+    if cos_sin_cache.shape[-1] != D:
+        raise ValueError(f"cos_sin_cache last dim {cos_sin_cache.shape[-1]} != head_dim {D}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, D):
+        raise ValueError(f"caches must be [blocks, block_size, {num_kv_heads}, {D}], "
+                         f"got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("cache head_dim must be contiguous")
+    block_size = k_cache.shape[1]
+    if positions.shape[0] < num_tokens or slot_mapping.shape[0] < num_tokens:
+        raise ValueError("positions / slot_mapping shorter than qkv")
+    q_norm = q_norm_weight is not None
+    k_norm = k_norm_weight is not None
+    q_dtype = torch.promote_types(q_norm_weight.dtype, qkv.dtype) if q_norm else qkv.dtype
+    q_mid_fp32 = q_dtype == torch.float32
+    k_mid_fp32 = k_norm and torch.promote_types(k_norm_weight.dtype, qkv.dtype) == torch.float32
+    if out is None:
+        if q_dtype == qkv.dtype:
+            out = qkv[:, : num_heads * D].view(num_tokens, num_heads, D)
+        else:
+            out = torch.empty((num_tokens, num_heads, D), dtype=q_dtype, device=qkv.device)
+    elif tuple(out.shape) != (num_tokens, num_heads, D) or out.dtype != q_dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be {q_dtype} [{num_tokens}, {num_heads}, {D}] with a "
+                         f"contiguous last dim, got {out.dtype} {tuple(out.shape)}")
+    if num_tokens == 0:
+        return out
+    for w, name in ((q_norm_weight, "q_norm_weight"), (k_norm_weight, "k_norm_weight")):
+        if w is not None and (w.shape != (D,) or w.stride(0) != 1):
+            raise ValueError(f"{name} must be a contiguous [{D}] tensor")
+    cs = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
+    pos = positions if positions.is_contiguous() else positions.contiguous()
+    slots = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
+    bh = block_h or _epilogue_block_h(num_tokens, num_heads, num_kv_heads, D)
+    if num_warps is None:
+        num_warps = max(1, min(8, bh * D // 512))
+    grid = (num_tokens, triton.cdiv(num_heads, bh) + 2 * triton.cdiv(num_kv_heads, bh))
+    _qkv_epilogue_kernel[grid](
+        qkv, pos, cs, k_cache, v_cache, slots,
+        q_norm_weight if q_norm else qkv, k_norm_weight if k_norm else qkv, out,
+        qkv.stride(0), cs.stride(0), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        num_heads, num_kv_heads, float(eps),
+        HALF=D // 2, BLOCK_H=bh, BLOCK_SIZE=block_size,
+        Q_NORM=q_norm, K_NORM=k_norm, Q_MID_FP32=q_mid_fp32, K_MID_FP32=k_mid_fp32,
+        num_warps=num_warps,
+        # no FMA contraction: the products and sums are rounded like the torch reference's
+        enable_fp_fusion=False,
+    )
+    return out
