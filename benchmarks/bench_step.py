@@ -35,24 +35,16 @@ MiB = 1 << 20
 
 
 def fill_decode(runner, slot, bs: int, ctx: int) -> None:
+    """A decode batch of `bs` rows at context `ctx` (greedy), each row on its own blocks."""
+    runner.fill_padding(slot, bs)  # neutral sampling parameters, no carry-over
     h, bsz = slot.host, runner.block_size
     per_seq = -(-ctx // bsz)
-    rng = np.random.default_rng(0)
-    h.input_ids[:bs] = rng.integers(0, 128000, bs)
+    h.input_ids[:bs] = np.random.default_rng(0).integers(0, 128000, bs)
     h.positions[:bs] = ctx - 1
     blocks = np.arange(bs * per_seq, dtype=np.int32).reshape(bs, per_seq)
     h.block_table[:bs, :per_seq] = blocks
     h.slot_mapping[:bs] = blocks[:, (ctx - 1) // bsz] * bsz + (ctx - 1) % bsz
-    h.carry_idx[:bs] = -1
-    h.query_start_loc[:bs + 1] = np.arange(bs + 1)
     h.seq_lens[:bs] = ctx
-    h.logits_indices[:bs] = np.arange(bs)
-    h.state_row[:bs] = runner.opts.max_num_seqs
-    h.temperature[:bs] = 0.0
-    h.top_k[:bs] = 0
-    h.top_p[:bs] = 1.0
-    h.min_p[:bs] = 0.0
-    h.repetition_penalty[:bs] = 1.0
     slot.upload(bs)
     torch.cuda.synchronize()
 

@@ -43,28 +43,29 @@ def test_tiny_fp32_gpu_equals_cpu_engine(tiny_model, kind):
     assert [o.token_ids for o in gpu.generate(prompts, params)] == ref
 
 
-@pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3"])
-def test_bf16_logits_close_to_transformers(tiny_model, kind):
-    folder, hf = tiny_model(kind)
-    model, _ = load_model(folder, dtype="bfloat16", device="cuda")
+def bf16_logits_vs_transformers(model, hf, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ours, transformers') float32 logits of `prompt`, both models in bf16 on the GPU."""
     hf = hf.to("cuda", torch.bfloat16)
-    prompt = np.random.default_rng(1).integers(3, 256, 100).tolist()
     ours = PagedModelRunner(model, block_size=16).step([(0, prompt)])
     with torch.no_grad():
         ref = hf(torch.tensor([prompt], device="cuda")).logits[0].float()
     hf.to("cpu", torch.float32)
+    return ours, ref
+
+
+@pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3"])
+def test_bf16_logits_close_to_transformers(tiny_model, kind):
+    folder, hf = tiny_model(kind)
+    model, _ = load_model(folder, dtype="bfloat16", device="cuda")
+    ours, ref = bf16_logits_vs_transformers(model, hf, np.random.default_rng(1).integers(3, 256, 100).tolist())
     err = (ours - ref).norm() / ref.norm()
     assert err < 2e-2, err
 
 
 def test_smollm2_bf16_logits_close_to_transformers():
     model, _ = load_model(None, dtype="bfloat16", device="cuda")
-    hf = smollm2_hf().to("cuda", torch.bfloat16)
     prompt = np.random.default_rng(2).integers(3, 49000, 300).tolist()
-    ours = PagedModelRunner(model, block_size=16).step([(0, prompt)])
-    with torch.no_grad():
-        ref = hf(torch.tensor([prompt], device="cuda")).logits[0].float()
-    hf.to("cpu", torch.float32)
+    ours, ref = bf16_logits_vs_transformers(model, smollm2_hf(), prompt)
     err = (ours - ref).norm() / ref.norm()
     assert err < 2e-2, err
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
