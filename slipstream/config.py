@@ -1,7 +1,7 @@
 """Engine configuration: one validated dataclass, clear errors for bad values."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -28,7 +28,6 @@ class EngineConfig:
     seed: int = 0  # draws the seeds of requests that bring none
     trace: bool = False  # record a CPU/GPU timeline of every batch
     debug_kv: bool = False  # check that no block is freed while an in-flight batch uses it
-    extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         _choice("load_format", self.load_format, LOAD_FORMATS)
@@ -59,7 +58,7 @@ class EngineConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise ValueError(f"unknown engine option(s) {unknown}; known: {sorted(known - {'extra'})}")
+            raise ValueError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
         return cls(**kwargs)
 
 

@@ -50,7 +50,6 @@ class LLMEngine:
         if async_mode is None:
             async_mode = self.device.type == "cuda"
         self.async_scheduling = async_mode
-        self.depth = 2 if async_mode else 1
         opts = RunnerOptions(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len, block_size=config.block_size,
@@ -65,7 +64,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids if self.tokenizer else
                                        self.model_config.eos_token_ids)
         self.timeline = Timeline() if config.trace else None
-        self.loop = StepLoop(self.scheduler, self.runner, self.depth, self.timeline)
+        self.loop = StepLoop(self.scheduler, self.runner, 2 if async_mode else 1, self.timeline)
         self.requests: dict[str, Request] = {}
         self._ended: list[Request] = []  # rejected or aborted, reported by the next step
         self._ids = itertools.count()
@@ -150,7 +149,7 @@ class LLMEngine:
         if self.loop.in_flight:
             raise RuntimeError("cannot switch modes while batches are in flight")
         self.async_scheduling = enabled
-        self.depth = self.loop.depth = 2 if enabled else 1
+        self.loop.depth = 2 if enabled else 1
 
     def reset_prefix_cache(self) -> None:
         """Forget cached prefixes (benchmarks run the same prompts twice)."""

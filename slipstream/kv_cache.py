@@ -45,10 +45,6 @@ class InFlight:
         else:
             self._waiting.append((next(reversed(self.batches)), release))
 
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
-
 
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -152,7 +148,3 @@ class BlockPool:
     def reset_prefix_cache(self) -> None:
         self.cached.clear()
         self.block_key = [None] * self.num_blocks
-
-    @property
-    def num_cached(self) -> int:
-        return len(self.cached)

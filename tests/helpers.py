@@ -6,7 +6,6 @@ Import from tests as `from helpers import ...` (pytest puts tests/ on sys.path).
   logits) with `save_pretrained`; `TINY_MODELS` lists the kinds.
 - `PagedModelRunner` drives `slipstream.model.llama.LlamaForCausalLM` directly over a paged
   KV cache, building `AttentionMetadata` and slot mappings by hand (random block ids).
-- `greedy_generate` is prefill (optionally chunked) + one-token decodes, all sequences batched.
 - `smollm2()` loads the embedded GGUF model once per process (shared by test files).
 """
 from __future__ import annotations
@@ -190,38 +189,6 @@ class PagedModelRunner:
     def last_rows(logits: torch.Tensor, chunks) -> torch.Tensor:
         ends = torch.tensor([len(t) for _, t in chunks]).cumsum(0) - 1
         return logits[ends]
-
-
-def greedy_generate(model, prompts: list[list[int]], max_new_tokens: int,
-                    prefill_chunk: int | None = None, block_size: int = 4,
-                    stop_ids: set[int] | None = None) -> list[list[int]]:
-    """Greedy tokens for every prompt: prefill in chunks of `prefill_chunk` tokens (all
-    sequences batched in each step), then one-token decodes for all sequences together."""
-    runner = PagedModelRunner(model, block_size=block_size)
-    chunk = prefill_chunk or max(len(p) for p in prompts)
-    pending = {i: list(p) for i, p in enumerate(prompts)}
-    next_tok: dict[int, int] = {}
-    while pending:
-        batch = [(i, toks[:chunk]) for i, toks in pending.items()]
-        last = PagedModelRunner.last_rows(runner.step(batch), batch).argmax(-1).tolist()
-        for (i, toks), tok in zip(batch, last):
-            pending[i] = pending[i][chunk:]
-            if not pending[i]:
-                del pending[i]
-                next_tok[i] = tok
-    outputs = {i: [t] for i, t in next_tok.items()}
-    active = [i for i in outputs if not (stop_ids and outputs[i][-1] in stop_ids)]
-    for _ in range(max_new_tokens - 1):
-        active = [i for i in active if len(outputs[i]) < max_new_tokens]
-        if not active:
-            break
-        batch = [(i, [outputs[i][-1]]) for i in active]
-        tokens = runner.step(batch).argmax(-1).tolist()
-        for i, tok in zip(active, tokens):
-            outputs[i].append(tok)
-        if stop_ids:
-            active = [i for i in active if outputs[i][-1] not in stop_ids]
-    return [outputs[i] for i in range(len(prompts))]
 
 
 @functools.lru_cache(maxsize=None)

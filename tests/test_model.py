@@ -1,14 +1,13 @@
 """The decoder against Hugging Face transformers on the same weights (fp32, CPU).
 
 Tiny random models of each family (Llama, Llama 3.1 rope scaling, Mistral, Qwen2, Qwen3):
-logits on a prompt, a prefill split in two chunks over a cached prefix (batched with another
-sequence), and 32 greedy tokens against `generate`.  Then the embedded SmolLM2 GGUF against
-transformers loading the same file, and the Paris answer through the chat template.
+logits on a prompt and a prefill split in two chunks over a cached prefix (batched with another
+sequence); then the embedded SmolLM2 GGUF against transformers loading the same file.  Greedy
+generation against `generate` goes through the engine: tests/test_engine.py.
 """
 import pytest
 import torch
-from helpers import (TINY_MODELS, PagedModelRunner, greedy_generate, hf_greedy, hf_logits,
-                     make_hf_model, smollm2, smollm2_hf)
+from helpers import TINY_MODELS, PagedModelRunner, hf_logits, smollm2, smollm2_hf
 
 from slipstream.model.loader import load_model
 from slipstream.model.llama import rope_inv_freq
@@ -21,10 +20,9 @@ def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor):
 
 
 @pytest.fixture(scope="module", params=list(TINY_MODELS))
-def family(request, tmp_path_factory):
-    folder = tmp_path_factory.mktemp(request.param)
-    hf = make_hf_model(request.param, str(folder))
-    model, config = load_model(str(folder))
+def family(request, tiny_model):
+    folder, hf = tiny_model(request.param)
+    model, config = load_model(folder)
     return hf, model, config
 
 
@@ -54,14 +52,6 @@ def test_chunked_prefill_over_cached_prefix(family):
     assert_logits_close(second[19:], ref_other)
 
 
-def test_greedy_matches_hf_generate(family):
-    hf, model, _ = family
-    prompts = [_prompt(5, 3), _prompt(13, 4), _prompt(30, 5)]
-    ours = greedy_generate(model, prompts, max_new_tokens=32, prefill_chunk=8)
-    for prompt, tokens in zip(prompts, ours):
-        assert tokens == hf_greedy(hf, prompt, 32)
-
-
 def test_llama3_rope_scaling_changes_frequencies(family):
     _, model, config = family
     inv = rope_inv_freq(config)
@@ -80,15 +70,3 @@ def test_smollm2_gguf_logits_match_hf():
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}])
     ours = PagedModelRunner(model, block_size=16).step([(0, prompt)])
     assert_logits_close(ours, hf_logits(smollm2_hf(), prompt))
-
-
-@pytest.mark.slow
-def test_smollm2_answers_paris():
-    model, _, tokenizer = smollm2()
-    chat = [{"role": "user", "content": "What is the capital of France?"}]
-    prompts = [tokenizer.apply_chat_template(chat), tokenizer.encode("The capital of Germany is")]
-    out = greedy_generate(model, prompts, max_new_tokens=10, prefill_chunk=32, block_size=16,
-                          stop_ids=tokenizer.eos_token_ids)
-    assert out[0][-1] in tokenizer.eos_token_ids
-    assert tokenizer.decode(out[0]) == "The capital of France is Paris."
-    assert "Berlin" in tokenizer.decode(out[1])

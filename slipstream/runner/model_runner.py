@@ -32,7 +32,6 @@ class Launched:
     slot: IOSlot
     num_samples: int
     num_logprobs: int
-    used_graph: bool
     gpu_times: dict | None = None  # filled by wait() when tracing
 
 
@@ -171,7 +170,7 @@ class ModelRunner:
             slot.d2h_start.record()
             slot.download(num_samples, k)
             slot.d2h_done.record()
-        return Launched(batch, slot, num_samples, k, use_graph)
+        return Launched(batch, slot, num_samples, k)
 
     def wait(self, launched: Launched) -> BatchResult:
         slot = launched.slot
