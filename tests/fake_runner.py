@@ -54,7 +54,7 @@ class FakeRunner:
     def wait(self, launched) -> BatchResult:
         batch, shape, h = self.pending.popleft()
         assert batch is launched.batch, "batches must complete in launch order"
-        T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
+        T, S = shape.num_tokens, shape.num_samples
         ids = h["input_ids"][:T].astype(np.int64)
         carry = h["carry_idx"][:T]
         ids[carry >= 0] = self.prev_tokens[carry[carry >= 0]]

@@ -14,8 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from slipstream.ops.attention import (AttentionMetadata, paged_attention, paged_attention_ref,
-                                      store_kv_ref)
+from slipstream.ops.attention import AttentionMetadata, paged_attention, paged_attention_ref
 from slipstream.ops.triton_attention import (DecodeConfig, PrefillConfig, choose_num_splits,
                                              effective_decode_config, paged_attention_triton)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from slipstream.ops.attention import AttentionMetadata
-from slipstream.sampler import PenaltyState, SamplerFlags, SamplingTensors, sample
+from slipstream.sampler import SamplerFlags, SamplingTensors, sample
 
 GiB = 1 << 30
 

@@ -22,7 +22,7 @@ from slipstream.runner.inputs import StepShape, fill_inputs
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
-from slipstream.sampler import PenaltyState, SamplerFlags, SamplingTensors, sample
+from slipstream.sampler import PenaltyState, SamplingTensors, sample
 from slipstream.scheduler import BatchResult, ScheduledBatch
 
 
