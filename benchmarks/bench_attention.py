@@ -40,6 +40,7 @@ if SMOKE:
 
 import triton  # noqa: E402
 
+from slipstream.bench import cuda_timing  # noqa: E402
 from slipstream.ops import triton_attention as ta  # noqa: E402
 from slipstream.ops.attention import AttentionMetadata, paged_attention_ref  # noqa: E402
 
@@ -51,14 +52,18 @@ ITERS = 20
 
 DECODE_VARIANTS: dict[str, ta.DecodeConfig] = {
     "default": ta.DecodeConfig(),
-    "n32": ta.DecodeConfig(block_n=32),
-    "n128w8": ta.DecodeConfig(block_n=128, num_warps=8),
-    "w8": ta.DecodeConfig(num_warps=8),
-    "s1": ta.DecodeConfig(num_stages=1),
-    "s3": ta.DecodeConfig(num_stages=3),
-    "cta8": ta.DecodeConfig(ctas_per_sm=8),
-    "cta32": ta.DecodeConfig(ctas_per_sm=32, max_splits=64),
+    "reduce": ta.DecodeConfig(fused_merge=False),  # splits merged by a second kernel
+    "v3": ta.DecodeConfig(ctas_per_sm=16, longest_first=False, fused_merge=False),  # before v4
     "nosplit": ta.DecodeConfig(num_splits=1),
+    # forced split counts with larger minimum chunks (a row of L tokens runs
+    # min(S, cdiv(L, chunk)) programs): s{S}c{min_chunk}
+    "s2c512": ta.DecodeConfig(num_splits=2, min_chunk=512),
+    "s4c256": ta.DecodeConfig(num_splits=4),
+    "s4c512": ta.DecodeConfig(num_splits=4, min_chunk=512),
+    "s4c1024": ta.DecodeConfig(num_splits=4, min_chunk=1024),
+    "s8c512": ta.DecodeConfig(num_splits=8, min_chunk=512),
+    "s8c1024": ta.DecodeConfig(num_splits=8, min_chunk=1024),
+    "n128s2": ta.DecodeConfig(block_n=128, num_stages=2),
 }
 PREFILL_VARIANTS: dict[str, ta.PrefillConfig] = {
     "default": ta.PrefillConfig(),
@@ -67,12 +72,15 @@ PREFILL_VARIANTS: dict[str, ta.PrefillConfig] = {
     "m64n32w4": ta.PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=3),
     "m128n64w4": ta.PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=3),
 }
-DECODE_CASES = [(32, 8192), (32, 4096), (256, 1024)]
+DECODE_CASES = [(32, 8192), (32, 4096), (32, 2048), (32, 1024), (256, 1024)]
+# ragged rows (small-256-like: contexts spread over 100..2000), label -> (batch, lo, hi)
+RAGGED_CASES = {"256xU(100,2000)": (256, 100, 2000), "64xU(100,2000)": (64, 100, 2000)}
 PREFILL_CASE = (8, 2048)
 MIXED_CASE = ([2048] + [4096] * 31, [2048] + [1] * 31)
 DEVICE = "cuda"
 if SMOKE:
     DECODE_CASES, PREFILL_CASE, MIXED_CASE = [(3, 300)], (2, 40), ([40, 300, 0], [40, 1, 2])
+    RAGGED_CASES = {"4xU(10,300)": (4, 10, 300)}
     DEVICE, ROTATIONS, ITERS = "cpu", 2, 1
 
 
@@ -91,39 +99,8 @@ def parse_variant(spec: str, cls):
 
 # ----------------------------------------------------------------------------- timing
 
-def time_graph(calls, iters=None) -> float:
-    """Median milliseconds per call, all calls captured in one CUDA graph."""
-    iters = iters or ITERS
-    for c in calls:  # compile + warm up
-        c()
-    if DEVICE != "cuda":
-        t = time.perf_counter()
-        for c in calls:
-            c()
-        return (time.perf_counter() - t) * 1e3 / len(calls)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(calls))
-    del graph
-    return statistics.median(times)
+def time_graph(calls) -> float:
+    return cuda_timing.time_graph(calls, ITERS, DEVICE)
 
 
 def copy_bandwidth() -> float:
@@ -167,10 +144,13 @@ def make_batch(seq_lens, query_lens, gen, max_seq_len=None):
     qsl[1:] = torch.cumsum(torch.tensor(query_lens, dtype=torch.int32), 0)
     num_tokens = int(qsl[-1])
     q = torch.randn((num_tokens, NUM_HEADS, HEAD_DIM), device=DEVICE, dtype=DTYPE)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
     meta = AttentionMetadata(
-        query_start_loc=qsl.to(DEVICE), seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(DEVICE),
+        query_start_loc=qsl.to(DEVICE), seq_lens=lens.to(DEVICE),
         block_table=bt.to(DEVICE), slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int32).to(DEVICE),
-        max_query_len=max(query_lens), max_seq_len=max_seq_len or max(seq_lens))
+        max_query_len=max(query_lens), max_seq_len=max_seq_len or max(seq_lens),
+        decode_order=torch.argsort(-lens, stable=True).to(torch.int32).to(DEVICE),  # as the runner does
+        split_counters=torch.zeros(len(seq_lens) * NUM_KV_HEADS, dtype=torch.int32, device=DEVICE))
     return q, k_cache, v_cache, meta
 
 
@@ -197,10 +177,14 @@ def bench_decode(variants, copy_bw, gen, results):
         errors[name] = check(out, ref)
     del q, kc, vc, meta, ref
 
-    for batch, ctx in DECODE_CASES:
-        sets = [make_batch([ctx] * batch, [1] * batch, gen) for _ in range(ROTATIONS)]
+    cases = {f"{batch}x{ctx}": [ctx] * batch for batch, ctx in DECODE_CASES}
+    for label, (batch, lo, hi) in RAGGED_CASES.items():
+        cases[label] = torch.randint(lo, hi + 1, (batch,), generator=gen).tolist()
+    for label, lens in cases.items():
+        batch = len(lens)
+        sets = [make_batch(lens, [1] * batch, gen) for _ in range(ROTATIONS)]
         outs = [torch.empty_like(s[0]) for s in sets]
-        kv_bytes = batch * ctx * NUM_KV_HEADS * HEAD_DIM * 2 * DTYPE.itemsize
+        kv_bytes = sum(lens) * NUM_KV_HEADS * HEAD_DIM * 2 * DTYPE.itemsize
         qo_bytes = 2 * batch * NUM_HEADS * HEAD_DIM * DTYPE.itemsize
         nbytes = kv_bytes + qo_bytes
         for name, cfg in variants.items():
@@ -210,11 +194,11 @@ def bench_decode(variants, copy_bw, gen, results):
             splits = ta.decode_num_splits(sets[0][3], NUM_KV_HEADS, DTYPE, HEAD_DIM,
                                           torch.device(DEVICE), cfg)
             bw = nbytes / (ms * 1e-3)
-            row = dict(kind="decode", case=f"{batch}x{ctx}", variant=name, config=dataclasses.asdict(cfg),
+            row = dict(kind="decode", case=label, variant=name, config=dataclasses.asdict(cfg),
                        splits=splits, us=ms * 1e3, bytes=nbytes, floor_us=nbytes / copy_bw * 1e6,
                        tb_per_s=bw / 1e12, pct_copy=100 * bw / copy_bw, max_err=errors[name])
             results.append(row)
-            print(f"decode  {row['case']:>9s} {name:10s} splits={splits:3d} {row['us']:8.1f} us "
+            print(f"decode  {row['case']:>15s} {name:10s} splits={splits:3d} {row['us']:8.1f} us "
                   f"{row['tb_per_s']:5.2f} TB/s {row['pct_copy']:5.1f}% copy", flush=True)
         del sets, outs
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
-# Stages: env gputests kernels engine smollm2 attn step profile seed-short seed small peer
+# Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile seed-short seed small invariant peer
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf wheel), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.
@@ -40,14 +40,19 @@ for stage in "$@"; do
   case $stage in
     env) run env 60 bash -c 'nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"' ;;
     gputests) run gputests 500 python3 -m pytest -q -m gpu tests/ ;;
+    gputests-nosmol) run gputests-nosmol 500 python3 -m pytest -q -m gpu tests/ -k "not smollm2 and not mixed_workload" ;;
+    gputests-smol) run gputests-smol 500 python3 -m pytest -q -m gpu tests/ -k "smollm2 or mixed_workload" ;;
     kernels) run kernels 420 python3 -m pytest -q -x -m gpu tests/test_attention_kernels.py tests/test_fused_kernels.py tests/test_sampler.py ;;
     engine) run engine 420 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "not smollm2" ;;
     smollm2) if have_smol; then run smollm2 420 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k smollm2; else echo "no SmolLM2 here" | tee -a "$LOG"; fi ;;
     attn) run attn 240 python3 benchmarks/bench_attention.py --out "$RES" ;;
+    gemm) run gemm 240 python3 benchmarks/bench_gemm.py --out "$RES" ;;
     step) run step 240 python3 benchmarks/bench_step.py --out "$RES" ;;
     seed-short) run seed-short 400 python3 -m slipstream.cli bench --workload seed-8b-short --out "$RES" ;;
     seed) run seed 580 python3 -m slipstream.cli bench --workload seed-8b --out "$RES" ;;
     small) run small 400 python3 -m slipstream.cli bench --workload small-256 --out "$RES" ;;
+    invariant) run invariant-short 300 python3 -m slipstream.cli bench --workload seed-8b-short --mode async --batch-invariant
+               run invariant-small 300 python3 -m slipstream.cli bench --workload small-256 --mode async --batch-invariant ;;
     peer) run peer 420 bash benchmarks/peer_transformers.sh "$RES" async,sync ;;
     profile) run profile 300 python3 benchmarks/profile_step.py --out "$RES" ;;
     *) echo "unknown stage $stage" | tee -a "$LOG" ;;

@@ -22,6 +22,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="overlap CPU scheduling with GPU compute (default on CUDA)")
     g.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--batch-invariant", action="store_true",
+                   help="results independent of batch composition (slower; GPU)")
 
 
 def _engine_kwargs(a: argparse.Namespace) -> dict:
@@ -30,7 +32,7 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
                 max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
                 gpu_memory_utilization=a.gpu_memory_utilization,
                 enable_prefix_caching=a.enable_prefix_caching, async_scheduling=a.async_scheduling,
-                enforce_eager=a.enforce_eager)
+                enforce_eager=a.enforce_eager, batch_invariant=a.batch_invariant)
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", default=None, help="folder for results JSON, Chrome trace and PNG timeline")
     b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     b.add_argument("--enforce-eager", action="store_true")
+    b.add_argument("--batch-invariant", action="store_true", help="batch-invariant kernels (slower)")
     b.add_argument("--num-requests", type=int, default=None, help="only the first N requests")
     b.add_argument("--no-measure", action="store_true", help="use the recorded H200 ceilings")
     b.set_defaults(func=cmd_bench)

@@ -28,6 +28,9 @@ class EngineConfig:
     seed: int = 0  # draws the seeds of requests that bring none
     trace: bool = False  # record a CPU/GPU timeline of every batch
     debug_kv: bool = False  # check that no block is freed while an in-flight batch uses it
+    # a token's result does not depend on its batch (GPU; slower GEMMs and decode attention):
+    # bf16 sync and async runs then agree token for token on any workload
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         _choice("load_format", self.load_format, LOAD_FORMATS)

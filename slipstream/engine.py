@@ -44,6 +44,7 @@ class LLMEngine:
             raise RuntimeError(f"the model does not fit: its weights alone exhaust {self.device} memory "
                                f"({e}); use a smaller model or dtype") from None
         self.dtype = next(self.model.parameters()).dtype
+        self.model.set_batch_invariant(config.batch_invariant)
         self.tokenizer = None if config.load_format == "dummy" else load_tokenizer(source)
         self.max_model_len = self._max_model_len()
         async_mode = config.async_scheduling

@@ -285,12 +285,16 @@ def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, n: int) -> tuple[torch.Te
     return torch.cat([sampled, top_vals], dim=1), top_ids.to(torch.int32)
 
 
-def _prepare(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
-             state: PenaltyState | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _check(logits: torch.Tensor, flags: SamplerFlags) -> None:
     if logits.dim() != 2:
         raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
     if flags.num_logprobs < 0 or flags.num_logprobs > logits.shape[1]:
         raise ValueError(f"num_logprobs must be in [0, vocab], got {flags.num_logprobs}")
+
+
+def _prepare(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
+             state: PenaltyState | None) -> tuple[torch.Tensor, torch.Tensor]:
+    _check(logits, flags)
     raw = logits.float()
     if flags.use_penalties:
         if state is None:
@@ -352,7 +356,11 @@ def sample_triton(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
     kernel for temperature, cutoff, noise and argmax. No host sync (capturable)."""
     from slipstream.ops.triton_sampling import sample_tokens_triton
 
-    raw, logits = _prepare(logits, t, flags, state)
+    if flags.use_penalties or flags.use_top_k_top_p or flags.num_logprobs:
+        raw, logits = _prepare(logits, t, flags, state)
+    else:  # the kernel reads the logits in their own dtype: no float32 copy of [B, V]
+        _check(logits, flags)
+        raw = logits
     temp, inv_t, log_min_p = _row_scalars(t)
     cutoff = None
     if flags.use_top_k_top_p:

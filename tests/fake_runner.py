@@ -39,7 +39,7 @@ class FakeRunner:
         f32 = lambda n: np.zeros(n, np.float32)
         self.host = SimpleNamespace(
             input_ids=i32(T), positions=i32(T), slot_mapping=i32(T), carry_idx=i32(T),
-            query_start_loc=i32(S + 1), seq_lens=i32(S), logits_indices=i32(S), top_k=i32(S),
+            query_start_loc=i32(S + 1), seq_lens=i32(S), decode_order=i32(S), logits_indices=i32(S), top_k=i32(S),
             token_index=i32(S), state_row=i32(S), seed=np.zeros(S, np.int64),
             block_table=np.zeros((S, max_blocks), np.int32), temperature=f32(S), top_p=f32(S),
             min_p=f32(S), repetition_penalty=f32(S), presence_penalty=f32(S), frequency_penalty=f32(S))
@@ -55,6 +55,9 @@ class FakeRunner:
         batch, shape, h = self.pending.popleft()
         assert batch is launched.batch, "batches must complete in launch order"
         T, S = shape.num_tokens, shape.num_samples
+        if shape.max_query_len == 1:  # decode rows go to the attention kernel longest first
+            lens, order = h["seq_lens"][:shape.num_seqs], h["decode_order"][:shape.num_seqs]
+            assert sorted(order) == list(range(shape.num_seqs)) and (np.diff(lens[order]) <= 0).all()
         ids = h["input_ids"][:T].astype(np.int64)
         carry = h["carry_idx"][:T]
         ids[carry >= 0] = self.prev_tokens[carry[carry >= 0]]

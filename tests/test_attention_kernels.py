@@ -26,11 +26,13 @@ SMALL_PREFILL = PrefillConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
 
 
 def make_batch(seqs, num_kv_heads, group, head_dim, block_size, dtype, *, seed, max_seq_len=None,
-               extra_tokens=0, device=DEVICE):
+               extra_tokens=0, device=DEVICE, order=True, counters=True):
     """seqs: list of (seq_len, query_len).  Returns q, k_cache, v_cache, meta.
 
     Blocks are assigned in a random order; slots no sequence owns hold NaN, and every
-    unused block-table entry points at a NaN block.
+    unused block-table entry points at a NaN block.  `order` / `counters` fill the
+    metadata's decode_order (longest row first) and split_counters (the runner's way);
+    without them the decode kernel takes rows in order and merges splits in a reduce pass.
     """
     g = torch.Generator().manual_seed(seed)
     num_heads = num_kv_heads * group
@@ -63,7 +65,10 @@ def make_batch(seqs, num_kv_heads, group, head_dim, block_size, dtype, *, seed, 
         query_start_loc=qsl.to(device), seq_lens=seq_lens.to(device), block_table=block_table.to(device),
         slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int32, device=device),
         max_query_len=max(q_lens + [1]),
-        max_seq_len=max_seq_len if max_seq_len is not None else max(s for s, _ in seqs))
+        max_seq_len=max_seq_len if max_seq_len is not None else max(s for s, _ in seqs),
+        decode_order=torch.argsort(-seq_lens, stable=True).to(torch.int32).to(device) if order else None,
+        split_counters=torch.zeros(len(seqs) * num_kv_heads, dtype=torch.int32, device=device)
+        if counters else None)
     return q.to(device), k_cache.to(device), v_cache.to(device), meta
 
 
@@ -73,10 +78,10 @@ def tolerances(dtype):
 
 
 def check_attention(seqs, num_kv_heads, group, head_dim, block_size, dtype, *, seed,
-                    max_seq_len=None, extra_tokens=0, **kwargs):
+                    max_seq_len=None, extra_tokens=0, order=True, counters=True, **kwargs):
     q, k_cache, v_cache, meta = make_batch(seqs, num_kv_heads, group, head_dim, block_size, dtype,
                                            seed=seed, max_seq_len=max_seq_len,
-                                           extra_tokens=extra_tokens)
+                                           extra_tokens=extra_tokens, order=order, counters=counters)
     scale = head_dim ** -0.5
     expected = paged_attention_ref(q, k_cache, v_cache, meta, scale)
     out = torch.full_like(q, float("nan"))
@@ -91,6 +96,8 @@ def check_attention(seqs, num_kv_heads, group, head_dim, block_size, dtype, *, s
         if seq_len == 0:
             assert (out[starts[r]:starts[r + 1]] == 0).all()
     assert (out[starts[-1]:] == 0).all()
+    if counters:  # the split merge leaves its counters zero for the next call
+        assert (meta.split_counters == 0).all()
     return out, expected
 
 
@@ -116,6 +123,25 @@ def test_decode_bf16_many_splits():
                     decode_config=SMALL_DECODE, num_splits=7)
 
 
+@pytest.mark.parametrize("order,counters", [(False, False), (True, False), (False, True)])
+def test_decode_without_row_order_or_merge_counters(order, counters):
+    # Rows in batch order and/or splits merged by the separate reduce pass (metadata
+    # without decode_order / split_counters, e.g. from a caller other than the runner;
+    # counters without an order also take the reduce pass).
+    check_attention(DECODE_SEQS, 2, 4, 32, 8, torch.float32, seed=12, decode_config=SMALL_DECODE,
+                    num_splits=3, order=order, counters=counters)
+
+
+def test_decode_merge_counters_reused():
+    # The same counters serve call after call (as the layers of a step do).
+    q, kc, vc, meta = make_batch(DECODE_SEQS, 2, 2, 32, 8, torch.float32, seed=13)
+    expected = paged_attention_ref(q, kc, vc, meta, 0.3)
+    for splits in (2, 5, 3):
+        out = paged_attention_triton(q, kc, vc, meta, 0.3, decode_config=SMALL_DECODE, num_splits=splits)
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+        assert (meta.split_counters == 0).all()
+
+
 def test_decode_graph_bound_and_padding():
     # A graph-style batch: max_seq_len far above the real lengths (heuristic picks many
     # splits, most exit), an empty row, and trailing padding tokens in q.
@@ -127,9 +153,10 @@ def test_decode_graph_bound_and_padding():
 
 
 def test_split_heuristic():
-    cfg = DecodeConfig(block_n=64, min_chunk=256, ctas_per_sm=8, max_splits=32)
-    # Llama-8B decode, batch 32 x 8K: 256 (seq, kv head) pairs split to reach ~8 x 132 programs.
-    assert choose_num_splits(32, 8, 8192, cfg, 132) == 5
+    cfg = DecodeConfig(block_n=64, min_chunk=256, ctas_per_sm=4, max_splits=32)
+    # Llama-8B decode, batch 32 x 8K: 256 (seq, kv head) pairs, 2 splits fit 4 x 132 programs.
+    assert choose_num_splits(32, 8, 8192, cfg, 132) == 2
+    assert choose_num_splits(16, 8, 8192, cfg, 132) == 4
     assert choose_num_splits(256, 8, 1024, cfg, 132) == 1  # enough programs already
     assert choose_num_splits(1, 8, 200, cfg, 132) == 1  # too short to split
     assert choose_num_splits(1, 8, 600, cfg, 132) == 3  # at most one split per min_chunk
@@ -138,6 +165,54 @@ def test_split_heuristic():
     # The decode path's effective config: fp32 shrinks tiles; min_chunk is a tile multiple.
     eff = effective_decode_config(DecodeConfig(block_n=64, min_chunk=100), torch.float32, 128)
     assert eff.block_n == 32 and eff.min_chunk == 128 and eff.num_warps >= 8
+
+
+def _rows_of(seqs_subset, all_seqs, dtype, **kw):
+    """Outputs of the rows `seqs_subset` (indices into all_seqs) computed in a batch of
+    just those rows, with batch_invariant=True; caches and q are shared via the seed."""
+    q, kc, vc, meta = make_batch(all_seqs, 2, 4, 32, 8, dtype, seed=21)
+    starts = meta.query_start_loc.tolist()
+    sub_q = torch.cat([q[starts[i]:starts[i + 1]] for i in seqs_subset])
+    lens = [all_seqs[i][1] for i in seqs_subset]
+    qsl = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0)
+    idx = torch.tensor(seqs_subset)
+    sub = AttentionMetadata(qsl.to(q.device), meta.seq_lens[idx.to(q.device)], meta.block_table[idx.to(q.device)],
+                            meta.slot_mapping[:sub_q.shape[0]], max(lens), meta.max_seq_len)
+    out = paged_attention_triton(sub_q, kc, vc, sub, 0.25, batch_invariant=True, **kw)
+    ref = paged_attention_ref(sub_q, kc, vc, sub, 0.25)
+    return out, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_invariant_rows_match_in_any_batch(dtype):
+    # A decode row alone, among other decodes, and inside a mixed batch with prefill chunks:
+    # with batch_invariant=True the same kernel computes it, to the same bits.
+    seqs = [(50, 1), (33, 33), (17, 1), (40, 9), (9, 1)]
+    kw = dict(prefill_config=SMALL_PREFILL)
+    mixed, ref = _rows_of([0, 1, 2, 3, 4], seqs, dtype, **kw)
+    atol, rtol = tolerances(dtype)
+    torch.testing.assert_close(mixed.float(), ref.float(), atol=atol, rtol=rtol)
+    decodes, _ = _rows_of([0, 2, 4], seqs, dtype, **kw)
+    alone, _ = _rows_of([2], seqs, dtype, **kw)
+    assert torch.equal(decodes[1], mixed[34]) and torch.equal(alone[0], mixed[34])
+    assert torch.equal(decodes[0], mixed[0]) and torch.equal(decodes[2], mixed[-1])
+    chunk, _ = _rows_of([3], seqs, dtype, **kw)  # a prefill chunk alone
+    assert torch.equal(chunk, mixed[35:44])
+
+
+def test_batch_invariant_prompt_chunking():
+    # The last 9 tokens of a 40-token prompt, as a chunk over the cached prefix or inside
+    # the whole prompt (and as single decode steps): the same bits (batch_invariant=True).
+    q, kc, vc, meta = make_batch([(40, 40)], 2, 4, 32, 8, torch.bfloat16, seed=22)
+    whole = paged_attention_triton(q, kc, vc, meta, 0.25, batch_invariant=True, prefill_config=SMALL_PREFILL)
+    for start in (31, 39):
+        n = 40 - start
+        part = AttentionMetadata(torch.tensor([0, n], dtype=torch.int32, device=q.device), meta.seq_lens,
+                                 meta.block_table, meta.slot_mapping[:n], n, 40)
+        got = paged_attention_triton(q[start:].contiguous(), kc, vc, part, 0.25, batch_invariant=True,
+                                     prefill_config=SMALL_PREFILL)
+        assert torch.equal(got, whole[start:])
 
 
 def test_paged_attention_dispatch_out():
@@ -211,8 +286,10 @@ def compile_for_hopper() -> None:
         setattr(ta, name, Capture(getattr(ta, name)))
     for dtype in [torch.bfloat16, torch.float32]:
         lens = [8192] * 32
-        for max_q in [1, 8]:  # decode (split + reduce), prefill
-            q, kc, vc, meta = make_batch([(s, 1) for s in lens[:2]], 8, 4, 128, 16, dtype, seed=0)
+        # decode (split, merged in the kernel), decode (split + reduce pass), prefill
+        for max_q, counters in [(1, True), (1, False), (8, True)]:
+            q, kc, vc, meta = make_batch([(s, 1) for s in lens[:2]], 8, 4, 128, 16, dtype, seed=0,
+                                         counters=counters)
             meta = replace(meta, max_query_len=max_q, max_seq_len=8192)
             ta.paged_attention_triton(q, kc, vc, meta, 0.1)
     ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
@@ -250,7 +327,7 @@ def test_kernels_compile_for_hopper():
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 6, r.stdout
+    assert r.stdout.count("compiled") == 8, r.stdout
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes

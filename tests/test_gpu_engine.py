@@ -79,15 +79,19 @@ def tokenized_tiny(tmp_path_factory):
 
 
 @pytest.mark.parametrize("sampled", [False, True])
-def test_async_equals_sync_on_the_mixed_workload_with_graphs_on_both_slots(tokenized_tiny, sampled):
-    """EOS, stop strings, aborts, staggered arrivals, prefix hits and preemption (fp32).
+@pytest.mark.parametrize("dtype,batch_invariant", [("float32", False), ("bfloat16", True)])
+def test_async_equals_sync_on_the_mixed_workload_with_graphs_on_both_slots(tokenized_tiny, sampled, dtype,
+                                                                           batch_invariant):
+    """EOS, stop strings, aborts, staggered arrivals, prefix hits and preemption.
 
-    In fp32 the result of a row does not depend on the batch it rides in, so the strict
-    comparison checks the pipeline itself (placeholders, carry-over, dropped tokens).
+    The two modes batch differently here (a stopped row stays one more step in async).  In
+    fp32 a row's result does not depend on its batch anyway, so the strict comparison checks
+    the pipeline itself (placeholders, carry-over, dropped tokens); in bf16 it holds with
+    batch_invariant=True (batch-invariant GEMMs and one attention kernel for every row).
     """
     reqs = mix(tokenized_tiny, sampled=sampled)
-    common = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=12, num_kv_blocks=24,
-                  max_num_batched_tokens=64, debug_kv=True)
+    common = dict(device="cuda", dtype=dtype, max_model_len=256, max_num_seqs=12, num_kv_blocks=24,
+                  max_num_batched_tokens=64, debug_kv=True, batch_invariant=batch_invariant)
     sync = LLM(tokenized_tiny, async_scheduling=False, **common)
     asyn = LLM(tokenized_tiny, async_scheduling=True, **common)
     got = run_mix(sync, reqs)
@@ -119,4 +123,31 @@ def test_async_equals_sync_smollm2_bf16(temperature):
     asyn = [o.token_ids for o in llm.generate(prompts, params)]
     same = sum(a == b for a, b in zip(sync, asyn))
     assert same == len(prompts), f"{same}/{len(prompts)} identical"
+    assert min(llm.engine.runner.graph_replays) > 0
+
+
+QUESTIONS = ["What is the capital of France?", "Name three colours.", "What is 2 + 2?",
+             "Say hello in Spanish.", "Who wrote Hamlet?", "What is water made of?",
+             "Give me a synonym for happy.", "What day comes after Monday?",
+             "Write one sentence about cats.", "What is the largest planet?",
+             "Translate 'thank you' to French.", "List two fruits."]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_async_equals_sync_smollm2_bf16_batch_invariant(temperature):
+    """Real size, bf16, graphs: 36 chat requests that end on EOS, stop strings or max_tokens
+    at different steps, so sync and async run batches of different sizes; with
+    batch_invariant=True the tokens are still the same, greedy or seeded."""
+    llm = LLM(device="cuda", dtype="bfloat16", max_model_len=1024, max_num_seqs=16, batch_invariant=True)
+    convs = [[{"role": "user", "content": q}] for q in QUESTIONS * 3]
+    params = [SamplingParams(max_tokens=[12, 40, 80][i % 3], temperature=temperature, seed=i,
+                             stop=["."] if i % 4 == 0 else None) for i in range(len(convs))]
+    llm.engine.set_async_scheduling(False)
+    sync = [(o.token_ids, o.finish_reason) for o in llm.chat(convs, params)]
+    llm.engine.reset_prefix_cache()
+    llm.engine.set_async_scheduling(True)
+    asyn = [(o.token_ids, o.finish_reason) for o in llm.chat(convs, params)]
+    assert {r for _, r in sync} == {"stop", "length"}
+    same = sum(a == b for a, b in zip(sync, asyn))
+    assert same == len(convs), f"{same}/{len(convs)} identical"
     assert min(llm.engine.runner.graph_replays) > 0

@@ -70,3 +70,21 @@ def test_smollm2_gguf_logits_match_hf():
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}])
     ours = PagedModelRunner(model, block_size=16).step([(0, prompt)])
     assert_logits_close(ours, hf_logits(smollm2_hf(), prompt))
+
+
+def test_set_batch_invariant_reaches_every_linear_and_attention(family):
+    # The switch flips each Linear, Attention and the LM head; the CPU path is per row
+    # already, so its logits stay bitwise the same.
+    _, model, _ = family
+    prompt = _prompt(20, 3)
+    before = PagedModelRunner(model).step([(0, prompt)])
+    model.set_batch_invariant(True)
+    try:
+        flags = [m.batch_invariant for m in model.modules() if hasattr(m, "batch_invariant")]
+        # the model, per layer Attention + qkv / o / gate_up / down, an untied LM head
+        untied = 0 if model.config.tie_word_embeddings else 1
+        assert len(flags) == 1 + 5 * len(model.layers) + untied
+        assert all(flags)
+        assert torch.equal(PagedModelRunner(model).step([(0, prompt)]), before)
+    finally:
+        model.set_batch_invariant(False)

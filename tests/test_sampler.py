@@ -350,15 +350,16 @@ def _mixed_rows(B, seed):
     )
 
 
-@pytest.mark.parametrize("flags,num_splits,block_v", [
-    (OFF, 1, 128),
-    (OFF, 3, 128),
-    (TOPKP, 1, 256),
-    (TOPKP, 4, 64),
+@pytest.mark.parametrize("flags,num_splits,block_v,dtype", [
+    (OFF, 1, 128, torch.float32),
+    (OFF, 3, 128, torch.float32),
+    (OFF, 2, 128, torch.bfloat16),  # model-dtype logits go to the kernel as they are
+    (TOPKP, 1, 256, torch.float32),
+    (TOPKP, 4, 64, torch.bfloat16),
 ])
-def test_triton_tokens_equal_torch(flags, num_splits, block_v):
+def test_triton_tokens_equal_torch(flags, num_splits, block_v, dtype):
     B, V = 8, 1000
-    logits = _logits(B, V, 7, scale=2.0)
+    logits = _logits(B, V, 7, scale=2.0).to(dtype)
     kw = _mixed_rows(B, num_splits * 10 + block_v)
     if not flags.use_top_k_top_p:
         kw.pop("top_k"), kw.pop("top_p")

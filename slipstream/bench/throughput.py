@@ -8,7 +8,7 @@ the run; wall / floor says how far from the hardware the engine is.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -33,6 +33,7 @@ class RunResult:
     wall_over_floor: float
     cpu_ms_per_step: float
     gpu_ms_per_step: float | None
+    breakdown: list[dict] = field(default_factory=list)  # `step_breakdown`
 
     def row(self) -> str:
         ga = f"{100 * self.gpu_active:.1f}%" if self.gpu_active is not None else "-"
@@ -71,8 +72,9 @@ def measure_ceilings(device: torch.device) -> tuple[float, float]:
     return bw, rate
 
 
-def floor_seconds(timeline: Timeline, model_config, dtype: torch.dtype,
-                  bandwidth: float = COPY_BANDWIDTH, rate: float = MATMUL_RATE) -> float:
+def step_floors(timeline: Timeline, model_config, dtype: torch.dtype,
+                bandwidth: float = COPY_BANDWIDTH, rate: float = MATMUL_RATE) -> list[float]:
+    """The floor of each batch of `timeline.batches`, in seconds."""
     c = model_config
     elem = torch.empty((), dtype=dtype).element_size()
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -81,13 +83,52 @@ def floor_seconds(timeline: Timeline, model_config, dtype: torch.dtype,
     head_params = c.vocab_size * c.hidden_size
     weight_bytes = (matmul_params + head_params) * elem
     kv_bytes_per_token = 2 * c.num_layers * kv * elem
-    total = 0.0
+    floors = []
     for b in timeline.batches:
         bytes_moved = weight_bytes + kv_bytes_per_token * (b.context_tokens + b.num_tokens)
         flops = (2 * matmul_params * b.num_tokens + 2 * head_params * b.num_samples
                  + 4 * c.num_layers * q * b.attention_pairs)
-        total += max(bytes_moved / bandwidth, flops / rate)
-    return total
+        floors.append(max(bytes_moved / bandwidth, flops / rate))
+    return floors
+
+
+STEP_BUCKETS = ((1, 16), (17, 64), (65, 128), (129, 256), (257, 1 << 30))
+
+
+def step_breakdown(timeline: Timeline, floors: list[float]) -> list[dict]:
+    """GPU compute time against the floor, summed over groups of steps: batches with a
+    prefill chunk, and decode-only batches by size; `idle_s` is the time the compute stream
+    waited before the group's steps began.  Says where wall - floor goes."""
+    compute = {s.batch_id: (s.start, s.end) for s in timeline.spans if s.lane == "compute"}
+    groups: dict[str, list[float]] = {}
+    prev_end = None
+    for b, floor in sorted(zip(timeline.batches, floors), key=lambda bf: compute.get(bf[0].batch_id, (0, 0))):
+        if b.num_tokens > b.num_samples:
+            label = "with prefill"
+        else:
+            lo, hi = next(r for r in STEP_BUCKETS if r[0] <= b.num_tokens <= r[1])
+            label = f"decode {lo}-{hi}" if hi < 1 << 30 else f"decode >={lo}"
+        start, end = compute.get(b.batch_id, (None, None))
+        g = groups.setdefault(label, [0, 0.0, 0.0, 0.0])
+        g[0] += 1
+        g[2] += floor
+        if start is not None:
+            g[1] += end - start
+            if prev_end is not None:
+                g[3] += max(0.0, start - prev_end)
+            prev_end = end if prev_end is None else max(prev_end, end)
+    return [dict(group=k, steps=v[0], gpu_s=v[1], floor_s=v[2], idle_s=v[3],
+                 gpu_over_floor=v[1] / v[2] if v[2] else None) for k, v in groups.items()]
+
+
+def breakdown_table(rows: list[dict]) -> str:
+    lines = ["| steps | count | GPU compute | floor | GPU / floor | excess | GPU idle before |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['gpu_over_floor']:.2f}" if r["gpu_over_floor"] else "-"
+        lines.append(f"| {r['group']} | {r['steps']} | {r['gpu_s']:.3f} s | {r['floor_s']:.3f} s | {ratio} | "
+                     f"{r['gpu_s'] - r['floor_s']:.3f} s | {r['idle_s']:.3f} s |")
+    return "\n".join(lines)
 
 
 def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_BANDWIDTH,
@@ -111,13 +152,15 @@ def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_
     steps = len(timeline.batches)
     cpu = sum(s.end - s.start for s in timeline.spans if s.lane == "cpu" and s.name != "wait")
     compute = [s for s in timeline.spans if s.lane == "compute"]
-    floor = floor_seconds(timeline, engine.model_config, engine.dtype, bandwidth, rate)
+    floors = step_floors(timeline, engine.model_config, engine.dtype, bandwidth, rate)
+    floor = sum(floors)
     result = RunResult(
         workload=workload.name, mode=mode, wall_s=wall, output_tokens=tokens, tokens_per_s=tokens / wall,
         steps=steps, gpu_active=timeline.busy("compute", start, start + wall) / wall if compute else None,
         floor_s=floor, wall_over_floor=wall / floor if floor else float("nan"),
         cpu_ms_per_step=1e3 * cpu / max(steps, 1),
-        gpu_ms_per_step=1e3 * sum(s.end - s.start for s in compute) / steps if compute else None)
+        gpu_ms_per_step=1e3 * sum(s.end - s.start for s in compute) / steps if compute else None,
+        breakdown=step_breakdown(timeline, floors) if compute else [])
     return result, timeline, outputs
 
 

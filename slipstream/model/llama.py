@@ -21,6 +21,7 @@ from slipstream.model.config import ModelConfig
 from slipstream.ops.attention import AttentionMetadata, paged_attention
 from slipstream.ops.fused import (build_cos_sin_cache, fused_add_rms_norm, qkv_epilogue, rms_norm,
                                   silu_and_mul)
+from slipstream.ops.linear import linear
 
 
 def _empty(shape, dtype, device) -> nn.Parameter:
@@ -34,9 +35,10 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = _empty((out_features, in_features), dtype, device)
         self.bias = _empty((out_features,), dtype, device) if bias else None
+        self.batch_invariant = False  # set by LlamaForCausalLM.set_batch_invariant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.batch_invariant)
 
 
 class Embedding(nn.Module):
@@ -90,6 +92,7 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, device)
         self.o_proj = Linear(self.q_size, hidden, config.o_bias, dtype, device)
         self.qk_norm = config.qk_norm
+        self.batch_invariant = False
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, dtype, device)
             self.k_norm = RMSNorm(self.head_dim, dtype, device)
@@ -105,7 +108,7 @@ class Attention(nn.Module):
                          q_norm_weight=self.q_norm.weight if self.qk_norm else None,
                          k_norm_weight=self.k_norm.weight if self.qk_norm else None,
                          eps=self.eps)
-        out = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale, batch_invariant=self.batch_invariant)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -151,6 +154,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
         self.layers = nn.ModuleList(DecoderLayer(config, dtype, device) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, dtype, device)
+        self.batch_invariant = False
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
         # float32 [max_position, head_dim]: cos | sin, built once (a buffer, not a parameter)
@@ -158,6 +162,14 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("cos_sin_cache",
                              build_cos_sin_cache(inv_freq, config.max_position_embeddings),
                              persistent=False)
+
+    def set_batch_invariant(self, enabled: bool) -> None:
+        """Make every token's computation independent of the batch it rides in (GPU): the
+        batch-invariant GEMM for all linears and the LM head, and one attention kernel
+        for decode and prefill rows alike (docs/architecture.md, "Numerics")."""
+        for module in self.modules():
+            if hasattr(module, "batch_invariant"):
+                module.batch_invariant = enabled
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -177,7 +189,6 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 [N, vocab] from hidden states [N, hidden] (typically one row per sequence)."""
-        if hidden.is_cuda and hidden.dtype != torch.float32:  # fp32 straight out of the GEMM
-            return torch.mm(hidden, self.lm_head_weight.t(), out_dtype=torch.float32)
-        return F.linear(hidden, self.lm_head_weight).float()
+        """Logits [N, vocab] in the model's dtype from hidden states [N, hidden] (typically one
+        row per sequence), as Hugging Face computes them; the sampler upcasts where it must."""
+        return linear(hidden, self.lm_head_weight, None, self.batch_invariant)

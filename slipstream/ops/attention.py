@@ -30,6 +30,11 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # int32 [num_tokens]; -1 = do not store
     max_query_len: int  # host-side bound; 1 means a decode-only batch
     max_seq_len: int  # host-side bound on seq_lens (graphs pass the model's max length)
+    # optional, decode kernel only: rows by decreasing seq_len (int32 [num_seqs], a
+    # permutation), and int32 zeros >= num_seqs x num_kv_heads that the split merge counts
+    # in (it leaves them zero again)
+    decode_order: torch.Tensor | None = None
+    split_counters: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -81,11 +86,13 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """Dispatch; writes into `out` (shape and dtype of q) when given, and returns it."""
+                    out: torch.Tensor | None = None, batch_invariant: bool = False) -> torch.Tensor:
+    """Dispatch; writes into `out` (shape and dtype of q) when given, and returns it.
+    `batch_invariant`: one kernel for every row, decode or prefill (see the Triton dispatch)."""
     if q.is_cuda:
         from slipstream.ops.triton_attention import paged_attention_triton
-        return paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out)
+        return paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out,
+                                      batch_invariant=batch_invariant)
     result = paged_attention_ref(q, k_cache, v_cache, meta, scale)
     if out is None:
         return result

@@ -17,7 +17,7 @@ def carry_over_ref(input_ids: torch.Tensor, carry_idx: torch.Tensor, prev_tokens
     input_ids.copy_(torch.where(carry_idx >= 0, src, input_ids))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # n changes every step: no recompiles
 def _carry_over_kernel(ids_ptr, carry_ptr, prev_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n

@@ -1,5 +1,6 @@
-"""Triton kernels of paged attention: split-KV decode, mixed prefill/decode.
-(New K/V are stored by the qkv epilogue kernel, `slipstream.ops.triton_qkv_epilogue`.)
+"""Paged attention on the GPU: tunables, split heuristic and launches of the Triton kernels
+in `slipstream.ops.triton_attention_kernels`.  (New K/V are stored by the qkv epilogue
+kernel, `slipstream.ops.triton_qkv_epilogue`.)
 
 Cache layout and batch semantics are those of `slipstream.ops.attention` (whose
 pure-torch references are the oracle of everything here).
@@ -13,16 +14,20 @@ Kernels
   length is computed in the kernel from the row's real seq_len,
       chunk = max(round_up(cdiv(seq_len, num_splits), BLOCK_N), MIN_CHUNK),
   so a CUDA graph captured for max_seq_len = max_model_len does little work for short
-  rows: programs whose chunk starts past the end exit at once.  With one split the
-  kernel writes the output directly; otherwise it writes a normalised partial output
-  and its log-sum-exp (base 2) and `_decode_reduce_kernel` merges the splits.
+  rows: programs whose chunk starts past the end exit at once.  Programs take rows in
+  `meta.decode_order` (longest first) when the batch has one, so a ragged batch does not
+  end on a long row.  With one split the kernel writes the output directly; otherwise each
+  split writes a normalised partial output and its log-sum-exp (base 2), and the last split
+  of a (row, KV head) to finish merges them (an atomic counter in `meta.split_counters`,
+  reset by that program) -- or, without counters, `_decode_reduce_kernel` does.
 * Prefill / mixed (`meta.max_query_len > 1`): `_prefill_kernel`, grid
   (num_tokens // BLOCK_Q + num_seqs, num_kv_heads).  Sequence s owns the program ids
   [query_start_loc[s] // BLOCK_Q + s, ...) (an increasing sequence whose total is bounded
   by the grid); a program finds its sequence by counting, loads a tile of BLOCK_Q query
   tokens x GROUP_P packed heads (BLOCK_M rows), and runs an online softmax over the
   paged KV up to its last row's causal position: first the tiles every row sees
-  (no masks at all), then the few tiles on the diagonal (masked).
+  (no masks at all), then the few tiles on the diagonal (masked).  With
+  `batch_invariant=True` decode batches run here too (see `paged_attention_triton`).
 
 Everything is CUDA-graph safe: no host syncs; grids depend only on tensor shapes and the
 host ints of the metadata.  Accumulation is float32; fp32 inputs use IEEE dot products.
@@ -35,11 +40,11 @@ from dataclasses import dataclass, replace
 
 import torch
 import triton
-import triton.language as tl
+
+from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel, _prefill_kernel
 
 LOG2E = 1.4426950408889634
 NOMINAL_SM_COUNT = 132  # used when there is no GPU (interpreter runs)
-_NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked rows never make NaN
 
 
 # ----------------------------------------------------------------------------- tunables
@@ -51,11 +56,13 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 2  # measured best on the H200 (docs/kernel-notes.md, 2026-11-29)
     min_chunk: int = 256  # fewest KV tokens one split covers (rounded up to block_n)
-    ctas_per_sm: int = 16  # split heuristic: aim at ~ctas_per_sm x SMs programs
+    # split heuristic: splits = (ctas_per_sm x SMs) // (num_seqs x kv_heads), so all programs
+    # are resident at once (4 fit per SM by registers); 2 splits at 32 x 8 heads beat 9 by
+    # 4-5 points of copy bandwidth on the H200 (docs/kernel-notes.md, v4)
+    ctas_per_sm: int = 4
     max_splits: int = 32
-    # one split once num_seqs x kv_heads >= this x SMs (256 x 8 heads on 132 SMs: 1 split
-    # ran at 103% of copy bandwidth against 95% with 2, docs/kernel-notes.md)
-    full_occupancy_per_sm: int = 8
+    longest_first: bool = True  # use meta.decode_order when the batch has one
+    fused_merge: bool = True  # merge splits in the last program (needs meta.split_counters)
     num_splits: int | None = None  # force a split count (tests, tuning); None: heuristic
 
 
@@ -100,264 +107,10 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int,
     min_chunk tokens.  Pure function of host ints (CUDA-graph safe)."""
     if cfg.num_splits is not None:
         return max(1, int(cfg.num_splits))
-    programs = num_seqs * num_kv_heads
-    if programs >= cfg.full_occupancy_per_sm * sm_count:
-        return 1  # the batch alone fills the GPU: splitting only adds the merge pass
     min_chunk = max(cfg.min_chunk, cfg.block_n)
     by_len = triton.cdiv(max(max_seq_len, 1), min_chunk)
-    by_occupancy = triton.cdiv(cfg.ctas_per_sm * sm_count, max(num_seqs * num_kv_heads, 1))
+    by_occupancy = (cfg.ctas_per_sm * sm_count) // max(num_seqs * num_kv_heads, 1)
     return max(1, min(by_len, by_occupancy, cfg.max_splits))
-
-
-# ----------------------------------------------------------------------------- kernels
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    # UPCAST: the interpreter cannot multiply bf16 (it multiplies the raw bits).
-    if UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
-
-
-@triton.jit
-def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_off, v_head_off,
-                 t, kv_end, row_pos, qk_scale, stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 MASK_END: tl.constexpr, CAUSAL: tl.constexpr,
-                 IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """One online-softmax step over KV positions [t, t + BLOCK_N) of one sequence/KV head.
-
-    MASK_END: positions >= kv_end are masked (else the whole tile must be valid).
-    CAUSAL: position p is masked for a row whose absolute position row_pos < p.
-    """
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    pos = t + offs_n
-    if MASK_END:
-        nmask = pos < kv_end
-        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-    else:
-        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE).to(tl.int64)
-    in_blk = pos % BLOCK_SIZE
-    k_rows = blk * stride_kcb + in_blk * stride_kcs + k_head_off
-    v_rows = blk * stride_vcb + in_blk * stride_vcs + v_head_off
-    k_ptrs = k_cache_ptr + (k_rows[:, None] + offs_d[None, :])
-    v_ptrs = v_cache_ptr + (v_rows[:, None] + offs_d[None, :])
-    if MASK_END:
-        k = tl.load(k_ptrs, mask=nmask[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-    s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
-    if CAUSAL:
-        keep = pos[None, :] <= row_pos[:, None]
-        if MASK_END:
-            keep = keep & nmask[None, :]
-        s = tl.where(keep, s, float("-inf"))
-    elif MASK_END:
-        s = tl.where(nmask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if MASK_END:
-        v = tl.load(v_ptrs, mask=nmask[:, None], other=0.0)
-    else:
-        v = tl.load(v_ptrs)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE, UPCAST)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
-               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Zero the heads [head0, head0 + GROUP) of tokens past the last sequence."""
-    first = tl.load(qsl_ptr + num_seqs)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, HEAD_DIM)
-    gmask = offs_g[:, None] < GROUP
-    zeros = tl.zeros([BLOCK_G, HEAD_DIM], dtype=out_ptr.dtype.element_ty)
-    ptrs = out_ptr + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
-    for t in range(first, num_tokens):
-        tl.store(ptrs + t * stride_ot, zeros, mask=gmask)
-
-
-@triton.jit
-def _chunk_len(seq_len, num_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    return tl.maximum(chunk, MIN_CHUNK)
-
-
-@triton.jit
-def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-                   qsl_ptr, seq_lens_ptr, bt_ptr, qk_scale, num_seqs, num_tokens,
-                   stride_qt, stride_qh, stride_ot, stride_oh,
-                   stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-                   stride_bt, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
-                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                   SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    seq = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    num_splits = tl.num_programs(2)
-    head0 = kvh * GROUP
-    if seq == 0:
-        if split == 0:
-            _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
-                       GROUP, BLOCK_G, HEAD_DIM)
-    q_tok = tl.load(qsl_ptr + seq)
-    q_end = tl.load(qsl_ptr + seq + 1)
-    if q_end <= q_tok:
-        return  # no query token in this row
-    seq_len = tl.load(seq_lens_ptr + seq)
-    chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
-    start = split * chunk
-    if SPLIT:
-        if start >= seq_len:
-            return  # past the end (the reduce ignores this split)
-    end = tl.minimum(start + chunk, seq_len)
-
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, HEAD_DIM)
-    gmask = offs_g < GROUP
-    q = tl.load(q_ptr + q_tok * stride_qt + (head0 + offs_g[:, None]) * stride_qh + offs_d[None, :],
-                mask=gmask[:, None], other=0.0)
-    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    m_i = tl.full([BLOCK_G], _NEG_INIT, dtype=tl.float32)
-    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    k_head_off = kvh * stride_kch
-    v_head_off = kvh * stride_vch
-    full_end = start + ((end - start) // BLOCK_N) * BLOCK_N
-    for t in range(start, full_end, BLOCK_N):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
-                                     k_head_off, v_head_off, t, end, offs_g, qk_scale,
-                                     stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST)
-    if full_end < end:
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
-                                     k_head_off, v_head_off, full_end, end, offs_g, qk_scale,
-                                     stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, False, IEEE, UPCAST)
-    if SPLIT:
-        # start < seq_len here, so every row saw >= 1 valid position: l_i > 0.
-        po = (part_out_ptr + seq.to(tl.int64) * stride_pos + (head0 + offs_g[:, None]) * stride_poh
-              + split * stride_pok + offs_d[None, :])
-        tl.store(po, acc / l_i[:, None], mask=gmask[:, None])
-        pl = part_lse_ptr + seq * stride_pls + (head0 + offs_g) * stride_plh + split
-        tl.store(pl, m_i + tl.log2(l_i), mask=gmask)
-    else:
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # seq_len == 0: acc == 0 -> output 0
-        o = acc / l_safe[:, None]
-        optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
-        tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
-
-
-@triton.jit
-def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, qsl_ptr, seq_lens_ptr, num_splits,
-                          stride_ot, stride_oh, stride_pos, stride_poh, stride_pok,
-                          stride_pls, stride_plh,
-                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    q_tok = tl.load(qsl_ptr + seq)
-    q_end = tl.load(qsl_ptr + seq + 1)
-    if q_end <= q_tok:
-        return
-    seq_len = tl.load(seq_lens_ptr + seq)
-    chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
-    n_valid = tl.cdiv(seq_len, chunk)  # splits that ran (0 for a padding row)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
-    smask = offs_s < n_valid
-    lse = tl.load(part_lse_ptr + seq * stride_pls + head * stride_plh + offs_s, mask=smask,
-                  other=float("-inf"))
-    m = tl.max(lse, 0)
-    m = tl.where(n_valid > 0, m, 0.0)
-    w = tl.where(smask, tl.exp2(lse - m), 0.0)
-    denom = tl.sum(w, 0)
-    denom = tl.where(denom > 0.0, denom, 1.0)
-    po = tl.load(part_out_ptr + seq.to(tl.int64) * stride_pos + head * stride_poh
-                 + offs_s[:, None] * stride_pok + offs_d[None, :], mask=smask[:, None], other=0.0)
-    o = tl.sum(po * w[:, None], 0) / denom
-    tl.store(out_ptr + q_tok * stride_ot + head * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
-                    qk_scale, num_seqs, num_tokens,
-                    stride_qt, stride_qh, stride_ot, stride_oh,
-                    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-                    stride_bt,
-                    GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                    BLOCK_N: tl.constexpr, SEQ_CHUNK: tl.constexpr,
-                    IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    # Reversed order: the longest (last) query tiles of the batch start first, the short
-    # ones fill the tail.
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    kvh = tl.program_id(1)
-    head0 = kvh * GROUP
-    if tl.program_id(0) == 0:
-        _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
-                   GROUP, GROUP_P, HEAD_DIM)
-    # Find the sequence: the number of s with  qsl[s] // BLOCK_Q + s <= pid, minus one.
-    count = tl.zeros([SEQ_CHUNK], dtype=tl.int32)
-    for s0 in range(0, num_seqs, SEQ_CHUNK):
-        offs_s = s0 + tl.arange(0, SEQ_CHUNK)
-        smask = offs_s < num_seqs
-        st = tl.load(qsl_ptr + offs_s, mask=smask, other=0)
-        first_tile = st // BLOCK_Q + offs_s
-        count += (smask & (first_tile <= pid)).to(tl.int32)
-    seq = tl.sum(count, 0) - 1
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    tok0 = (pid - (q_start // BLOCK_Q + seq)) * BLOCK_Q
-    if tok0 >= q_len:
-        return
-    seq_len = tl.load(seq_lens_ptr + seq)
-    ctx = seq_len - q_len  # absolute position of the sequence's first query token
-
-    rows = tl.arange(0, BLOCK_M)
-    r_tok = tok0 + rows // GROUP_P
-    r_head = rows % GROUP_P
-    rmask = (r_tok < q_len) & (r_head < GROUP)
-    offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + (q_start + r_tok[:, None]) * stride_qt + (head0 + r_head[:, None]) * stride_qh
-                + offs_d[None, :], mask=rmask[:, None], other=0.0)
-    row_pos = ctx + r_tok
-
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], _NEG_INIT, dtype=tl.float32)
-    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    k_head_off = kvh * stride_kch
-    v_head_off = kvh * stride_vch
-    # KV positions every row of the tile sees: [0, ctx + tok0]; the last row sees up to
-    # ctx + tok0 + BLOCK_Q - 1 (clipped to the sequence).
-    seen_by_all = tl.maximum(ctx + tok0 + 1, 0)
-    kv_end = tl.minimum(seq_len, ctx + tok0 + BLOCK_Q)
-    full_end = (seen_by_all // BLOCK_N) * BLOCK_N
-    for t in range(0, full_end, BLOCK_N):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
-                                     k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
-                                     stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST)
-    for t in range(full_end, kv_end, BLOCK_N):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
-                                     k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
-                                     stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST)
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # seq_len == 0 (padding): output 0
-    o = acc / l_safe[:, None]
-    optrs = (out_ptr + (q_start + r_tok[:, None]) * stride_ot + (head0 + r_head[:, None]) * stride_oh
-             + offs_d[None, :])
-    tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
 # ----------------------------------------------------------------------------- host side
@@ -417,6 +170,14 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
     num_splits = choose_num_splits(num_seqs, num_kv_heads, meta.max_seq_len, cfg, _sm_count(q.device))
     ieee, upcast = _dot_flags(q.dtype, q.device)
     split = num_splits > 1
+    order = meta.decode_order if cfg.longest_first else None
+    counters = meta.split_counters if cfg.fused_merge else None
+    # The in-kernel merge is used with a row order only: merge without one measured 25-30%
+    # slower at 32 x 4096-8192 on the H200 (docs/kernel-notes.md, v4), the reduce pass not.
+    merge = split and counters is not None and order is not None
+    if merge:
+        assert counters.dtype == torch.int32 and counters.numel() >= num_seqs * num_kv_heads, \
+            "split_counters: int32, zero, >= num_seqs x num_kv_heads"
     if split:
         part_out = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32,
                                device=q.device)
@@ -427,7 +188,8 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
     bt = meta.block_table
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse,
-        meta.query_start_loc, meta.seq_lens, bt, scale * LOG2E, num_seqs, num_tokens,
+        meta.query_start_loc, meta.seq_lens, bt, order if order is not None else meta.seq_lens,
+        counters if merge else meta.seq_lens, scale * LOG2E, num_seqs, num_tokens,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -435,9 +197,9 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
         part_out.stride(0), part_out.stride(1), part_out.stride(2) if split else 0,
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, IEEE=ieee, UPCAST=upcast,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if split:
+        BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
+        MERGE=merge, IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split and not merge:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             out, part_out, part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
             out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
@@ -473,12 +235,16 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float, out: torch.Tensor | None = None, *,
                            decode_config: DecodeConfig | None = None,
                            prefill_config: PrefillConfig | None = None,
-                           num_splits: int | None = None) -> torch.Tensor:
+                           num_splits: int | None = None,
+                           batch_invariant: bool = False) -> torch.Tensor:
     """Causal paged attention of q [num_tokens, num_heads, head_dim]; same result as
     `paged_attention_ref`.  Writes into `out` (same shape/dtype as q) if given.
 
     `num_splits` forces the decode split count (otherwise `decode_config.num_splits` or
-    the heuristic `choose_num_splits`).
+    the heuristic `choose_num_splits`).  `batch_invariant` sends decode batches to the
+    prefill kernel too: its result for a query token depends only on that token's q and
+    context (KV tiles from position 0, fixed order), not on the batch, the split count or
+    the chunking of a prompt.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, num_kv_heads, hd = _check_cache(k_cache, v_cache)
@@ -493,7 +259,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     if meta.num_seqs == 0:
         return out.zero_()
-    if meta.max_query_len <= 1:
+    if meta.max_query_len <= 1 and not batch_invariant:
         cfg = decode_config or DEFAULT_DECODE_CONFIG
         if num_splits is not None:
             cfg = replace(cfg, num_splits=num_splits)

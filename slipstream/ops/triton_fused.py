@@ -34,7 +34,7 @@ __all__ = [
 # ----------------------------------------------------------------------------- RMSNorm
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # varies per step: no recompiles
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     n_rows, n_cols,

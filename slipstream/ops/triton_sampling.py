@@ -94,7 +94,7 @@ def _sample_kernel(
         # greedy: first index of the maximum (penalised) logit
         for start in range(v_lo, v_hi, BLOCK_V):
             offs = start + arange
-            x = tl.load(base + offs, mask=offs < v_hi, other=float("-inf"))
+            x = tl.load(base + offs, mask=offs < v_hi, other=float("-inf")).to(tl.float32)
             m = tl.max(x, axis=0)
             a = tl.argmax(x, axis=0).to(tl.int32) + start
             best_idx = tl.where(m > best_val, a, best_idx)
@@ -111,7 +111,7 @@ def _sample_kernel(
                 mx = tl.zeros([], tl.float32) - float("inf")
                 for start in range(0, V, BLOCK_V):
                     offs = start + arange
-                    x = tl.load(base + offs, mask=offs < V, other=float("-inf"))
+                    x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
                     mx = tl.maximum(mx, tl.max(x, axis=0))
                 smax = mx * inv_t
                 thr = tl.minimum(smax + lmp, smax)
@@ -119,7 +119,7 @@ def _sample_kernel(
         for start in range(v_lo, v_hi, BLOCK_V):
             offs = start + arange
             valid = offs < v_hi
-            x = tl.load(base + offs, mask=valid, other=float("-inf"))
+            x = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32)
             s = x * inv_t
             keep = valid & (s >= thr)
             s_keep = tl.where(keep, s, float("-inf"))
@@ -189,15 +189,15 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
                          out: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token per row; int32 [B].
 
-    logits: float32 [B, V] (penalised); temperature/inv_t/log_min_p: float32 [B]
+    logits: float32 / bfloat16 / float16 [B, V] (penalised; read as float32); temperature/inv_t/log_min_p: float32 [B]
     (inv_t = 1 / temperature, 1 for greedy rows; log_min_p = log(min_p), -inf = off);
     cutoff: float32 [B] threshold on the scaled logits that already folds top-k, top-p
     and min-p (then log_min_p is not read), or None; seed int64 [B]; token_index int32 [B].
     num_splits / block_v: launch shape (None = chosen from the shapes and the device).
     """
     B, V = logits.shape
-    if logits.dtype != torch.float32:
-        raise TypeError(f"logits must be float32, got {logits.dtype}")
+    if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     if out is None:

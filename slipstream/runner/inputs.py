@@ -70,8 +70,11 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad_to: int | None
         use_penalties=bool(((rep != 1.0) | (pres != 0.0) | (freq != 0.0)).any()),
         num_logprobs=batch.num_logprobs)
 
+    max_query_len = int(n.max())
     if pad_to is None:
-        return StepShape(T, B, S, int(n.max()), batch.max_seq_len, flags, padded=False)
+        if max_query_len == 1:
+            _decode_order(host, B)
+        return StepShape(T, B, S, max_query_len, batch.max_seq_len, flags, padded=False)
     # A decode batch (T == B == S) padded to a captured size: padding rows have no
     # context (seq_len 0), store nothing, and draw greedily into the scratch row.
     P = pad_to
@@ -92,4 +95,11 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad_to: int | None
     host.repetition_penalty[S:P] = 1.0
     host.presence_penalty[S:P] = 0.0
     host.frequency_penalty[S:P] = 0.0
+    _decode_order(host, P)
     return StepShape(P, P, P, 1, graph_max_seq_len, flags, padded=True)
+
+
+def _decode_order(host, num_seqs: int) -> None:
+    """Rows by decreasing context for the decode attention kernel (longest first, so the
+    long rows do not finish last); padding rows (seq_len 0) come at the end."""
+    host.decode_order[:num_seqs] = np.argsort(-host.seq_lens[:num_seqs], kind="stable")

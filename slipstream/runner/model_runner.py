@@ -69,6 +69,9 @@ class ModelRunner:
                            model_config.head_dim, dtype)
         self.num_blocks = num_kv_blocks(self, spec, opts)
         self.kv_caches = allocate_kv_caches(spec, self.num_blocks, device)
+        # the decode kernel's split-merge counters (zero between launches; one per row x KV head)
+        self.split_counters = torch.zeros(opts.max_num_seqs * model_config.num_kv_heads,
+                                          dtype=torch.int32, device=device)
         self.graphs: DecodeGraphs | None = None
         if opts.use_cuda_graphs and device.type == "cuda":
             sizes = capture_sizes(min(opts.cuda_graph_max_batch, opts.max_num_seqs))
@@ -97,7 +100,8 @@ class ModelRunner:
         input_ids = d.input_ids[:T]
         carry_over(input_ids, d.carry_idx[:T], prev.dev.tokens)
         meta = AttentionMetadata(d.query_start_loc[:B + 1], d.seq_lens[:B], d.block_table[:B],
-                                 d.slot_mapping[:T], shape.max_query_len, shape.max_seq_len)
+                                 d.slot_mapping[:T], shape.max_query_len, shape.max_seq_len,
+                                 decode_order=d.decode_order[:B], split_counters=self.split_counters)
         hidden = self.model(input_ids, d.positions[:T], meta, self.kv_caches)
         return self.model.compute_logits(hidden.index_select(0, d.logits_indices[:S]))
 
@@ -124,6 +128,7 @@ class ModelRunner:
         h.carry_idx[:size] = -1
         h.query_start_loc[:size + 1] = np.arange(size + 1)
         h.seq_lens[:size] = 0
+        h.decode_order[:size] = np.arange(size)
         h.logits_indices[:size] = np.arange(size)
         h.state_row[:size] = self.opts.max_num_seqs  # the scratch row
         h.temperature[:size] = 0.0

@@ -23,8 +23,9 @@ class IOSlot:
         pin = device.type == "cuda"
         T, S = max_tokens, max_seqs
         ints = [("input_ids", T), ("positions", T), ("slot_mapping", T), ("carry_idx", T),
-                ("query_start_loc", S + 1), ("seq_lens", S), ("logits_indices", S), ("top_k", S),
-                ("token_index", S), ("state_row", S), ("seed", 2 * S), ("block_table", S * max_blocks)]
+                ("query_start_loc", S + 1), ("seq_lens", S), ("decode_order", S), ("logits_indices", S),
+                ("top_k", S), ("token_index", S), ("state_row", S), ("seed", 2 * S),
+                ("block_table", S * max_blocks)]
         floats = [("temperature", S), ("top_p", S), ("min_p", S), ("repetition_penalty", S),
                   ("presence_penalty", S), ("frequency_penalty", S)]
         self._int_offsets, n_int = _layout(ints)

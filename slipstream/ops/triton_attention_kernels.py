@@ -1,0 +1,314 @@
+"""The Triton kernels of paged attention (launched by `slipstream.ops.triton_attention`, whose
+module docstring describes them): split-KV decode with the in-kernel split merge, the
+separate merge pass, and the mixed prefill/decode kernel.  Shared pieces: `_attend_tile`
+(one KV tile of online softmax), `_dot` (interpreter-safe tl.dot), `_chunk_len` (a row's
+split length, recomputed the same way by every kernel that needs it).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+_NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked rows never make NaN
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    # UPCAST: the interpreter cannot multiply bf16 (it multiplies the raw bits).
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_off, v_head_off,
+                 t, kv_end, row_pos, qk_scale, stride_kcb, stride_kcs, stride_vcb, stride_vcs,
+                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 MASK_END: tl.constexpr, CAUSAL: tl.constexpr,
+                 IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """One online-softmax step over KV positions [t, t + BLOCK_N) of one sequence/KV head.
+
+    MASK_END: positions >= kv_end are masked (else the whole tile must be valid).
+    CAUSAL: position p is masked for a row whose absolute position row_pos < p.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    pos = t + offs_n
+    if MASK_END:
+        nmask = pos < kv_end
+        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+    else:
+        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE).to(tl.int64)
+    in_blk = pos % BLOCK_SIZE
+    k_rows = blk * stride_kcb + in_blk * stride_kcs + k_head_off
+    v_rows = blk * stride_vcb + in_blk * stride_vcs + v_head_off
+    k_ptrs = k_cache_ptr + (k_rows[:, None] + offs_d[None, :])
+    v_ptrs = v_cache_ptr + (v_rows[:, None] + offs_d[None, :])
+    if MASK_END:
+        k = tl.load(k_ptrs, mask=nmask[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
+    if CAUSAL:
+        keep = pos[None, :] <= row_pos[:, None]
+        if MASK_END:
+            keep = keep & nmask[None, :]
+        s = tl.where(keep, s, float("-inf"))
+    elif MASK_END:
+        s = tl.where(nmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASK_END:
+        v = tl.load(v_ptrs, mask=nmask[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE, UPCAST)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
+               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Zero the heads [head0, head0 + GROUP) of tokens past the last sequence."""
+    first = tl.load(qsl_ptr + num_seqs)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    gmask = offs_g[:, None] < GROUP
+    zeros = tl.zeros([BLOCK_G, HEAD_DIM], dtype=out_ptr.dtype.element_ty)
+    ptrs = out_ptr + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
+    for t in range(first, num_tokens):
+        tl.store(ptrs + t * stride_ot, zeros, mask=gmask)
+
+
+@triton.jit
+def _chunk_len(seq_len, num_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    return tl.maximum(chunk, MIN_CHUNK)
+
+
+@triton.jit
+def _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
+                  stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
+                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Log-sum-exp merge of a row's `n_valid` split partials for heads [head0, head0 + GROUP),
+    in split order (deterministic).  Loads bypass L1: the partials come from other SMs."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    gmask = offs_g < GROUP
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    m_i = tl.full([BLOCK_G], _NEG_INIT, dtype=tl.float32)
+    po = part_out_ptr + seq.to(tl.int64) * stride_pos + (head0 + offs_g[:, None]) * stride_poh + offs_d[None, :]
+    pl = part_lse_ptr + seq * stride_pls + (head0 + offs_g) * stride_plh
+    for sp in range(0, n_valid):
+        lse = tl.load(pl + sp, mask=gmask, other=0.0, cache_modifier=".cg")
+        part = tl.load(po + sp * stride_pok, mask=gmask[:, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m_i, lse)
+        alpha = tl.exp2(m_i - m_new)
+        w = tl.exp2(lse - m_new)
+        acc = acc * alpha[:, None] + part * w[:, None]
+        l_i = l_i * alpha + w
+        m_i = m_new
+    o = acc / l_i[:, None]
+    optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
+    tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens"])  # vary per step: no recompiles
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+                   qsl_ptr, seq_lens_ptr, bt_ptr, order_ptr, counter_ptr, qk_scale, num_seqs,
+                   num_tokens, stride_qt, stride_qh, stride_ot, stride_oh,
+                   stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+                   stride_bt, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
+                   SPLIT: tl.constexpr, HAS_ORDER: tl.constexpr, MERGE: tl.constexpr,
+                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    head0 = kvh * GROUP
+    if pid == 0:
+        if split == 0:
+            _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
+                       GROUP, BLOCK_G, HEAD_DIM)
+    # HAS_ORDER: programs take rows longest first (order = argsort(-seq_lens), built on the
+    # host), so the last programs to start are the short rows: no long tail on ragged batches.
+    if HAS_ORDER:
+        seq = tl.load(order_ptr + pid)
+    else:
+        seq = pid
+    q_tok = tl.load(qsl_ptr + seq)
+    q_end = tl.load(qsl_ptr + seq + 1)
+    if q_end <= q_tok:
+        return  # no query token in this row
+    seq_len = tl.load(seq_lens_ptr + seq)
+    chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
+    start = split * chunk
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    gmask = offs_g < GROUP
+    if SPLIT:
+        if start >= seq_len:
+            if MERGE:  # no reduce pass: a context-free row's output is written here
+                if (seq_len == 0) & (split == 0):
+                    optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
+                    tl.store(optrs, tl.zeros([BLOCK_G, HEAD_DIM], dtype=out_ptr.dtype.element_ty),
+                             mask=gmask[:, None])
+            return  # past the end (the merge ignores this split)
+    end = tl.minimum(start + chunk, seq_len)
+
+    q = tl.load(q_ptr + q_tok * stride_qt + (head0 + offs_g[:, None]) * stride_qh + offs_d[None, :],
+                mask=gmask[:, None], other=0.0)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    m_i = tl.full([BLOCK_G], _NEG_INIT, dtype=tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+    k_head_off = kvh * stride_kch
+    v_head_off = kvh * stride_vch
+    full_end = start + ((end - start) // BLOCK_N) * BLOCK_N
+    for t in range(start, full_end, BLOCK_N):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+                                     k_head_off, v_head_off, t, end, offs_g, qk_scale,
+                                     stride_kcb, stride_kcs, stride_vcb, stride_vcs,
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST)
+    if full_end < end:
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+                                     k_head_off, v_head_off, full_end, end, offs_g, qk_scale,
+                                     stride_kcb, stride_kcs, stride_vcb, stride_vcs,
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, False, IEEE, UPCAST)
+    if SPLIT:
+        # start < seq_len here, so every row saw >= 1 valid position: l_i > 0.
+        po = (part_out_ptr + seq.to(tl.int64) * stride_pos + (head0 + offs_g[:, None]) * stride_poh
+              + split * stride_pok + offs_d[None, :])
+        tl.store(po, acc / l_i[:, None], mask=gmask[:, None])
+        pl = part_lse_ptr + seq * stride_pls + (head0 + offs_g) * stride_plh + split
+        tl.store(pl, m_i + tl.log2(l_i), mask=gmask)
+        if MERGE:
+            # The last split of (row, KV head) to finish merges them all (no reduce launch).
+            # Barrier: every thread's partial is stored before the release; the counter is
+            # reset by that last program, ready for the next layer / step.
+            tl.debug_barrier()
+            cnt = counter_ptr + seq * tl.num_programs(1) + kvh
+            done = tl.atomic_add(cnt, 1, sem="acq_rel")
+            n_valid = tl.cdiv(seq_len, chunk)
+            if done == n_valid - 1:
+                tl.atomic_xchg(cnt, 0)
+                _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
+                              stride_ot, stride_oh, stride_pos, stride_poh, stride_pok,
+                              stride_pls, stride_plh, GROUP, BLOCK_G, HEAD_DIM)
+    else:
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # seq_len == 0: acc == 0 -> output 0
+        o = acc / l_safe[:, None]
+        optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
+        tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, qsl_ptr, seq_lens_ptr, num_splits,
+                          stride_ot, stride_oh, stride_pos, stride_poh, stride_pok,
+                          stride_pls, stride_plh,
+                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_tok = tl.load(qsl_ptr + seq)
+    q_end = tl.load(qsl_ptr + seq + 1)
+    if q_end <= q_tok:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
+    n_valid = tl.cdiv(seq_len, chunk)  # splits that ran (0 for a padding row)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    smask = offs_s < n_valid
+    lse = tl.load(part_lse_ptr + seq * stride_pls + head * stride_plh + offs_s, mask=smask,
+                  other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(n_valid > 0, m, 0.0)
+    w = tl.where(smask, tl.exp2(lse - m), 0.0)
+    denom = tl.sum(w, 0)
+    denom = tl.where(denom > 0.0, denom, 1.0)
+    po = tl.load(part_out_ptr + seq.to(tl.int64) * stride_pos + head * stride_poh
+                 + offs_s[:, None] * stride_pok + offs_d[None, :], mask=smask[:, None], other=0.0)
+    o = tl.sum(po * w[:, None], 0) / denom
+    tl.store(out_ptr + q_tok * stride_ot + head * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens"])  # vary per step: no recompiles
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
+                    qk_scale, num_seqs, num_tokens,
+                    stride_qt, stride_qh, stride_ot, stride_oh,
+                    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+                    stride_bt,
+                    GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                    BLOCK_N: tl.constexpr, SEQ_CHUNK: tl.constexpr,
+                    IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    # Reversed order: the longest (last) query tiles of the batch start first, the short
+    # ones fill the tail.
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    kvh = tl.program_id(1)
+    head0 = kvh * GROUP
+    if tl.program_id(0) == 0:
+        _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
+                   GROUP, GROUP_P, HEAD_DIM)
+    # Find the sequence: the number of s with  qsl[s] // BLOCK_Q + s <= pid, minus one.
+    count = tl.zeros([SEQ_CHUNK], dtype=tl.int32)
+    for s0 in range(0, num_seqs, SEQ_CHUNK):
+        offs_s = s0 + tl.arange(0, SEQ_CHUNK)
+        smask = offs_s < num_seqs
+        st = tl.load(qsl_ptr + offs_s, mask=smask, other=0)
+        first_tile = st // BLOCK_Q + offs_s
+        count += (smask & (first_tile <= pid)).to(tl.int32)
+    seq = tl.sum(count, 0) - 1
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    tok0 = (pid - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    if tok0 >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx = seq_len - q_len  # absolute position of the sequence's first query token
+
+    rows = tl.arange(0, BLOCK_M)
+    r_tok = tok0 + rows // GROUP_P
+    r_head = rows % GROUP_P
+    rmask = (r_tok < q_len) & (r_head < GROUP)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + (q_start + r_tok[:, None]) * stride_qt + (head0 + r_head[:, None]) * stride_qh
+                + offs_d[None, :], mask=rmask[:, None], other=0.0)
+    row_pos = ctx + r_tok
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], _NEG_INIT, dtype=tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+    k_head_off = kvh * stride_kch
+    v_head_off = kvh * stride_vch
+    # KV positions every row of the tile sees: [0, ctx + tok0]; the last row sees up to
+    # ctx + tok0 + BLOCK_Q - 1 (clipped to the sequence).
+    seen_by_all = tl.maximum(ctx + tok0 + 1, 0)
+    kv_end = tl.minimum(seq_len, ctx + tok0 + BLOCK_Q)
+    full_end = (seen_by_all // BLOCK_N) * BLOCK_N
+    for t in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+                                     k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
+                                     stride_kcb, stride_kcs, stride_vcb, stride_vcs,
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST)
+    for t in range(full_end, kv_end, BLOCK_N):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+                                     k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
+                                     stride_kcb, stride_kcs, stride_vcb, stride_vcs,
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST)
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # seq_len == 0 (padding): output 0
+    o = acc / l_safe[:, None]
+    optrs = (out_ptr + (q_start + r_tok[:, None]) * stride_ot + (head0 + r_head[:, None]) * stride_oh
+             + offs_d[None, :])
+    tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])

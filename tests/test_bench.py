@@ -1,0 +1,48 @@
+"""The benchmark arithmetic: GPU active time (union of spans), the floor, the step breakdown."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slipstream.bench.throughput import breakdown_table, step_breakdown, step_floors
+from slipstream.bench.timeline import BatchStats, Span, Timeline
+from slipstream.model.config import ModelConfig
+
+CFG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=1000, hidden_size=64, intermediate_size=128,
+                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+
+
+def test_busy_is_the_union_of_overlapping_spans():
+    tl = Timeline([Span("compute", "compute", 0.0, 2.0, 0), Span("compute", "compute", 1.0, 3.0, 1),
+                   Span("compute", "compute", 5.0, 6.0, 2), Span("cpu", "schedule", 0.0, 10.0, 2)])
+    assert tl.busy("compute") == pytest.approx(4.0)
+    assert tl.busy("compute", 2.5, 5.5) == pytest.approx(1.0)
+    assert tl.gpu_active(0.0, 8.0) == pytest.approx(0.5)
+
+
+def test_step_floor_counts_weights_kv_and_flops():
+    # one decode step of 3 rows with 10 tokens of context each, bf16
+    tl = Timeline(batches=[BatchStats(0, num_tokens=3, num_samples=3, context_tokens=30, attention_pairs=30.0)])
+    bw, rate = 1e9, 1e12
+    layer = 64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128
+    weights = (2 * layer + 1000 * 64) * 2
+    kv = 2 * 2 * 32 * 2 * (30 + 3)
+    (floor,) = step_floors(tl, CFG, torch.bfloat16, bw, rate)
+    assert floor == pytest.approx((weights + kv) / bw)  # memory bound at these rates
+    (compute_bound,) = step_floors(tl, CFG, torch.bfloat16, 1e18, 1e6)
+    flops = 2 * 2 * layer * 3 + 2 * 1000 * 64 * 3 + 4 * 2 * 64 * 30.0
+    assert compute_bound == pytest.approx(flops / 1e6)
+
+
+def test_step_breakdown_groups_steps_and_counts_idle_time():
+    batches = [BatchStats(0, 100, 4, 100, 0.0),  # a prefill chunk
+               BatchStats(1, 4, 4, 400, 0.0), BatchStats(2, 200, 200, 9000, 0.0)]
+    spans = [Span("compute", "compute", 0.0, 1.0, 0), Span("compute", "compute", 1.5, 2.0, 1),
+             Span("compute", "compute", 2.0, 4.0, 2)]
+    rows = step_breakdown(Timeline(spans, batches), [0.5, 0.25, 1.0])
+    by = {r["group"]: r for r in rows}
+    assert set(by) == {"with prefill", "decode 1-16", "decode 129-256"}
+    assert by["with prefill"]["gpu_s"] == pytest.approx(1.0) and by["with prefill"]["gpu_over_floor"] == 2
+    assert by["decode 1-16"]["idle_s"] == pytest.approx(0.5)  # waited from 1.0 to 1.5
+    assert by["decode 129-256"]["idle_s"] == 0 and by["decode 129-256"]["floor_s"] == 1.0
+    assert "| decode 1-16 | 1 | 0.500 s | 0.250 s | 2.00 |" in breakdown_table(rows)

@@ -1,0 +1,55 @@
+"""`slipstream generate` on the CPU with the embedded SmolLM2: a prompt, a JSONL batch job
+whose bad lines fail alone, and clear errors (exit code 2) for bad flags and options."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slipstream.cli import main
+from slipstream.config import EngineConfig
+
+
+def test_generate_a_chat_prompt(capsys):
+    assert main(["generate", "--device", "cpu", "--chat", "--max-tokens", "12",
+                 "What is the capital of France?"]) == 0
+    assert capsys.readouterr().out.strip() == "The capital of France is Paris."
+
+
+def test_batch_job_bad_lines_fail_alone(tmp_path):
+    lines = [json.dumps({"id": "a", "prompt": "The capital of France is"}),
+             json.dumps({"prompt_token_ids": [1, 2, 3], "max_tokens": 2}),
+             "{not json",
+             json.dumps({"prompt": "x", "messages": []}),
+             json.dumps({"prompt": "x", "temperature": -1}),
+             json.dumps({"id": "chat", "messages": [{"role": "user", "content": "Hi"}]})]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(lines) + "\n\n")
+    # --batch-invariant is accepted everywhere (a no-op on the CPU, whose path is per row)
+    assert main(["generate", "--device", "cpu", "--input", str(src), "--output", str(dst), "--quiet",
+                 "--max-tokens", "4", "--batch-invariant"]) == 0
+    rows = [json.loads(x) for x in dst.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["a", "2", "3", "4", "5", "chat"]
+    assert rows[0]["text"] == " Paris.\n\n" and rows[0]["finish_reason"] == "length"
+    assert len(rows[1]["token_ids"]) == 2 and "error" not in rows[1]
+    assert "not valid JSON" in rows[2]["error"] and "exactly one of" in rows[3]["error"]
+    assert rows[4]["error"] == "line 5: temperature must be >= 0, got -1.0"
+    assert rows[5]["num_prompt_tokens"] > 10 and len(rows[5]["token_ids"]) == 4
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "--device", "cpu", "--max-tokens", "0", "hi"], "max_tokens"),
+    (["generate", "--device", "cpu"], "give a prompt argument"),
+    (["generate", "--device", "cpu", "--max-num-seqs", "0", "hi"], "max_num_seqs"),
+])
+def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_engine_config_names_the_bad_option():
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        EngineConfig(dtype="int8")
+    with pytest.raises(ValueError, match=r"unknown engine option\(s\) \['batch_invariantt'\]"):
+        EngineConfig.from_kwargs(batch_invariantt=True)
+    assert EngineConfig.from_kwargs(batch_invariant=True).batch_invariant
