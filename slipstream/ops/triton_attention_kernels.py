@@ -93,6 +93,17 @@ def _chunk_len(seq_len, num_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constex
 
 
 @triton.jit
+def _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch, stride_vch, ROWS: tl.constexpr,
+               HEAD_DIM: tl.constexpr):
+    """Online-softmax state (acc, l, m) of ROWS query rows, and the row's block-table
+    pointer and KV-head offsets into the caches."""
+    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    m_i = tl.full([ROWS], _NEG_INIT, dtype=tl.float32)
+    return acc, l_i, m_i, bt_ptr + seq.to(tl.int64) * stride_bt, kvh * stride_kch, kvh * stride_vch
+
+
+@triton.jit
 def _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
                   stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
@@ -167,12 +178,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
 
     q = tl.load(q_ptr + q_tok * stride_qt + (head0 + offs_g[:, None]) * stride_qh + offs_d[None, :],
                 mask=gmask[:, None], other=0.0)
-    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    m_i = tl.full([BLOCK_G], _NEG_INIT, dtype=tl.float32)
-    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    k_head_off = kvh * stride_kch
-    v_head_off = kvh * stride_vch
+    acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
+                                                               stride_vch, BLOCK_G, HEAD_DIM)
     full_end = start + ((end - start) // BLOCK_N) * BLOCK_N
     for t in range(start, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
@@ -286,12 +293,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
                 + offs_d[None, :], mask=rmask[:, None], other=0.0)
     row_pos = ctx + r_tok
 
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], _NEG_INIT, dtype=tl.float32)
-    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    k_head_off = kvh * stride_kch
-    v_head_off = kvh * stride_vch
+    acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
+                                                               stride_vch, BLOCK_M, HEAD_DIM)
     # KV positions every row of the tile sees: [0, ctx + tok0]; the last row sees up to
     # ctx + tok0 + BLOCK_Q - 1 (clipped to the sequence).
     seen_by_all = tl.maximum(ctx + tok0 + 1, 0)
