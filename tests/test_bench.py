@@ -46,3 +46,41 @@ def test_step_breakdown_groups_steps_and_counts_idle_time():
     assert by["decode 1-16"]["idle_s"] == pytest.approx(0.5)  # waited from 1.0 to 1.5
     assert by["decode 129-256"]["idle_s"] == 0 and by["decode 129-256"]["floor_s"] == 1.0
     assert "| decode 1-16 | 1 | 0.500 s | 0.250 s | 2.00 |" in breakdown_table(rows)
+
+
+def _pipelined(n: int) -> Timeline:
+    """n batches: CPU schedule, then H2D, compute and D2H, the next batch overlapping."""
+    tl = Timeline()
+    for i in range(n):
+        t = i * 1.0
+        tl.cpu("schedule", t, t + 0.2, i)
+        tl.gpu(i, {"h2d": (t + 0.2, t + 0.25), "compute": (t + 0.25, t + 1.25), "d2h": (t + 1.25, t + 1.3)})
+        tl.batches.append(BatchStats(i, 4, 4, 40, 0.0))
+    return tl
+
+
+def test_chrome_trace_and_middle_window(tmp_path):
+    import json
+
+    from slipstream.bench.timeline import write_chrome_trace
+    tl = _pipelined(20)
+    mid = tl.middle(4)
+    assert sorted({s.batch_id for s in mid.spans}) == [8, 9, 10, 11] and len(mid.batches) == 4
+    path = tmp_path / "trace.json"
+    write_chrome_trace(str(path), {"async": mid})
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == 4 * 4 and {e["tid"] for e in spans} == {0, 1, 2, 3}
+    assert min(e["ts"] for e in spans) == 0.0  # relative to the window's first span
+    assert {e["args"]["name"] for e in events if e["name"] == "thread_name"} == {"cpu", "h2d", "compute", "d2h"}
+
+
+def test_png_timeline(tmp_path):
+    # matplotlib comes with the bench extra, which scripts/setup.sh (CI) installs
+    from slipstream.bench.plot import plot_timelines, steady_window
+    tl = _pipelined(20)
+    lo, hi = steady_window(tl, 8)
+    assert hi - lo == pytest.approx(8.0) and tl.gpu_active(lo, hi) == pytest.approx(1.0)
+    path = tmp_path / "t.png"
+    plot_timelines({"sync": tl, "async": tl}, str(path), title="t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
