@@ -41,10 +41,10 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
+from slipstream.ops.device import sm_count
 from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel, _prefill_kernel
 
 LOG2E = 1.4426950408889634
-NOMINAL_SM_COUNT = 132  # used when there is no GPU (interpreter runs)
 
 
 # ----------------------------------------------------------------------------- tunables
@@ -89,27 +89,15 @@ def set_default_configs(decode: DecodeConfig | None = None,
         DEFAULT_PREFILL_CONFIG = prefill
 
 
-_SM_COUNTS: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return NOMINAL_SM_COUNT
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNTS:
-        _SM_COUNTS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNTS[idx]
-
-
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int,
-                      cfg: DecodeConfig, sm_count: int) -> int:
+                      cfg: DecodeConfig, num_sms: int) -> int:
     """Host-side split count: enough programs to fill the GPU, none shorter than
     min_chunk tokens.  Pure function of host ints (CUDA-graph safe)."""
     if cfg.num_splits is not None:
         return max(1, int(cfg.num_splits))
     min_chunk = max(cfg.min_chunk, cfg.block_n)
     by_len = triton.cdiv(max(max_seq_len, 1), min_chunk)
-    by_occupancy = (cfg.ctas_per_sm * sm_count) // max(num_seqs * num_kv_heads, 1)
+    by_occupancy = (cfg.ctas_per_sm * num_sms) // max(num_seqs * num_kv_heads, 1)
     return max(1, min(by_len, by_occupancy, cfg.max_splits))
 
 
@@ -157,7 +145,7 @@ def decode_num_splits(meta, num_kv_heads: int, dtype: torch.dtype, head_dim: int
                       device: torch.device, cfg: DecodeConfig | None = None) -> int:
     """The split count the decode path uses for this batch (for logs and benchmarks)."""
     cfg = effective_decode_config(cfg or DEFAULT_DECODE_CONFIG, dtype, head_dim)
-    return choose_num_splits(meta.num_seqs, num_kv_heads, meta.max_seq_len, cfg, _sm_count(device))
+    return choose_num_splits(meta.num_seqs, num_kv_heads, meta.max_seq_len, cfg, sm_count(device))
 
 
 def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
@@ -167,7 +155,7 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
     num_seqs = meta.num_seqs
     block_g = max(16, triton.next_power_of_2(group))
     cfg = effective_decode_config(cfg, q.dtype, head_dim)
-    num_splits = choose_num_splits(num_seqs, num_kv_heads, meta.max_seq_len, cfg, _sm_count(q.device))
+    num_splits = choose_num_splits(num_seqs, num_kv_heads, meta.max_seq_len, cfg, sm_count(q.device))
     ieee, upcast = _dot_flags(q.dtype, q.device)
     split = num_splits > 1
     order = meta.decode_order if cfg.longest_first else None

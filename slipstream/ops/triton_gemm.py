@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.triton_attention import _sm_count
+from slipstream.ops.device import sm_count
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def invariant_linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     y = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0:
         return y.reshape(*lead, n)
-    sms = _sm_count(a.device)
+    sms = sm_count(a.device)
     splits, k_per_split = choose_splits(n, k, cfg, sms)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if in_program is None:

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from slipstream.ops.device import sm_count
+
 __all__ = ["sample_tokens_triton", "gumbel_noise_triton", "random_bits_triton"]
 
 
@@ -170,16 +172,6 @@ def _noise_kernel(seed_ptr, tidx_ptr, out_ptr, V, stride_out,
         tl.store(out_ptr + row.to(tl.int64) * stride_out + offs, h.to(tl.int64), mask=mask)
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
 
 
 def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t: torch.Tensor,
@@ -208,7 +200,7 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
         block_v = min(2048, triton.next_power_of_2(V))
     n_chunks = triton.cdiv(V, block_v)
     if num_splits is None:
-        target = 2 * _sm_count(logits.device)  # programs that keep every SM busy
+        target = 2 * sm_count(logits.device, cpu=1)  # programs that keep every SM busy
         num_splits = max(1, min(triton.cdiv(target, B), triton.cdiv(n_chunks, 4)))
     num_splits = max(1, min(num_splits, n_chunks))
     span = triton.cdiv(n_chunks, num_splits) * block_v
