@@ -188,12 +188,12 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
         MERGE=merge, IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split and not merge:
-        _decode_reduce_kernel[(num_seqs, num_heads)](
+        _decode_reduce_kernel[(num_seqs, num_kv_heads)](
             out, part_out, part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
             out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1),
-            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, num_warps=4 if head_dim >= 128 else 2)
+            GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n,
+            MIN_CHUNK=cfg.min_chunk, num_warps=4)
 
 
 def _prefill(q, k_cache, v_cache, meta, scale, out, cfg: PrefillConfig) -> None:

@@ -2,7 +2,8 @@
 module docstring describes them): split-KV decode with the in-kernel split merge, the
 separate merge pass, and the mixed prefill/decode kernel.  Shared pieces: `_attend_tile`
 (one KV tile of online softmax), `_dot` (interpreter-safe tl.dot), `_chunk_len` (a row's
-split length, recomputed the same way by every kernel that needs it).
+split length, recomputed the same way by every kernel that needs it), `_merge_splits` (the
+log-sum-exp merge, in the decode kernel's last split or in the separate pass).
 """
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ def _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_vali
                   stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Log-sum-exp merge of a row's `n_valid` split partials for heads [head0, head0 + GROUP),
-    in split order (deterministic).  Loads bypass L1: the partials come from other SMs."""
+    in split order (deterministic); n_valid == 0 (a padding row) writes zeros.  Loads bypass
+    L1: the partials come from other SMs."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
     gmask = offs_g < GROUP
@@ -126,7 +128,8 @@ def _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_vali
         acc = acc * alpha[:, None] + part * w[:, None]
         l_i = l_i * alpha + w
         m_i = m_new
-    o = acc / l_i[:, None]
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # l_i >= 1 once a split is merged
+    o = acc / l_safe[:, None]
     optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
     tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
@@ -222,31 +225,20 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
 def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, qsl_ptr, seq_lens_ptr, num_splits,
                           stride_ot, stride_oh, stride_pos, stride_poh, stride_pok,
                           stride_pls, stride_plh,
-                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                           BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+    """The split merge as a pass of its own (metadata without split counters): grid
+    (num_seqs, num_kv_heads); recomputes how many splits of the row ran."""
     seq = tl.program_id(0)
-    head = tl.program_id(1)
     q_tok = tl.load(qsl_ptr + seq)
     q_end = tl.load(qsl_ptr + seq + 1)
     if q_end <= q_tok:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
-    n_valid = tl.cdiv(seq_len, chunk)  # splits that ran (0 for a padding row)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
-    smask = offs_s < n_valid
-    lse = tl.load(part_lse_ptr + seq * stride_pls + head * stride_plh + offs_s, mask=smask,
-                  other=float("-inf"))
-    m = tl.max(lse, 0)
-    m = tl.where(n_valid > 0, m, 0.0)
-    w = tl.where(smask, tl.exp2(lse - m), 0.0)
-    denom = tl.sum(w, 0)
-    denom = tl.where(denom > 0.0, denom, 1.0)
-    po = tl.load(part_out_ptr + seq.to(tl.int64) * stride_pos + head * stride_poh
-                 + offs_s[:, None] * stride_pok + offs_d[None, :], mask=smask[:, None], other=0.0)
-    o = tl.sum(po * w[:, None], 0) / denom
-    tl.store(out_ptr + q_tok * stride_ot + head * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
+    n_valid = tl.cdiv(seq_len, _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK))
+    _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, tl.program_id(1) * GROUP, n_valid,
+                  stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
+                  GROUP, BLOCK_G, HEAD_DIM)
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_tokens"])  # vary per step: no recompiles
