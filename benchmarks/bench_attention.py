@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -41,6 +40,7 @@ if SMOKE:
 import triton  # noqa: E402
 
 from slipstream.bench import cuda_timing  # noqa: E402
+from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.ops import triton_attention as ta  # noqa: E402
 from slipstream.ops.attention import AttentionMetadata, paged_attention_ref  # noqa: E402
 
@@ -334,13 +334,11 @@ def main():
     elapsed = time.time() - t0
     print(f"total {elapsed:.0f} s")
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "attention_bench.json")
-        with open(path, "w") as f:
-            json.dump(dict(device=props.name, sm_count=props.multi_processor_count,
-                           torch=torch.__version__, triton=triton.__version__,
-                           copy_bw_bytes_per_s=copy_bw, results=results, failures=failures,
-                           elapsed_s=elapsed), f, indent=1)
+        path = write_json(args.out, "attention_bench.json",
+                          dict(device=props.name, sm_count=props.multi_processor_count,
+                               torch=torch.__version__, triton=triton.__version__,
+                               copy_bw_bytes_per_s=copy_bw, results=results, failures=failures,
+                               elapsed_s=elapsed), indent=1)
         print("wrote", path)
     sys.exit(1 if failures else 0)
 

@@ -19,7 +19,6 @@ skinny_gemm.log, docs/kernel-notes.md.)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -35,6 +34,7 @@ if SMOKE:
 import triton  # noqa: E402
 
 from slipstream.bench.cuda_timing import time_graph  # noqa: E402
+from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.throughput import measure_ceilings  # noqa: E402
 from slipstream.ops.triton_gemm import GemmConfig, invariant_linear  # noqa: E402
 
@@ -111,10 +111,9 @@ def main() -> int:
             print(f"| {key[0]} | {key[1]} | {key[2]} | {got['cublas']:.1f} | " + " | ".join(rel) + " |")
     print(f"total {time.time() - t0:.0f} s")
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gemm_bench.json"), "w") as f:
-            json.dump(dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, copy_bw=copy_bw,
-                           date=time.strftime("%Y-%m-%d"), rows=rows), f, indent=1)
+        write_json(args.out, "gemm_bench.json", dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+                                                     copy_bw=copy_bw, date=time.strftime("%Y-%m-%d"), rows=rows),
+                   indent=1)
     return 0
 
 

@@ -12,7 +12,6 @@ Usage: python benchmarks/bench_step.py [--out DIR]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -22,6 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from slipstream.bench.run import environment  # noqa: E402
+from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.throughput import measure_ceilings  # noqa: E402
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
@@ -151,9 +151,7 @@ def main() -> int:
     print(f"| prefill 8x2048 | {p['ms']:.1f} ms, {p['tflops']:.0f} TFLOP/s = {100 * p['fraction_of_matmul_rate']:.0f}% | >= 60% |")
     print(f"| graph pool VRAM | one slot {res['vram_graphs_one_slot_mib']:.0f} MiB, two slots {res['vram_graphs_two_slots_mib']:.0f} MiB | flat |")
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bench_step.json"), "w") as f:
-            json.dump(res, f, indent=2)
+        write_json(args.out, "bench_step.json", res)
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
 
@@ -21,6 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_step import fill_decode, time_fn  # noqa: E402
 
+from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.engine import LLMEngine  # noqa: E402
@@ -93,9 +93,7 @@ def main() -> int:
         for name, count, us in r["top"]:
             print(f"  {us:8.0f} us  x{count:4.0f}  {name}")
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "profile_step.json"), "w") as f:
-            json.dump(results, f, indent=2)
+        write_json(args.out, "profile_step.json", results)
     return 0
 
 

@@ -84,3 +84,11 @@ def test_png_timeline(tmp_path):
     path = tmp_path / "t.png"
     plot_timelines({"sync": tl, "async": tl}, str(path), title="t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_json_creates_the_folder(tmp_path):
+    import json
+
+    from slipstream.bench.report import write_json
+    path = write_json(str(tmp_path / "a" / "b"), "r.json", {"x": [1, 2]}, indent=1)
+    assert path == str(tmp_path / "a" / "b" / "r.json") and json.loads(open(path).read()) == {"x": [1, 2]}

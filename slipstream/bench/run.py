@@ -1,13 +1,13 @@
 """`slipstream bench`: one workload, sync and async in one process, side by side."""
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
 
 import torch
 
+from slipstream.bench.report import write_json
 from slipstream.bench.throughput import (COPY_BANDWIDTH, MATMUL_RATE, RunResult, breakdown_table,
                                          measure_ceilings, result_dict, run_workload)
 from slipstream.bench.workloads import get_workload
@@ -80,9 +80,7 @@ def run_bench(a) -> int:
 
 def _write(out: str, name: str, summary: dict, timelines: dict) -> None:
     from slipstream.bench.timeline import write_chrome_trace
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"{name}.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    write_json(out, f"{name}.json", summary)
     write_chrome_trace(os.path.join(out, f"{name}.trace.json"),
                        {mode: tl.middle(300) for mode, tl in timelines.items()})
     try:
