@@ -1,4 +1,5 @@
-"""Facts about the device that kernel launch heuristics need (cached per device)."""
+"""Facts about the device that kernel launches need: the SM count (cached per device), and
+how `tl.dot` must run for a dtype on it."""
 from __future__ import annotations
 
 import torch
@@ -16,3 +17,9 @@ def sm_count(device: torch.device, cpu: int = NOMINAL_SM_COUNT) -> int:
     if idx not in _SM_COUNTS:
         _SM_COUNTS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_COUNTS[idx]
+
+
+def dot_flags(dtype: torch.dtype, device: torch.device) -> tuple[bool, bool]:
+    """(IEEE, UPCAST) for the kernels' dots: float32 inputs take IEEE products (not TF32);
+    bf16 is upcast under the CPU interpreter, which would multiply the raw bits."""
+    return dtype == torch.float32, device.type != "cuda" and dtype == torch.bfloat16

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from slipstream.ops.device import sm_count
+from slipstream.ops.device import dot_flags, sm_count
 from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel, _prefill_kernel
 
 LOG2E = 1.4426950408889634
@@ -112,12 +112,6 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int
     return block_size, num_kv_heads, head_dim
 
 
-def _dot_flags(dtype: torch.dtype, device: torch.device) -> tuple[bool, bool]:
-    ieee = dtype == torch.float32
-    upcast = device.type != "cuda" and dtype == torch.bfloat16
-    return ieee, upcast
-
-
 def effective_decode_config(cfg: DecodeConfig, dtype: torch.dtype, head_dim: int) -> DecodeConfig:
     """The config the decode kernel really runs with: legal tile sizes, and smaller tiles /
     more warps for fp32 (its IEEE dot products live in registers)."""
@@ -156,7 +150,7 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
     block_g = max(16, triton.next_power_of_2(group))
     cfg = effective_decode_config(cfg, q.dtype, head_dim)
     num_splits = choose_num_splits(num_seqs, num_kv_heads, meta.max_seq_len, cfg, sm_count(q.device))
-    ieee, upcast = _dot_flags(q.dtype, q.device)
+    ieee, upcast = dot_flags(q.dtype, q.device)
     split = num_splits > 1
     order = meta.decode_order if cfg.longest_first else None
     counters = meta.split_counters if cfg.fused_merge else None
@@ -204,7 +198,7 @@ def _prefill(q, k_cache, v_cache, meta, scale, out, cfg: PrefillConfig) -> None:
     group_p = triton.next_power_of_2(group)
     cfg = effective_prefill_config(cfg, q.dtype, head_dim, group)
     block_q = cfg.block_m // group_p
-    ieee, upcast = _dot_flags(q.dtype, q.device)
+    ieee, upcast = dot_flags(q.dtype, q.device)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     bt = meta.block_table
     _prefill_kernel[grid](

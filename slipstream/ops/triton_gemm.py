@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.device import sm_count
+from slipstream.ops.device import dot_flags, sm_count
 
 
 @dataclass(frozen=True)
@@ -144,8 +144,7 @@ def invariant_linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if in_program is None:
         in_program = splits == 1 or tiles >= cfg.programs_per_sm * sms
     part = y if in_program else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
-    ieee = a.dtype == torch.float32
-    upcast = a.device.type != "cuda" and a.dtype == torch.bfloat16
+    ieee, upcast = dot_flags(a.dtype, a.device)
     _gemm_kernel[(tiles, 1 if in_program else splits)](
         a2, weight, y, part, m, n, k, k_per_split, splits, a2.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
