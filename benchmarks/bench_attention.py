@@ -277,6 +277,9 @@ def main():
                     help="run only these variant names (repeatable); default: all")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter self-check, tiny sizes")
     ap.add_argument("--matmul-peak", type=float, default=792e12, help="FLOP/s for %% of peak")
+    ap.add_argument("--ragged", action="append", default=[], metavar="BATCH:LO:HI",
+                    help="decode cases of BATCH rows with contexts uniform in [LO, HI] (repeatable); "
+                         "given, they replace every other case and only the decode stage runs")
     args = ap.parse_args()
     assert SMOKE or torch.cuda.is_available(), "needs a CUDA GPU (or --smoke)"
 
@@ -287,6 +290,15 @@ def main():
     if args.only:
         decode_variants = {k: v for k, v in decode_variants.items() if k in args.only or k == "default"}
         prefill_variants = {k: v for k, v in prefill_variants.items() if k in args.only or k == "default"}
+
+    global DECODE_CASES, RAGGED_CASES
+    stages = ("decode", "prefill", "mixed", "graph_bound")
+    if args.ragged:
+        DECODE_CASES, stages = [], ("decode",)
+        RAGGED_CASES = {}
+        for spec in args.ragged:
+            batch, lo, hi = (int(x) for x in spec.split(":"))
+            RAGGED_CASES[f"{batch}xU({lo},{hi})"] = (batch, lo, hi)
 
     t0 = time.time()
     gen = torch.Generator().manual_seed(0)
@@ -304,6 +316,8 @@ def main():
                       ("prefill", lambda: bench_prefill(prefill_variants, args.matmul_peak, gen, results)),
                       ("mixed", lambda: bench_mixed(gen, results)),
                       ("graph_bound", lambda: bench_graph_bound(gen, results))]:
+        if label not in stages:
+            continue
         try:
             fn()
         except Exception as e:  # keep going: one GPU run should report as much as it can

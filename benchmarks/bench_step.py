@@ -27,7 +27,7 @@ from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.engine import LLMEngine  # noqa: E402
 from slipstream.runner.graphs import DecodeGraphs, capture_sizes  # noqa: E402
-from slipstream.runner.inputs import StepShape  # noqa: E402
+from slipstream.runner.inputs import StepShape, sampling_scalars  # noqa: E402
 from slipstream.sampler import SamplerFlags  # noqa: E402
 
 MiB = 1 << 20
@@ -67,6 +67,7 @@ def fill_prefill(runner, slot, num_seqs: int, length: int) -> StepShape:
     h.state_row[:num_seqs] = runner.opts.max_num_seqs
     h.temperature[:num_seqs] = 0.0
     h.top_p[:num_seqs] = 1.0
+    sampling_scalars(h, num_seqs)
     slot.upload(num_seqs)
     torch.cuda.synchronize()
     return StepShape(T, num_seqs, num_seqs, length, length, SamplerFlags(False, False, 0), padded=False)

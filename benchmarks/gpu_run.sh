@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
-# Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile seed-short seed small invariant peer
+# Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
+#         overlap attn-ragged sampler ab-small ab-step seed-short seed small invariant peer
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf wheel), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.
@@ -54,7 +55,26 @@ for stage in "$@"; do
     invariant) run invariant-short 300 python3 -m slipstream.cli bench --workload seed-8b-short --mode async --batch-invariant
                run invariant-small 300 python3 -m slipstream.cli bench --workload small-256 --mode async --batch-invariant ;;
     peer) run peer 420 bash benchmarks/peer_transformers.sh "$RES" async,sync ;;
+    # A/B in one call: the same benchmark from a baseline tree ($BASELINE, e.g. `git archive
+    # <commit> | tar -x -C .baseline`, carried) and from this tree, alternately, twice
+    ab-small) for i in 1 2; do
+                (cd "${BASELINE:-.baseline}" && run ab-small-base-$i 200 python3 -m slipstream.cli bench --workload small-256 --mode async --out "$RES/base")
+                run ab-small-new-$i 200 python3 -m slipstream.cli bench --workload small-256 --mode async --out "$RES"
+              done ;;
+    ab-step) for i in 1 2; do
+               (cd "${BASELINE:-.baseline}" && run ab-step-base-$i 200 python3 benchmarks/bench_step.py)
+               run ab-step-new-$i 200 python3 benchmarks/bench_step.py
+             done ;;
     profile) run profile 300 python3 benchmarks/profile_step.py --out "$RES" ;;
+    profile-small) run profile-small 300 python3 benchmarks/profile_workload.py --workload small-256 --out "$RES" ;;
+    overlap) run overlap 240 python3 benchmarks/bench_overlap.py --out "$RES" ;;
+    attn-ragged) run attn-ragged 240 python3 benchmarks/bench_attention.py --out "$RES" \
+                   --ragged 48:100:2000 --ragged 96:100:2000 --ragged 160:100:2000 --ragged 256:100:2000 \
+                   --decode s2c128:num_splits=2,min_chunk=128 --decode s2c256:num_splits=2 --decode s3c256:num_splits=3 \
+                   --decode s4c128:num_splits=4,min_chunk=128 --decode s4c256:num_splits=4 \
+                   --decode s8c128:num_splits=8,min_chunk=128 --decode cps8:ctas_per_sm=8 --decode cps16:ctas_per_sm=16 \
+                   --only s2c128 --only s2c256 --only s3c256 --only s4c128 --only s4c256 --only s8c128 --only cps8 --only cps16 ;;
+    sampler) run sampler 240 python3 benchmarks/bench_sampler.py ${SAMPLER_OLD:+--old "$SAMPLER_OLD"} --out "$RES" ;;
     *) echo "unknown stage $stage" | tee -a "$LOG" ;;
   esac
 done

@@ -100,6 +100,9 @@ class SamplingTensors:
     presence_penalty: torch.Tensor    # float32 [B]; 0.0 = off
     frequency_penalty: torch.Tensor   # float32 [B]; 0.0 = off
     state_row: torch.Tensor           # int32 [B]; row of the request in PenaltyState
+    # optional, precomputed on the host (the runner) to save device launches; else derived:
+    inv_t: torch.Tensor | None = None      # float32 [B]: float32(1 / temperature), 1 for greedy
+    log_min_p: torch.Tensor | None = None  # float32 [B]: log(min_p), -inf = off
 
     @classmethod
     def from_lists(cls, temperature: Sequence[float], *, top_k=None, top_p=None, min_p=None,
@@ -206,8 +209,12 @@ def apply_penalties(logits: torch.Tensor, t: SamplingTensors, state: PenaltyStat
 def _row_scalars(t: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(temperature, inv_t, log_min_p) as float32 [B]; inv_t = 1 for greedy rows."""
     temp = t.temperature.float()
-    inv_t = torch.where(temp < GREEDY_EPS, torch.ones_like(temp), temp).reciprocal()
-    log_min_p = torch.log(t.min_p.float())  # log(0) = -inf: off
+    inv_t = t.inv_t
+    if inv_t is None:
+        inv_t = torch.where(temp < GREEDY_EPS, torch.ones_like(temp), temp).reciprocal()
+    log_min_p = t.log_min_p
+    if log_min_p is None:
+        log_min_p = torch.log(t.min_p.float())  # log(0) = -inf: off
     return temp, inv_t, log_min_p
 
 
@@ -303,7 +310,10 @@ def _prepare(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
     return raw, raw
 
 
-def _finish(raw: torch.Tensor, tokens: torch.Tensor, flags: SamplerFlags) -> SamplerOutput:
+def _finish(raw: torch.Tensor, tokens: torch.Tensor, flags: SamplerFlags,
+            out: torch.Tensor | None = None) -> SamplerOutput:
+    if out is not None and tokens is not out:
+        tokens = out.copy_(tokens)
     if flags.num_logprobs > 0:
         logprobs, ids = _logprobs(raw, tokens, flags.num_logprobs)
         return SamplerOutput(tokens, logprobs, ids)
@@ -314,7 +324,7 @@ def _finish(raw: torch.Tensor, tokens: torch.Tensor, flags: SamplerFlags) -> Sam
 
 
 def sample_ref(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
-               state: PenaltyState | None = None) -> SamplerOutput:
+               state: PenaltyState | None = None, out: torch.Tensor | None = None) -> SamplerOutput:
     """Pure-torch sampler (the CPU path and the oracle).
 
     Noise is computed only for candidate tokens (those that could still win given the
@@ -346,12 +356,12 @@ def sample_ref(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
         tokens = torch.where(greedy, greedy_tok, sampled).to(torch.int32)
     else:
         tokens = torch.zeros(B, dtype=torch.int32, device=logits.device)
-    return _finish(raw, tokens, flags)
+    return _finish(raw, tokens, flags, out)
 
 
 def sample_triton(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
                   state: PenaltyState | None = None, *, num_splits: int | None = None,
-                  block_v: int | None = None) -> SamplerOutput:
+                  block_v: int | None = None, out: torch.Tensor | None = None) -> SamplerOutput:
     """GPU path: torch ops for penalties / top-k / top-p / logprobs, then the Triton
     kernel for temperature, cutoff, noise and argmax. No host sync (capturable)."""
     from slipstream.ops.triton_sampling import sample_tokens_triton
@@ -373,17 +383,19 @@ def sample_triton(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
     tokens = sample_tokens_triton(logits, temp.contiguous(), inv_t, log_min_p, cutoff,
                                   t.seed.to(torch.int64).contiguous(),
                                   t.token_index.to(torch.int32).contiguous(),
-                                  num_splits=num_splits, block_v=block_v)
+                                  num_splits=num_splits, block_v=block_v, out=out)
     return _finish(raw, tokens, flags)
 
 
 def sample(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
            state: PenaltyState | None = None, *, use_triton: bool | None = None,
-           num_splits: int | None = None, block_v: int | None = None) -> SamplerOutput:
-    """Draw one token per row. Triton on CUDA (or when use_triton=True), torch otherwise."""
+           num_splits: int | None = None, block_v: int | None = None,
+           out: torch.Tensor | None = None) -> SamplerOutput:
+    """Draw one token per row. Triton on CUDA (or when use_triton=True), torch otherwise.
+    `out` (int32 [B]) receives the tokens in place when given."""
     if use_triton is None:
         use_triton = logits.is_cuda
     if use_triton:
-        return sample_triton(logits, t, flags, state, num_splits=num_splits, block_v=block_v)
-    return sample_ref(logits, t, flags, state)
+        return sample_triton(logits, t, flags, state, num_splits=num_splits, block_v=block_v, out=out)
+    return sample_ref(logits, t, flags, state, out)
 

@@ -34,6 +34,7 @@ class FakeRunner:
         self.prev_tokens = np.zeros(max_seqs, np.int64)
         self.pending: deque = deque()
         self.check_pool = check_pool
+        self.mixed_decode_rows = 0  # single-token rows of mixed batches seen (tests read it)
         T, S = max_tokens, max_seqs
         i32 = lambda n: np.zeros(n, np.int32)
         f32 = lambda n: np.zeros(n, np.float32)
@@ -42,7 +43,8 @@ class FakeRunner:
             query_start_loc=i32(S + 1), seq_lens=i32(S), decode_order=i32(S), logits_indices=i32(S), top_k=i32(S),
             token_index=i32(S), state_row=i32(S), seed=np.zeros(S, np.int64),
             block_table=np.zeros((S, max_blocks), np.int32), temperature=f32(S), top_p=f32(S),
-            min_p=f32(S), repetition_penalty=f32(S), presence_penalty=f32(S), frequency_penalty=f32(S))
+            min_p=f32(S), repetition_penalty=f32(S), presence_penalty=f32(S), frequency_penalty=f32(S),
+            inv_t=f32(S), log_min_p=f32(S))
 
     def launch(self, batch):
         shape = fill_inputs(batch, self.host, self.block_size, None, 0)
@@ -58,6 +60,13 @@ class FakeRunner:
         if shape.max_query_len == 1:  # decode rows go to the attention kernel longest first
             lens, order = h["seq_lens"][:shape.num_seqs], h["decode_order"][:shape.num_seqs]
             assert sorted(order) == list(range(shape.num_seqs)) and (np.diff(lens[order]) <= 0).all()
+        else:  # a mixed batch: its single-token rows, longest first, go to the decode kernel
+            qsl = h["query_start_loc"][:shape.num_seqs + 1]
+            single = np.flatnonzero(np.diff(qsl) == 1)
+            order = h["decode_order"][:shape.num_decode]
+            assert shape.num_decode == len(single) and sorted(order) == list(single)
+            assert (np.diff(h["seq_lens"][order]) <= 0).all()
+            self.mixed_decode_rows += shape.num_decode
         ids = h["input_ids"][:T].astype(np.int64)
         carry = h["carry_idx"][:T]
         ids[carry >= 0] = self.prev_tokens[carry[carry >= 0]]

@@ -241,6 +241,42 @@ def test_mixed(num_kv_heads, group, block_size, dtype):
                     extra_tokens=1, prefill_config=SMALL_PREFILL)
 
 
+MIXED_WITH_DECODES = [(20, 20), (70, 1), (9, 1), (0, 1), (33, 33), (1, 1), (48, 17), (64, 1)]
+
+
+def _split_decode_rows(meta):
+    # the runner's way (runner/inputs._single_token_rows): single-token rows, longest first
+    qsl, lens = meta.query_start_loc.cpu(), meta.seq_lens.cpu()
+    single = torch.nonzero((qsl[1:] - qsl[:-1]) == 1).flatten()
+    single = single[torch.argsort(-lens[single], stable=True)]
+    order = torch.zeros(meta.num_seqs, dtype=torch.int32)
+    order[:len(single)] = single.to(torch.int32)
+    return replace(meta, decode_order=order.to(meta.seq_lens.device), num_decode=len(single))
+
+
+@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.float32, 3), (torch.bfloat16, 2)])
+def test_mixed_decode_rows_take_the_decode_kernel(dtype, splits, monkeypatch):
+    q, k_cache, v_cache, meta = make_batch(MIXED_WITH_DECODES, 2, 2, 32, 8, dtype, seed=31, extra_tokens=2)
+    meta = _split_decode_rows(meta)
+    assert meta.num_decode == 5
+    scale = 32 ** -0.5
+    expected = paged_attention_ref(q, k_cache, v_cache, meta, scale)
+    launched = []
+    import slipstream.ops.triton_attention as ta
+    for name in ("_decode", "_prefill"):
+        fn = getattr(ta, name)
+        monkeypatch.setattr(ta, name, lambda *a, _fn=fn, _n=name, **kw: (launched.append((_n, kw)), _fn(*a, **kw)))
+    out = torch.full_like(q, float("nan"))
+    ta.paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out, decode_config=SMALL_DECODE,
+                              prefill_config=SMALL_PREFILL, num_splits=splits)
+    assert [n for n, _ in launched] == ["_prefill", "_decode"]
+    assert launched[0][1] == {"skip_single": True} and launched[1][1] == {"num_rows": 5}
+    atol, rtol = tolerances(dtype)
+    torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
+    assert (out[int(meta.query_start_loc[-1]):] == 0).all()
+    assert (meta.split_counters == 0).all()
+
+
 def test_mixed_many_seqs():
     # More sequences than one search chunk (128) of the prefill kernel's sequence lookup.
     g = torch.Generator().manual_seed(11)
@@ -286,11 +322,12 @@ def compile_for_hopper() -> None:
         setattr(ta, name, Capture(getattr(ta, name)))
     for dtype in [torch.bfloat16, torch.float32]:
         lens = [8192] * 32
-        # decode (split, merged in the kernel), decode (split + reduce pass), prefill
-        for max_q, counters in [(1, True), (1, False), (8, True)]:
+        # decode (split, merged in the kernel), decode (split + reduce pass), prefill, and a
+        # mixed batch whose single-token rows take the decode kernel
+        for max_q, counters, num_decode in [(1, True, 0), (1, False, 0), (8, True, 0), (8, True, 1)]:
             q, kc, vc, meta = make_batch([(s, 1) for s in lens[:2]], 8, 4, 128, 16, dtype, seed=0,
                                          counters=counters)
-            meta = replace(meta, max_query_len=max_q, max_seq_len=8192)
+            meta = replace(meta, max_query_len=max_q, max_seq_len=8192, num_decode=num_decode)
             ta.paged_attention_triton(q, kc, vc, meta, 0.1)
     ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
     for fn, args, kw in launches:
@@ -327,7 +364,7 @@ def test_kernels_compile_for_hopper():
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 8, r.stdout
+    assert r.stdout.count("compiled") == 12, r.stdout
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes

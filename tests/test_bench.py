@@ -38,13 +38,15 @@ def test_step_breakdown_groups_steps_and_counts_idle_time():
     batches = [BatchStats(0, 100, 4, 100, 0.0),  # a prefill chunk
                BatchStats(1, 4, 4, 400, 0.0), BatchStats(2, 200, 200, 9000, 0.0)]
     spans = [Span("compute", "compute", 0.0, 1.0, 0), Span("compute", "compute", 1.5, 2.0, 1),
-             Span("compute", "compute", 2.0, 4.0, 2)]
+             Span("compute", "compute", 2.0, 4.0, 2), Span("cpu", "schedule", 0.0, 0.2, 1),
+             Span("cpu", "wait", 0.2, 0.9, 1), Span("cpu", "process", 0.9, 1.0, 1)]
     rows = step_breakdown(Timeline(spans, batches), [0.5, 0.25, 1.0])
     by = {r["group"]: r for r in rows}
     assert set(by) == {"with prefill", "decode 1-16", "decode 129-256"}
     assert by["with prefill"]["gpu_s"] == pytest.approx(1.0) and by["with prefill"]["gpu_over_floor"] == 2
     assert by["decode 1-16"]["idle_s"] == pytest.approx(0.5)  # waited from 1.0 to 1.5
     assert by["decode 129-256"]["idle_s"] == 0 and by["decode 129-256"]["floor_s"] == 1.0
+    assert by["decode 1-16"]["cpu_s"] == pytest.approx(0.3) and by["with prefill"]["cpu_s"] == 0  # no waits
     assert "| decode 1-16 | 1 | 0.500 s | 0.250 s | 2.00 |" in breakdown_table(rows)
 
 

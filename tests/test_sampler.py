@@ -106,9 +106,10 @@ def test_greedy_is_argmax(use_triton):
     B, V = 5, 300
     logits = _logits(B, V, 1)
     logits[2, 17] = logits[2, 250] = logits[2].max() + 1.0  # tie: the first index wins
+    logits[3, 81] = logits[3, 145] = logits[3].max() + 1.0  # a tie in one lane of the kernel (block 64)
     t = _tensors(B, temperature=[0.0] * B, seed=[1, 2, 3, 4, 5], top_k=[3] * B)
     expected = logits.argmax(dim=-1).to(torch.int32)
-    assert expected[2] == 17
+    assert expected[2] == 17 and expected[3] == 81
     for flags in (OFF, TOPKP):
         out = sample(logits, t, flags, use_triton=use_triton, block_v=64)
         assert out.tokens.dtype == torch.int32
@@ -466,3 +467,35 @@ def test_gpu_cuda_graph_capture_and_timing():
         end.record()
         torch.cuda.synchronize()
         print(f"sample B={B} V={V} {flags}: {start.elapsed_time(end) / 20 * 1e3:.1f} us per step")
+
+
+def test_host_scalars_equal_the_samplers_own():
+    # the runner computes inv_t and log(min_p) on the host (inputs.sampling_scalars); the
+    # sampler derives them on the device when they are not given: same values, same tokens
+    from types import SimpleNamespace
+
+    from slipstream.runner.inputs import sampling_scalars
+    from slipstream.sampler import _row_scalars
+
+    B, V = 8, 700
+    kw = _mixed_rows(B, 5)
+    kw["temperature"][:3] = [0.0, 1e-6, 0.6]
+    kw["min_p"][:3] = [0.0, 0.05, 1.0]
+    host = SimpleNamespace(temperature=np.array(kw["temperature"], np.float32),
+                           min_p=np.array(kw["min_p"], np.float32),
+                           inv_t=np.zeros(B, np.float32), log_min_p=np.zeros(B, np.float32))
+    sampling_scalars(host, B)
+    t = _tensors(B, **kw)
+    _, inv_t, log_min_p = _row_scalars(t)
+    assert torch.equal(torch.from_numpy(host.inv_t), inv_t.cpu())
+    torch.testing.assert_close(torch.from_numpy(host.log_min_p), log_min_p.cpu(), rtol=1e-6, atol=0)
+    t_host = _tensors(B, **kw)
+    t_host.inv_t = torch.from_numpy(host.inv_t).to(DEV)
+    t_host.log_min_p = torch.from_numpy(host.log_min_p).to(DEV)
+    logits = _logits(B, V, 11)
+    out = torch.full((B,), -1, dtype=torch.int32, device=DEV)
+    for flags in (OFF, TOPKP):
+        for use_triton in (False, True):
+            got = sample(logits, t_host, flags, use_triton=use_triton, block_v=128, out=out)
+            assert got.tokens.data_ptr() == out.data_ptr()  # written in place
+            assert torch.equal(out, sample_ref(logits, t, flags).tokens)

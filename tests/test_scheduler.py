@@ -36,7 +36,8 @@ def make_requests(n: int, seed: int = 0):
 
 
 def run(specs, depth: int, num_blocks: int, block_size: int = 4, max_seqs: int = 6,
-        max_tokens: int = 32, abort_after: dict | None = None, prefix_caching: bool = True):
+        max_tokens: int = 32, abort_after: dict | None = None, prefix_caching: bool = True,
+        stats: dict | None = None):
     max_model_len = 128
     flight = InFlight()
     pool = BlockPool(num_blocks, block_size, prefix_caching, flight, debug=True)
@@ -64,6 +65,8 @@ def run(specs, depth: int, num_blocks: int, block_size: int = 4, max_seqs: int =
         assert step < 10_000
     assert pool.num_freeing == 0 and pool.num_free == num_blocks, "blocks leaked"
     assert table.num_free_rows == max_seqs, "request rows leaked"
+    if stats is not None:
+        stats["mixed_decode_rows"] = runner.mixed_decode_rows
     return {rid: (r.output_token_ids, r.finish_reason) for rid, r in done.items()}, sched, pool
 
 
@@ -78,10 +81,12 @@ def expected(spec):
 @pytest.mark.parametrize("depth", [1, 2])
 def test_outputs_equal_direct_computation(depth):
     specs = make_requests(24)
-    got, sched, pool = run(specs, depth, num_blocks=200)
+    stats = {}
+    got, sched, pool = run(specs, depth, num_blocks=200, stats=stats)
     for s in specs:
         assert got[s["id"]] == expected(s), s["id"]
     assert pool.num_hits > 0, "the shared prefix should hit the cache"
+    assert stats["mixed_decode_rows"] > 0, "staggered arrivals should mix decodes into prefill batches"
 
 
 def test_async_equals_sync_under_preemption_small_chunks_and_aborts():

@@ -98,8 +98,13 @@ STEP_BUCKETS = ((1, 16), (17, 64), (65, 128), (129, 256), (257, 1 << 30))
 def step_breakdown(timeline: Timeline, floors: list[float]) -> list[dict]:
     """GPU compute time against the floor, summed over groups of steps: batches with a
     prefill chunk, and decode-only batches by size; `idle_s` is the time the compute stream
-    waited before the group's steps began.  Says where wall - floor goes."""
+    waited before the group's steps began, `cpu_s` the CPU's own work on the group's batches
+    (schedule, launch, process; not the waits).  Says where wall - floor goes."""
     compute = {s.batch_id: (s.start, s.end) for s in timeline.spans if s.lane == "compute"}
+    cpu: dict[int, float] = {}
+    for s in timeline.spans:
+        if s.lane == "cpu" and s.name != "wait":
+            cpu[s.batch_id] = cpu.get(s.batch_id, 0.0) + s.end - s.start
     groups: dict[str, list[float]] = {}
     prev_end = None
     for b, floor in sorted(zip(timeline.batches, floors), key=lambda bf: compute.get(bf[0].batch_id, (0, 0))):
@@ -109,25 +114,26 @@ def step_breakdown(timeline: Timeline, floors: list[float]) -> list[dict]:
             lo, hi = next(r for r in STEP_BUCKETS if r[0] <= b.num_tokens <= r[1])
             label = f"decode {lo}-{hi}" if hi < 1 << 30 else f"decode >={lo}"
         start, end = compute.get(b.batch_id, (None, None))
-        g = groups.setdefault(label, [0, 0.0, 0.0, 0.0])
+        g = groups.setdefault(label, [0, 0.0, 0.0, 0.0, 0.0])
         g[0] += 1
         g[2] += floor
+        g[4] += cpu.get(b.batch_id, 0.0)
         if start is not None:
             g[1] += end - start
             if prev_end is not None:
                 g[3] += max(0.0, start - prev_end)
             prev_end = end if prev_end is None else max(prev_end, end)
-    return [dict(group=k, steps=v[0], gpu_s=v[1], floor_s=v[2], idle_s=v[3],
+    return [dict(group=k, steps=v[0], gpu_s=v[1], floor_s=v[2], idle_s=v[3], cpu_s=v[4],
                  gpu_over_floor=v[1] / v[2] if v[2] else None) for k, v in groups.items()]
 
 
 def breakdown_table(rows: list[dict]) -> str:
-    lines = ["| steps | count | GPU compute | floor | GPU / floor | excess | GPU idle before |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| steps | count | GPU compute | floor | GPU / floor | excess | GPU idle before | CPU work |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['gpu_over_floor']:.2f}" if r["gpu_over_floor"] else "-"
         lines.append(f"| {r['group']} | {r['steps']} | {r['gpu_s']:.3f} s | {r['floor_s']:.3f} s | {ratio} | "
-                     f"{r['gpu_s'] - r['floor_s']:.3f} s | {r['idle_s']:.3f} s |")
+                     f"{r['gpu_s'] - r['floor_s']:.3f} s | {r['idle_s']:.3f} s | {r.get('cpu_s', 0.0):.3f} s |")
     return "\n".join(lines)
 
 

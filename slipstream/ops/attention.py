@@ -35,6 +35,10 @@ class AttentionMetadata:
     # in (it leaves them zero again)
     decode_order: torch.Tensor | None = None
     split_counters: torch.Tensor | None = None
+    # mixed batches (max_query_len > 1): when > 0, decode_order[:num_decode] lists the rows
+    # with one query token (longest first); the split-KV decode kernel takes those rows and
+    # the prefill kernel the others
+    num_decode: int = 0
 
     @property
     def num_seqs(self) -> int:

@@ -20,6 +20,9 @@ Kernels
   split writes a normalised partial output and its log-sum-exp (base 2), and the last split
   of a (row, KV head) to finish merges them (an atomic counter in `meta.split_counters`,
   reset by that program) -- or, without counters, `_decode_reduce_kernel` does.
+* Mixed batches with `meta.num_decode > 0`: the decode kernel takes the single-token rows
+  listed first in `meta.decode_order` (grid over those rows only) and the prefill kernel
+  skips them (`SKIP_SINGLE`).
 * Prefill / mixed (`meta.max_query_len > 1`): `_prefill_kernel`, grid
   (num_tokens // BLOCK_Q + num_seqs, num_kv_heads).  Sequence s owns the program ids
   [query_start_loc[s] // BLOCK_Q + s, ...) (an increasing sequence whose total is bounded
@@ -142,18 +145,22 @@ def decode_num_splits(meta, num_kv_heads: int, dtype: torch.dtype, head_dim: int
     return choose_num_splits(meta.num_seqs, num_kv_heads, meta.max_seq_len, cfg, sm_count(device))
 
 
-def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
+def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: int | None = None) -> None:
+    """The decode kernel over all rows, or over the `num_rows` first rows of
+    meta.decode_order (the single-token rows of a mixed batch)."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     num_seqs = meta.num_seqs
+    subset = num_rows is not None
+    num_rows = num_rows if subset else num_seqs
     block_g = max(16, triton.next_power_of_2(group))
     cfg = effective_decode_config(cfg, q.dtype, head_dim)
-    num_splits = choose_num_splits(num_seqs, num_kv_heads, meta.max_seq_len, cfg, sm_count(q.device))
+    num_splits = choose_num_splits(num_rows, num_kv_heads, meta.max_seq_len, cfg, sm_count(q.device))
     ieee, upcast = dot_flags(q.dtype, q.device)
     split = num_splits > 1
-    order = meta.decode_order if cfg.longest_first else None
-    counters = meta.split_counters if cfg.fused_merge else None
+    order = meta.decode_order if cfg.longest_first or subset else None
+    counters = meta.split_counters if cfg.fused_merge or subset else None
     # The in-kernel merge is used with a row order only: merge without one measured 25-30%
     # slower at 32 x 4096-8192 on the H200 (docs/kernel-notes.md, v4), the reduce pass not.
     merge = split and counters is not None and order is not None
@@ -168,7 +175,7 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
         part_out = out  # unused
         part_lse = out
     bt = meta.block_table
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+    _decode_kernel[(num_rows, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse,
         meta.query_start_loc, meta.seq_lens, bt, order if order is not None else meta.seq_lens,
         counters if merge else meta.seq_lens, scale * LOG2E, num_seqs, num_tokens,
@@ -182,6 +189,7 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
         MERGE=merge, IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split and not merge:
+        assert not subset, "a row subset needs split_counters (the reduce pass runs over every row)"
         _decode_reduce_kernel[(num_seqs, num_kv_heads)](
             out, part_out, part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
             out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
@@ -190,7 +198,8 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig) -> None:
             MIN_CHUNK=cfg.min_chunk, num_warps=4)
 
 
-def _prefill(q, k_cache, v_cache, meta, scale, out, cfg: PrefillConfig) -> None:
+def _prefill(q, k_cache, v_cache, meta, scale, out, cfg: PrefillConfig, skip_single: bool = False) -> None:
+    """The prefill kernel over every row (`skip_single`: but those with one query token)."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -209,8 +218,8 @@ def _prefill(q, k_cache, v_cache, meta, scale, out, cfg: PrefillConfig) -> None:
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         bt.stride(0),
         GROUP=group, GROUP_P=group_p, BLOCK_M=cfg.block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SEQ_CHUNK=128, IEEE=ieee, UPCAST=upcast,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SEQ_CHUNK=128, SKIP_SINGLE=skip_single,
+        IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta,
@@ -246,6 +255,17 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if num_splits is not None:
             cfg = replace(cfg, num_splits=num_splits)
         _decode(q, k_cache, v_cache, meta, scale, out, cfg)
+    elif meta.num_decode and not batch_invariant and meta.decode_order is not None \
+            and meta.split_counters is not None:
+        # a mixed batch: its single-token rows read their whole context, which the split-KV
+        # decode kernel streams at full bandwidth; the prefill kernel would give each one
+        # program per KV head
+        _prefill(q, k_cache, v_cache, meta, scale, out, prefill_config or DEFAULT_PREFILL_CONFIG,
+                 skip_single=True)
+        cfg = decode_config or DEFAULT_DECODE_CONFIG
+        if num_splits is not None:
+            cfg = replace(cfg, num_splits=num_splits)
+        _decode(q, k_cache, v_cache, meta, scale, out, cfg, num_rows=meta.num_decode)
     else:
         _prefill(q, k_cache, v_cache, meta, scale, out, prefill_config or DEFAULT_PREFILL_CONFIG)
     return out

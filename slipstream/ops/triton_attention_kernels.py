@@ -249,7 +249,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
                     stride_bt,
                     GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                    BLOCK_N: tl.constexpr, SEQ_CHUNK: tl.constexpr,
+                    BLOCK_N: tl.constexpr, SEQ_CHUNK: tl.constexpr, SKIP_SINGLE: tl.constexpr,
                     IEEE: tl.constexpr, UPCAST: tl.constexpr):
     # Reversed order: the longest (last) query tiles of the batch start first, the short
     # ones fill the tail.
@@ -273,6 +273,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
     tok0 = (pid - (q_start // BLOCK_Q + seq)) * BLOCK_Q
     if tok0 >= q_len:
         return
+    if SKIP_SINGLE:
+        if q_len == 1:
+            return  # the decode kernel's row
     seq_len = tl.load(seq_lens_ptr + seq)
     ctx = seq_len - q_len  # absolute position of the sequence's first query token
 

@@ -12,9 +12,10 @@ per row, the first split holding the maximum. Splitting the vocabulary keeps the
 busy when the batch is small; rows with min-p then read their whole row once more for
 the row maximum (min-p needs it before any token can be judged).
 
-Chunk skipping: the noise g is bounded (g <= 17.4, see `sampler._G_MAX`), so a chunk
-whose best kept scaled value s satisfies s + 32 < best value so far cannot hold the
-winner, and its noise is never computed. Rounding is monotone, so this never changes
+Chunk skipping: the noise g is bounded (-2.86 < g < 17.4, see `sampler._G_MAX`), so a
+chunk whose best kept scaled value s satisfies s + 32 < s_run - 3, where s_run is the
+largest kept scaled value seen so far, cannot hold the winner, and its noise is never
+computed (the test of `sampler.sample_ref`'s candidates). Rounding is monotone, so this never changes
 the result (|scaled| < 2**28). Peaked distributions skip almost every chunk.
 
 No host syncs; the grid depends only on shapes: CUDA-graph safe.
@@ -89,18 +90,19 @@ def _sample_kernel(
     v_hi = tl.minimum(v_lo + span, V)
     arange = tl.arange(0, BLOCK_V)
 
-    best_val = tl.zeros([], tl.float32) - float("inf")
-    best_idx = tl.zeros([], tl.int32)
+    # every lane keeps its own best (value, first index) across chunks; one reduction at
+    # the end instead of three per chunk
+    best_vals = tl.zeros([BLOCK_V], tl.float32) - float("inf")
+    best_idxs = tl.zeros([BLOCK_V], tl.int32)
     temp = tl.load(temp_ptr + row)
     if temp < 1e-5:
         # greedy: first index of the maximum (penalised) logit
         for start in range(v_lo, v_hi, BLOCK_V):
             offs = start + arange
             x = tl.load(base + offs, mask=offs < v_hi, other=float("-inf")).to(tl.float32)
-            m = tl.max(x, axis=0)
-            a = tl.argmax(x, axis=0).to(tl.int32) + start
-            best_idx = tl.where(m > best_val, a, best_idx)
-            best_val = tl.maximum(best_val, m)
+            better = x > best_vals  # strict: a lane keeps its first index reaching its maximum
+            best_idxs = tl.where(better, offs, best_idxs)
+            best_vals = tl.where(better, x, best_vals)
     else:
         inv_t = tl.load(inv_t_ptr + row)
         thr = tl.zeros([], tl.float32) - float("inf")
@@ -118,21 +120,27 @@ def _sample_kernel(
                 smax = mx * inv_t
                 thr = tl.minimum(smax + lmp, smax)
         k1, k2 = _row_keys(seed_ptr, tidx_ptr, row)
+        s_run = tl.zeros([], tl.float32) - float("inf")  # max kept scaled value so far
         for start in range(v_lo, v_hi, BLOCK_V):
             offs = start + arange
             valid = offs < v_hi
             x = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32)
             s = x * inv_t
             keep = valid & (s >= thr)
-            s_keep = tl.where(keep, s, float("-inf"))
-            chunk_max = tl.max(s_keep, axis=0)
-            if chunk_max + 32.0 >= best_val:  # else nothing here can win: skip the noise
+            chunk_max = tl.max(tl.where(keep, s, float("-inf")), axis=0)
+            # the token holding s_run scores >= s_run - 2.86, anything here <= chunk_max + 17.4:
+            # a chunk with chunk_max + 32 < s_run - 3 cannot win and gets no noise
+            if chunk_max + 32.0 >= s_run - 3.0:
+                s_run = tl.maximum(s_run, chunk_max)
                 g = _gumbel(_bits(offs.to(tl.uint32), k1, k2))
                 val = tl.where(keep, s + g, float("-inf"))
-                m = tl.max(val, axis=0)
-                a = tl.argmax(val, axis=0).to(tl.int32) + start
-                best_idx = tl.where(m > best_val, a, best_idx)
-                best_val = tl.maximum(best_val, m)
+                better = val > best_vals
+                best_idxs = tl.where(better, offs, best_idxs)
+                best_vals = tl.where(better, val, best_vals)
+    # the first index reaching the maximum: the smallest lane index among lanes holding it
+    best_val = tl.max(best_vals, axis=0)
+    best_idx = tl.min(tl.where(best_vals == best_val, best_idxs, 2147483647), axis=0)
+    best_idx = tl.where(best_idx == 2147483647, v_lo, best_idx)  # no lane compares equal (NaN)
 
     if SINGLE:
         tl.store(tokens_ptr + row, best_idx)
@@ -200,7 +208,9 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
         block_v = min(2048, triton.next_power_of_2(V))
     n_chunks = triton.cdiv(V, block_v)
     if num_splits is None:
-        target = 2 * sm_count(logits.device, cpu=1)  # programs that keep every SM busy
+        # compute-bound (hash + logs): ~16 programs per SM; 8 splits of 256 or 128 rows of the
+        # 151,936 vocabulary beat 2 by 11-12% on the H200 (benchmarks/bench_sampler.py, 2026-11-29)
+        target = 16 * sm_count(logits.device, cpu=1)
         num_splits = max(1, min(triton.cdiv(target, B), triton.cdiv(n_chunks, 4)))
     num_splits = max(1, min(num_splits, n_chunks))
     span = triton.cdiv(n_chunks, num_splits) * block_v

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slipstream.sampler import SamplerFlags
+from slipstream.sampler import GREEDY_EPS, SamplerFlags
 from slipstream.scheduler import ScheduledBatch
 
 
@@ -23,6 +23,7 @@ class StepShape:
     max_seq_len: int
     flags: SamplerFlags
     padded: bool  # a decode batch padded to a captured graph size
+    num_decode: int = 0  # a mixed batch's single-token rows, listed first in decode_order
 
 
 def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad_to: int | None,
@@ -72,9 +73,14 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad_to: int | None
 
     max_query_len = int(n.max())
     if pad_to is None:
+        num_decode = 0
         if max_query_len == 1:
             _decode_order(host, B)
-        return StepShape(T, B, S, max_query_len, batch.max_seq_len, flags, padded=False)
+        else:
+            num_decode = _single_token_rows(host, n)
+        sampling_scalars(host, S)
+        return StepShape(T, B, S, max_query_len, batch.max_seq_len, flags, padded=False,
+                         num_decode=num_decode)
     # A decode batch (T == B == S) padded to a captured size: padding rows have no
     # context (seq_len 0), store nothing, and draw greedily into the scratch row.
     P = pad_to
@@ -96,7 +102,27 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad_to: int | None
     host.presence_penalty[S:P] = 0.0
     host.frequency_penalty[S:P] = 0.0
     _decode_order(host, P)
+    sampling_scalars(host, P)
     return StepShape(P, P, P, 1, graph_max_seq_len, flags, padded=True)
+
+
+def sampling_scalars(host, num_samples: int) -> None:
+    """The sampler's inv_t and log(min_p) from temperature and min_p, on the host: a few
+    device launches less per step.  float32 division is correctly rounded everywhere, so
+    inv_t has the bits the sampler's torch fallback would compute."""
+    temp = host.temperature[:num_samples]
+    host.inv_t[:num_samples] = np.float32(1.0) / np.where(temp < GREEDY_EPS, np.float32(1.0), temp)
+    with np.errstate(divide="ignore"):  # log(0) = -inf: min-p off
+        host.log_min_p[:num_samples] = np.log(host.min_p[:num_samples])
+
+
+def _single_token_rows(host, num_new) -> int:
+    """A mixed batch: its rows with one new token, longest context first, at the head of
+    decode_order (the decode kernel's rows); returns how many."""
+    single = np.flatnonzero(num_new == 1)
+    order = np.argsort(-host.seq_lens[single], kind="stable")
+    host.decode_order[:len(single)] = single[order]
+    return len(single)
 
 
 def _decode_order(host, num_seqs: int) -> None:

@@ -18,7 +18,7 @@ import torch
 from slipstream.ops.attention import AttentionMetadata
 from slipstream.ops.carry import carry_over
 from slipstream.runner.graphs import DecodeGraphs, capture_sizes
-from slipstream.runner.inputs import StepShape, fill_inputs
+from slipstream.runner.inputs import StepShape, fill_inputs, sampling_scalars
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
@@ -101,9 +101,12 @@ class ModelRunner:
         carry_over(input_ids, d.carry_idx[:T], prev.dev.tokens)
         meta = AttentionMetadata(d.query_start_loc[:B + 1], d.seq_lens[:B], d.block_table[:B],
                                  d.slot_mapping[:T], shape.max_query_len, shape.max_seq_len,
-                                 decode_order=d.decode_order[:B], split_counters=self.split_counters)
+                                 decode_order=d.decode_order[:B], split_counters=self.split_counters,
+                                 num_decode=shape.num_decode)
         hidden = self.model(input_ids, d.positions[:T], meta, self.kv_caches)
-        return self.model.compute_logits(hidden.index_select(0, d.logits_indices[:S]))
+        if S != T:  # (S == T: every token is sampled, in order; no gather needed)
+            hidden = hidden.index_select(0, d.logits_indices[:S])
+        return self.model.compute_logits(hidden)
 
     def sample(self, slot: IOSlot, shape: StepShape, logits: torch.Tensor) -> None:
         d, S, k = slot.dev, shape.num_samples, shape.flags.num_logprobs
@@ -111,13 +114,14 @@ class ModelRunner:
             temperature=d.temperature[:S], top_k=d.top_k[:S], top_p=d.top_p[:S], min_p=d.min_p[:S],
             seed=d.seed[:S], token_index=d.token_index[:S],
             repetition_penalty=d.repetition_penalty[:S], presence_penalty=d.presence_penalty[:S],
-            frequency_penalty=d.frequency_penalty[:S], state_row=d.state_row[:S])
-        out = sample(logits, tensors, shape.flags, self.penalties)
-        d.tokens[:S].copy_(out.tokens)
+            frequency_penalty=d.frequency_penalty[:S], state_row=d.state_row[:S],
+            inv_t=d.inv_t[:S], log_min_p=d.log_min_p[:S])
+        out = sample(logits, tensors, shape.flags, self.penalties, out=d.tokens[:S])
         if k:
             d.logprobs[:S, :1 + k].copy_(out.logprobs)
             d.logprob_ids[:S, :k].copy_(out.logprob_ids)
-        self.penalties.record(d.state_row[:S], out.tokens)
+        if shape.flags.use_penalties:  # only penalised requests read their counts, and every
+            self.penalties.record(d.state_row[:S], out.tokens)  # batch holding one has this flag
 
     def fill_padding(self, slot: IOSlot, size: int) -> None:
         """Inputs of an all-padding decode batch of `size` rows (graph capture, profiling)."""
@@ -138,6 +142,7 @@ class ModelRunner:
         h.repetition_penalty[:size] = 1.0
         h.presence_penalty[:size] = 0.0
         h.frequency_penalty[:size] = 0.0
+        sampling_scalars(h, size)
         slot.upload(size)
         self.streams.synchronize()
 

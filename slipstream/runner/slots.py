@@ -27,7 +27,7 @@ class IOSlot:
                 ("top_k", S), ("token_index", S), ("state_row", S), ("seed", 2 * S),
                 ("block_table", S * max_blocks)]
         floats = [("temperature", S), ("top_p", S), ("min_p", S), ("repetition_penalty", S),
-                  ("presence_penalty", S), ("frequency_penalty", S)]
+                  ("presence_penalty", S), ("frequency_penalty", S), ("inv_t", S), ("log_min_p", S)]
         self._int_offsets, n_int = _layout(ints)
         self._float_offsets, n_float = _layout(floats)
         self.block_table_offset = self._int_offsets["block_table"][0]
