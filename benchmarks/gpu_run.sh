@@ -69,11 +69,10 @@ for stage in "$@"; do
     profile-small) run profile-small 300 python3 benchmarks/profile_workload.py --workload small-256 --out "$RES" ;;
     overlap) run overlap 240 python3 benchmarks/bench_overlap.py --out "$RES" ;;
     attn-ragged) run attn-ragged 240 python3 benchmarks/bench_attention.py --out "$RES" \
-                   --ragged 48:100:2000 --ragged 96:100:2000 --ragged 160:100:2000 --ragged 256:100:2000 \
-                   --decode s2c128:num_splits=2,min_chunk=128 --decode s2c256:num_splits=2 --decode s3c256:num_splits=3 \
-                   --decode s4c128:num_splits=4,min_chunk=128 --decode s4c256:num_splits=4 \
-                   --decode s8c128:num_splits=8,min_chunk=128 --decode cps8:ctas_per_sm=8 --decode cps16:ctas_per_sm=16 \
-                   --only s2c128 --only s2c256 --only s3c256 --only s4c128 --only s4c256 --only s8c128 --only cps8 --only cps16 ;;
+                   --ragged 16:100:2000 --ragged 32:100:2000 --ragged 48:100:2000 --ragged 96:100:2000 \
+                   --ragged 160:100:2000 --ragged 256:100:2000 --decode s1:num_splits=1 --decode s2:num_splits=2 \
+                   --decode s3:num_splits=3 --decode s4:num_splits=4 --decode s5:num_splits=5 --decode s9:num_splits=9 \
+                   --only s1 --only s2 --only s3 --only s4 --only s5 --only s9 ;;
     sampler) run sampler 240 python3 benchmarks/bench_sampler.py ${SAMPLER_OLD:+--old "$SAMPLER_OLD"} --out "$RES" ;;
     *) echo "unknown stage $stage" | tee -a "$LOG" ;;
   esac

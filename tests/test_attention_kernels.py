@@ -16,7 +16,8 @@ import torch
 
 from slipstream.ops.attention import AttentionMetadata, paged_attention, paged_attention_ref
 from slipstream.ops.triton_attention import (DecodeConfig, PrefillConfig, choose_num_splits,
-                                             effective_decode_config, paged_attention_triton)
+                                             decode_split_options, effective_decode_config,
+                                             paged_attention_triton, pick_decode_splits)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -165,6 +166,41 @@ def test_split_heuristic():
     # The decode path's effective config: fp32 shrinks tiles; min_chunk is a tile multiple.
     eff = effective_decode_config(DecodeConfig(block_n=64, min_chunk=100), torch.float32, 128)
     assert eff.block_n == 32 and eff.min_chunk == 128 and eff.num_warps >= 8
+
+
+def test_split_options_and_the_pick_from_row_lengths():
+    import numpy as np
+    cfg = DecodeConfig(block_n=64, min_chunk=256, ctas_per_sm=4, max_splits=32)
+    # 32 rows x 8 KV heads: the resident heuristic (2) and two waves (5); rows of one
+    # length keep 2 (seed-8b), ragged rows take 5
+    assert decode_split_options(32, 8, 8448, cfg, 132) == (2, 5)
+    assert pick_decode_splits(np.full(32, 4096), 8, (2, 5), cfg, 132) == 2
+    ragged = np.random.default_rng(0).integers(100, 2000, 32)
+    ragged[0] = 2000
+    assert pick_decode_splits(ragged, 8, (2, 5), cfg, 132) == 5
+    # 48 rows (small-256-like): 1 or 3
+    assert decode_split_options(48, 8, 2048, cfg, 132) == (1, 3)
+    assert pick_decode_splits(np.full(48, 1000), 8, (1, 3), cfg, 132) == 1
+    assert pick_decode_splits(np.r_[np.full(47, 700), 2000], 8, (1, 3), cfg, 132) == 3
+    # enough rows for two waves already, or a forced count: one graph
+    assert decode_split_options(256, 8, 2048, cfg, 132) == (1,)
+    assert decode_split_options(32, 8, 8448, replace(cfg, num_splits=3), 132) == (3,)
+    assert pick_decode_splits(np.zeros(4, np.int64), 8, (2, 5), cfg, 132) == 2  # all padding
+
+
+def test_metadata_split_count_is_used():
+    seqs = [(70, 1), (9, 1), (0, 1), (64, 1), (33, 1)]
+    q, k_cache, v_cache, meta = make_batch(seqs, 2, 2, 32, 8, torch.float32, seed=41)
+    outs = []
+    for m, forced in ((replace(meta, num_splits=3), None), (meta, 3), (meta, 1)):
+        out = torch.full_like(q, float("nan"))
+        paged_attention_triton(q, k_cache, v_cache, m, 32 ** -0.5, out=out, decode_config=SMALL_DECODE,
+                               num_splits=forced)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])  # meta.num_splits = 3 is a forced 3
+    assert not torch.equal(outs[0], outs[2])  # (another split count sums in another order)
+    expected = paged_attention_ref(q, k_cache, v_cache, meta, 32 ** -0.5)
+    torch.testing.assert_close(outs[0], expected, atol=2e-5, rtol=2e-5)
 
 
 def _rows_of(seqs_subset, all_seqs, dtype, **kw):

@@ -39,6 +39,9 @@ class AttentionMetadata:
     # with one query token (longest first); the split-KV decode kernel takes those rows and
     # the prefill kernel the others
     num_decode: int = 0
+    # the decode kernel's split count, chosen by the caller from the batch's context
+    # lengths (the runner: `triton_attention.pick_decode_splits`); None: the heuristic
+    num_splits: int | None = None
 
     @property
     def num_seqs(self) -> int:

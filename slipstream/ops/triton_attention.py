@@ -104,6 +104,36 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int,
     return max(1, min(by_len, by_occupancy, cfg.max_splits))
 
 
+def decode_split_options(num_seqs: int, num_kv_heads: int, max_seq_len: int, cfg: DecodeConfig,
+                         num_sms: int) -> tuple[int, ...]:
+    """Split counts worth a CUDA graph at a batch size: the heuristic's (every program
+    resident at once: best when rows have similar lengths) and, where it differs, one for
+    ragged rows (about two waves of programs, so that the long rows' splits do not run
+    alone at the end).  On the H200, 48 rows of 100-2000 tokens ran 11% faster with 3
+    splits than with the heuristic's 1, while 32 rows of 4096 lose 3% with 4 instead of 2
+    (docs/kernel-notes.md, ragged sweep).  Host ints only."""
+    if cfg.num_splits is not None:
+        return (max(1, int(cfg.num_splits)),)
+    base = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, cfg, num_sms)
+    by_len = triton.cdiv(max(max_seq_len, 1), max(cfg.min_chunk, cfg.block_n))
+    two_waves = triton.cdiv(2 * cfg.ctas_per_sm * num_sms, max(num_seqs * num_kv_heads, 1))
+    ragged = max(1, min(two_waves, by_len, cfg.max_splits))
+    return (base,) if ragged == base else (base, ragged)
+
+
+def pick_decode_splits(seq_lens, num_kv_heads: int, options: tuple[int, ...], cfg: DecodeConfig,
+                       num_sms: int) -> int:
+    """Of `options`, the split count closest to the one that balances this batch: the
+    longest row's splits no longer than the mean work per program slot,
+    S* = max(len) x slots / (kv_heads x sum(len)); ties go to options[0].  `seq_lens`: the
+    real rows' context lengths (host numpy)."""
+    total = int(seq_lens.sum()) if len(seq_lens) else 0
+    if len(options) == 1 or total == 0:
+        return options[0]
+    best = int(seq_lens.max()) * cfg.ctas_per_sm * num_sms / (num_kv_heads * total)
+    return min(options, key=lambda s: (abs(s - best), s != options[0]))
+
+
 # ----------------------------------------------------------------------------- host side
 
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -231,8 +261,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """Causal paged attention of q [num_tokens, num_heads, head_dim]; same result as
     `paged_attention_ref`.  Writes into `out` (same shape/dtype as q) if given.
 
-    `num_splits` forces the decode split count (otherwise `decode_config.num_splits` or
-    the heuristic `choose_num_splits`).  `batch_invariant` sends decode batches to the
+    `num_splits` forces the decode split count (otherwise `meta.num_splits`, then
+    `decode_config.num_splits`, then the heuristic `choose_num_splits`).  `batch_invariant` sends decode batches to the
     prefill kernel too: its result for a query token depends only on that token's q and
     context (KV tiles from position 0, fixed order), not on the batch, the split count or
     the chunking of a prompt.
@@ -250,6 +280,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     if meta.num_seqs == 0:
         return out.zero_()
+    if num_splits is None:
+        num_splits = meta.num_splits
     if meta.max_query_len <= 1 and not batch_invariant:
         cfg = decode_config or DEFAULT_DECODE_CONFIG
         if num_splits is not None:
@@ -272,5 +304,5 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 __all__ = ["DecodeConfig", "PrefillConfig", "set_default_configs", "choose_num_splits",
-           "decode_num_splits", "effective_decode_config", "effective_prefill_config",
+           "decode_split_options", "pick_decode_splits", "decode_num_splits", "effective_decode_config", "effective_prefill_config",
            "paged_attention_triton"]

@@ -24,6 +24,7 @@ class StepShape:
     flags: SamplerFlags
     padded: bool  # a decode batch padded to a captured graph size
     num_decode: int = 0  # a mixed batch's single-token rows, listed first in decode_order
+    decode_splits: int | None = None  # decode attention's split count (None: its heuristic)
 
 
 def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad_to: int | None,

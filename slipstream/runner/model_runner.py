@@ -10,7 +10,7 @@ same calls run one after the other.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -72,10 +72,11 @@ class ModelRunner:
         # the decode kernel's split-merge counters (zero between launches; one per row x KV head)
         self.split_counters = torch.zeros(opts.max_num_seqs * model_config.num_kv_heads,
                                           dtype=torch.int32, device=device)
+        self.split_options = self._decode_split_options()
         self.graphs: DecodeGraphs | None = None
         if opts.use_cuda_graphs and device.type == "cuda":
             sizes = capture_sizes(min(opts.cuda_graph_max_batch, opts.max_num_seqs))
-            self.graphs = DecodeGraphs(sizes, opts.max_model_len)
+            self.graphs = DecodeGraphs(sizes, opts.max_model_len, self.split_options)
             self.graphs.capture_all(self)
         self.graph_replays = [0, 0]  # per slot
         self.trace_origin = None
@@ -83,6 +84,28 @@ class ModelRunner:
             self.streams.synchronize()
             self.trace_origin = (self.streams.event(), time.perf_counter())
             self.trace_origin[0].record(self.streams.compute)
+
+    def _decode_split_options(self):
+        """batch size -> the decode split counts to capture and choose from (CUDA; None
+        elsewhere, and in batch-invariant mode, whose decode rows take the prefill kernel)."""
+        if self.device.type != "cuda" or getattr(self.model, "batch_invariant", False):
+            return None
+        from slipstream.ops import triton_attention as ta
+        from slipstream.ops.device import sm_count
+        c = self.model_config
+        cfg = ta.effective_decode_config(ta.DEFAULT_DECODE_CONFIG, self.dtype, c.head_dim)
+        sms = sm_count(self.device)
+        self._split_cfg = (cfg, sms)
+        return lambda size: ta.decode_split_options(size, c.num_kv_heads, self.max_model_len, cfg, sms)
+
+    def _decode_splits(self, host, num_rows: int, num_seqs: int) -> int | None:
+        """The split count of a decode batch of `num_rows` real rows padded to `num_seqs`."""
+        if self.split_options is None:
+            return None
+        from slipstream.ops.triton_attention import pick_decode_splits
+        cfg, sms = self._split_cfg
+        return pick_decode_splits(host.seq_lens[:num_rows], self.model_config.num_kv_heads,
+                                  self.split_options(num_seqs), cfg, sms)
 
     # -- the step on the compute stream (eager, or captured into a graph) ---------------
     def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None) -> None:
@@ -102,7 +125,7 @@ class ModelRunner:
         meta = AttentionMetadata(d.query_start_loc[:B + 1], d.seq_lens[:B], d.block_table[:B],
                                  d.slot_mapping[:T], shape.max_query_len, shape.max_seq_len,
                                  decode_order=d.decode_order[:B], split_counters=self.split_counters,
-                                 num_decode=shape.num_decode)
+                                 num_decode=shape.num_decode, num_splits=shape.decode_splits)
         hidden = self.model(input_ids, d.positions[:T], meta, self.kv_caches)
         if S != T:  # (S == T: every token is sampled, in order; no gather needed)
             hidden = hidden.index_select(0, d.logits_indices[:S])
@@ -154,6 +177,8 @@ class ModelRunner:
         if self.graphs is not None and batch.is_decode_only:
             pad = self.graphs.padded_size(batch.num_seqs)
         shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
+        if shape.max_query_len == 1:
+            shape = replace(shape, decode_splits=self._decode_splits(slot.host, batch.num_seqs, shape.num_seqs))
         use_graph = (self.graphs is not None and not batch.suppress and not batch.penalty_resets
                      and self.graphs.can_replay(slot.index, shape))
         s = self.streams
