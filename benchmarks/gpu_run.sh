@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
-#         overlap attn-ragged sampler ab-small ab-step seed-short seed small invariant peer
+#         profile-cpu overlap attn-ragged sampler ab-small ab-step seed-short seed small small-16k invariant peer
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf wheel), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.
@@ -52,6 +52,8 @@ for stage in "$@"; do
     seed-short) run seed-short 400 python3 -m slipstream.cli bench --workload seed-8b-short --out "$RES" ;;
     seed) run seed 580 python3 -m slipstream.cli bench --workload seed-8b --out "$RES" ;;
     small) run small 400 python3 -m slipstream.cli bench --workload small-256 --out "$RES" ;;
+    small-16k) run small-16k 300 python3 -m slipstream.cli bench --workload small-256 --mode async \
+                 --max-num-batched-tokens 16384 --out "$RES/16k" ;;
     invariant) run invariant-short 300 python3 -m slipstream.cli bench --workload seed-8b-short --mode async --batch-invariant
                run invariant-small 300 python3 -m slipstream.cli bench --workload small-256 --mode async --batch-invariant ;;
     peer) run peer 420 bash benchmarks/peer_transformers.sh "$RES" async,sync ;;
@@ -67,6 +69,7 @@ for stage in "$@"; do
              done ;;
     profile) run profile 300 python3 benchmarks/profile_step.py --out "$RES" ;;
     profile-small) run profile-small 300 python3 benchmarks/profile_workload.py --workload small-256 --out "$RES" ;;
+    profile-cpu) run profile-cpu 300 python3 benchmarks/profile_cpu.py --workload small-256 --prefill-only --top 40 ;;
     overlap) run overlap 240 python3 benchmarks/bench_overlap.py --out "$RES" ;;
     attn-ragged) run attn-ragged 240 python3 benchmarks/bench_attention.py --out "$RES" \
                    --ragged 16:100:2000 --ragged 32:100:2000 --ragged 48:100:2000 --ragged 96:100:2000 \

@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--batch-invariant", action="store_true", help="batch-invariant kernels (slower)")
     b.add_argument("--num-requests", type=int, default=None, help="only the first N requests")
     b.add_argument("--no-measure", action="store_true", help="use the recorded H200 ceilings")
+    b.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step (prefill chunk budget); default: the workload's")
     b.set_defaults(func=cmd_bench)
 
     args = parser.parse_args(argv)

@@ -115,8 +115,10 @@ class LLMEngine:
                 raise ValueError("this model has no tokenizer (dummy weights or no tokenizer files): "
                                  "pass prompts as lists of token ids")
             return self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
-                                                     for t in prompt):
+        # (the distinct element types, not every element: 256 x 1,000-token prompts cost
+        # ~0.1 s through a per-token isinstance loop)
+        if isinstance(prompt, (list, tuple)) and all(issubclass(t, int) and t is not bool
+                                                     for t in set(map(type, prompt))):
             return list(prompt)
         raise TypeError("a prompt must be a string or a list of token ids (ints), "
                         f"got {type(prompt).__name__}")
@@ -126,9 +128,10 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if n == 0:
             return "the prompt is empty"
-        bad = [t for t in req.prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            return f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})"
+        ids = req.prompt_token_ids
+        if min(ids) < 0 or max(ids) >= vocab:
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            return f"prompt token id {bad} is outside the vocabulary [0, {vocab})"
         if n + max_tokens > self.max_model_len:
             return (f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) is {n + max_tokens} tokens, "
                     f"more than max_model_len={self.max_model_len}")

@@ -154,12 +154,15 @@ def test_bad_requests_get_their_own_error_and_the_others_go_on(tiny_model):
     folder, hf = tiny_model("llama")
     llm = engine(folder, max_model_len=64)
     good = prompt(5, 1)
-    outs = llm.generate([prompt(60, 2), good, [], [3, 999999]],
-                        [SamplingParams(max_tokens=10), GREEDY, GREEDY, GREEDY])
+    outs = llm.generate([prompt(60, 2), good, [], [3, 999999], [4, -5, 3]],
+                        [SamplingParams(max_tokens=10), GREEDY, GREEDY, GREEDY, GREEDY])
     assert outs[0].finish_reason == "error" and "max_model_len=64" in outs[0].error
     assert outs[1].token_ids == hf_greedy(hf, good, 32)[:32]
     assert outs[2].finish_reason == "error" and "empty" in outs[2].error
     assert outs[3].finish_reason == "error" and "999999" in outs[3].error
+    assert outs[4].finish_reason == "error" and "id -5 is outside" in outs[4].error
+    with pytest.raises(TypeError, match="prompt"):
+        llm.engine.add_request([1, True])  # a bool is not a token id
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate("text needs a tokenizer")
     with pytest.raises(TypeError, match="prompt"):

@@ -35,9 +35,12 @@ def run_bench(a) -> int:
     if a.num_requests:
         workload.prompts = workload.prompts[:a.num_requests]
         workload.params = workload.params[:a.num_requests]
+    engine_options = dict(workload.engine)
+    if getattr(a, "max_num_batched_tokens", None):
+        engine_options["max_num_batched_tokens"] = a.max_num_batched_tokens
     config = EngineConfig(model=workload.model, load_format="dummy", device=a.device, trace=True,
                           enforce_eager=a.enforce_eager, batch_invariant=a.batch_invariant,
-                          **workload.engine)
+                          **engine_options)
     t0 = time.perf_counter()
     engine = LLMEngine(config)
     init_s = time.perf_counter() - t0
@@ -58,6 +61,7 @@ def run_bench(a) -> int:
         results[mode], timelines[mode], outs = run_workload(engine, workload, mode, bandwidth, rate)
         outputs[mode] = {o.request_id: o.token_ids for o in outs}
     summary = {"workload": workload.name, "env": environment(), "engine_init_s": init_s,
+               "engine_options": engine_options,
                "copy_bandwidth": bandwidth, "matmul_rate": rate, "kv_blocks": engine.pool.num_blocks,
                "results": {m: result_dict(r) for m, r in results.items()}}
     if len(modes) == 2:

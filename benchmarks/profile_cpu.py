@@ -1,0 +1,64 @@
+"""Where the CPU time of a workload run goes: cProfile around one run of the step loop.
+
+Builds the engine as `slipstream bench` does, warms up, then profiles one run (async by
+default) and prints the functions with the most own time and the most cumulative time.
+With `--prefill-only`, only the steps that schedule a prefill chunk are profiled.
+
+Usage: python benchmarks/profile_cpu.py [--workload small-256] [--mode async] [--top 30]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from slipstream.bench.workloads import get_workload  # noqa: E402
+from slipstream.config import EngineConfig  # noqa: E402
+from slipstream.engine import LLMEngine  # noqa: E402
+from slipstream.sampling_params import SamplingParams  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="small-256")
+    ap.add_argument("--mode", default="async", choices=["sync", "async"])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--num-requests", type=int, default=None)
+    ap.add_argument("--prefill-only", action="store_true")
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args()
+    w = get_workload(args.workload)
+    n = args.num_requests or len(w.prompts)
+    engine = LLMEngine(EngineConfig(model=w.model, load_format="dummy", device=args.device, **w.engine))
+    for prompt, p in zip(w.prompts[:n], w.params[:n]):
+        engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True))
+    engine.run_until_done()
+    engine.set_async_scheduling(args.mode == "async")
+    engine.reset_prefix_cache()
+    prof = cProfile.Profile()
+    prof.enable()
+    for prompt, params in zip(w.prompts[:n], w.params[:n]):
+        engine.add_request(prompt, params)
+    prof.disable()
+    while engine.has_unfinished_requests():
+        prefill = bool(engine.scheduler.waiting) or any(r.num_computed < r.num_tokens for r in engine.scheduler.running)
+        if prefill or not args.prefill_only:
+            prof.enable()
+            engine.step()
+            prof.disable()
+        else:
+            engine.step()
+    for key in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(args.top)
+        print(f"## by {key}\n" + "\n".join(out.getvalue().splitlines()[4:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
