@@ -52,7 +52,7 @@ def profile_case(model: str, batch: int, context: int, reps: int = 5) -> dict:
     slot = runner.slots[0]
     fill_decode(runner, slot, batch, context)
     shape = StepShape(batch, batch, batch, 1, runner.max_model_len, SamplerFlags(False, False, 0), True,
-                      decode_splits=runner._decode_splits(slot.host, batch, batch))
+                      decode_splits=runner.decode_splits(slot.host, batch, batch))
     step = time_fn(lambda: runner.graphs.replay(0, shape), 20)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):

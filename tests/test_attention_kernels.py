@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from slipstream.ops.attention import AttentionMetadata, paged_attention, paged_attention_ref
-from slipstream.ops.triton_attention import (DecodeConfig, PrefillConfig, choose_num_splits,
-                                             decode_split_options, effective_decode_config,
+from slipstream.ops.triton_attention import (DecodeConfig, DecodeSplitPolicy, PrefillConfig,
+                                             choose_num_splits, decode_split_options, effective_decode_config,
                                              paged_attention_triton, pick_decode_splits)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -186,6 +186,10 @@ def test_split_options_and_the_pick_from_row_lengths():
     assert decode_split_options(256, 8, 2048, cfg, 132) == (1,)
     assert decode_split_options(32, 8, 8448, replace(cfg, num_splits=3), 132) == (3,)
     assert pick_decode_splits(np.zeros(4, np.int64), 8, (2, 5), cfg, 132) == 2  # all padding
+    # the runner's policy object: the same two functions with the model's numbers bound
+    policy = DecodeSplitPolicy(8, 8448, cfg, 132)
+    assert policy.options(32) == (2, 5) and policy.pick(ragged, 32) == 5
+    assert policy.pick(np.full(20, 4096), 24) == decode_split_options(24, 8, 8448, cfg, 132)[0]
 
 
 def test_metadata_split_count_is_used():

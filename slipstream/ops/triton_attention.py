@@ -134,6 +134,22 @@ def pick_decode_splits(seq_lens, num_kv_heads: int, options: tuple[int, ...], cf
     return min(options, key=lambda s: (abs(s - best), s != options[0]))
 
 
+@dataclass(frozen=True)
+class DecodeSplitPolicy:
+    """The runner's per-step split choice for one model: `options(size)` are the split counts
+    to capture graphs for at a batch size, `pick(seq_lens, size)` the one for a batch."""
+    num_kv_heads: int
+    max_seq_len: int  # the graphs' bound (max_model_len)
+    cfg: DecodeConfig  # effective (see effective_decode_config)
+    num_sms: int
+
+    def options(self, num_seqs: int) -> tuple[int, ...]:
+        return decode_split_options(num_seqs, self.num_kv_heads, self.max_seq_len, self.cfg, self.num_sms)
+
+    def pick(self, seq_lens, num_seqs: int) -> int:
+        return pick_decode_splits(seq_lens, self.num_kv_heads, self.options(num_seqs), self.cfg, self.num_sms)
+
+
 # ----------------------------------------------------------------------------- host side
 
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -304,5 +320,5 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 __all__ = ["DecodeConfig", "PrefillConfig", "set_default_configs", "choose_num_splits",
-           "decode_split_options", "pick_decode_splits", "decode_num_splits", "effective_decode_config", "effective_prefill_config",
-           "paged_attention_triton"]
+           "decode_split_options", "pick_decode_splits", "DecodeSplitPolicy", "decode_num_splits",
+           "effective_decode_config", "effective_prefill_config", "paged_attention_triton"]

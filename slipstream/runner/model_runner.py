@@ -72,11 +72,12 @@ class ModelRunner:
         # the decode kernel's split-merge counters (zero between launches; one per row x KV head)
         self.split_counters = torch.zeros(opts.max_num_seqs * model_config.num_kv_heads,
                                           dtype=torch.int32, device=device)
-        self.split_options = self._decode_split_options()
+        self.split_policy = self._split_policy()
         self.graphs: DecodeGraphs | None = None
         if opts.use_cuda_graphs and device.type == "cuda":
             sizes = capture_sizes(min(opts.cuda_graph_max_batch, opts.max_num_seqs))
-            self.graphs = DecodeGraphs(sizes, opts.max_model_len, self.split_options)
+            self.graphs = DecodeGraphs(sizes, opts.max_model_len,
+                                       self.split_policy.options if self.split_policy else None)
             self.graphs.capture_all(self)
         self.graph_replays = [0, 0]  # per slot
         self.trace_origin = None
@@ -85,27 +86,22 @@ class ModelRunner:
             self.trace_origin = (self.streams.event(), time.perf_counter())
             self.trace_origin[0].record(self.streams.compute)
 
-    def _decode_split_options(self):
-        """batch size -> the decode split counts to capture and choose from (CUDA; None
-        elsewhere, and in batch-invariant mode, whose decode rows take the prefill kernel)."""
+    def _split_policy(self):
+        """The decode attention's per-step split choice (CUDA; none elsewhere, and none in
+        batch-invariant mode, whose decode rows take the prefill kernel)."""
         if self.device.type != "cuda" or getattr(self.model, "batch_invariant", False):
             return None
         from slipstream.ops import triton_attention as ta
         from slipstream.ops.device import sm_count
         c = self.model_config
         cfg = ta.effective_decode_config(ta.DEFAULT_DECODE_CONFIG, self.dtype, c.head_dim)
-        sms = sm_count(self.device)
-        self._split_cfg = (cfg, sms)
-        return lambda size: ta.decode_split_options(size, c.num_kv_heads, self.max_model_len, cfg, sms)
+        return ta.DecodeSplitPolicy(c.num_kv_heads, self.max_model_len, cfg, sm_count(self.device))
 
-    def _decode_splits(self, host, num_rows: int, num_seqs: int) -> int | None:
+    def decode_splits(self, host, num_rows: int, num_seqs: int) -> int | None:
         """The split count of a decode batch of `num_rows` real rows padded to `num_seqs`."""
-        if self.split_options is None:
+        if self.split_policy is None:
             return None
-        from slipstream.ops.triton_attention import pick_decode_splits
-        cfg, sms = self._split_cfg
-        return pick_decode_splits(host.seq_lens[:num_rows], self.model_config.num_kv_heads,
-                                  self.split_options(num_seqs), cfg, sms)
+        return self.split_policy.pick(host.seq_lens[:num_rows], num_seqs)
 
     # -- the step on the compute stream (eager, or captured into a graph) ---------------
     def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None) -> None:
@@ -178,7 +174,7 @@ class ModelRunner:
             pad = self.graphs.padded_size(batch.num_seqs)
         shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
         if shape.max_query_len == 1:
-            shape = replace(shape, decode_splits=self._decode_splits(slot.host, batch.num_seqs, shape.num_seqs))
+            shape = replace(shape, decode_splits=self.decode_splits(slot.host, batch.num_seqs, shape.num_seqs))
         use_graph = (self.graphs is not None and not batch.suppress and not batch.penalty_resets
                      and self.graphs.can_replay(slot.index, shape))
         s = self.streams
