@@ -110,9 +110,12 @@ class BlockPool:
         keys = list(known or [])
         bs = self.block_size
         parent = keys[-1] if keys else None
-        for i in range(len(keys), num_blocks):
-            seg = token_ids[i * bs:(i + 1) * bs]
-            parent = (hash(parent), tuple(seg.tolist() if hasattr(seg, "tolist") else seg))
+        first = len(keys)
+        span = token_ids[first * bs:num_blocks * bs]
+        if hasattr(span, "tolist"):  # a numpy row: one conversion, not one per block
+            span = span.tolist()
+        for i in range(num_blocks - first):
+            parent = (hash(parent), tuple(span[i * bs:(i + 1) * bs]))
             keys.append(parent)
         return keys
 

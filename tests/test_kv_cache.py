@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from slipstream.kv_cache import BlockPool, InFlight
@@ -50,6 +51,9 @@ def test_prefix_cache_hits_chain_and_lru_eviction():
     pool = BlockPool(4, 4)
     tokens = list(range(12))
     keys = pool.block_keys(tokens, 3)
+    # the same keys from a numpy row (the request table's), and when extending known ones
+    assert pool.block_keys(np.array(tokens + [5, 6], np.int32), 3) == keys
+    assert pool.block_keys(tokens, 3, keys[:1]) == keys and pool.block_keys(tokens, 2) == keys[:2]
     blocks = pool.allocate(3)
     for b, k in zip(blocks, keys):
         pool.register(b, k)
