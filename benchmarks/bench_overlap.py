@@ -2,7 +2,7 @@
 kernels' fixed costs under the other half's attention?
 
 On the Qwen3-0.6B shape (dummy weights) at ragged contexts, each variant's forward +
-logits is captured in one CUDA graph and timed (median of replays):
+logits is captured in one CUDA graph and timed (median of replays, `cuda_timing.time_graph`):
   one        the whole batch, one stream (what the engine runs);
   halves     two halves on two streams, forked and joined inside the graph;
   staggered  the same, with half B's layer i waiting for half A's layer i, so the
@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
@@ -54,33 +55,6 @@ def layer_loop(model, half: Half, kv_caches, wait=None, signal=None):
             signal(i)
     x, _ = fused_add_rms_norm(x, residual, model.norm.weight, model.config.rms_norm_eps)
     return model.compute_logits(x)
-
-
-def capture(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-def time_graph(graph, reps: int = 30) -> float:
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def run_case(engine, bs: int, rng) -> dict:
@@ -118,12 +92,11 @@ def run_case(engine, bs: int, rng) -> dict:
             cur.wait_stream(s_b)
         return fn
 
-    graphs = {"one": capture(lambda: layer_loop(model, full, kv)), "halves": capture(two(False)),
-              "staggered": capture(two(True))}
-    times = {name: [] for name in graphs}
+    variants = {"one": lambda: layer_loop(model, full, kv), "halves": two(False), "staggered": two(True)}
+    times = {name: [] for name in variants}
     for _ in range(3):  # interleaved rounds: clock drift hits every variant alike
-        for name, g in graphs.items():
-            times[name].append(time_graph(g))
+        for name, fn in variants.items():
+            times[name].append(time_graph([fn], iters=30))
     kv_bytes = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 2 * int(ctx.sum())
     return {"batch": bs, "mean_context": float(ctx.mean()), "kv_gb": kv_bytes / 1e9,
             "ms": {name: statistics.median(v) for name, v in times.items()}}

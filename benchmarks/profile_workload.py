@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from profile_step import kind_of  # noqa: E402
 
 from slipstream.bench.report import write_json  # noqa: E402
-from slipstream.bench.throughput import COPY_BANDWIDTH, MATMUL_RATE, STEP_BUCKETS  # noqa: E402
+from slipstream.bench.throughput import COPY_BANDWIDTH, MATMUL_RATE, StepCosts, step_group  # noqa: E402
 from slipstream.bench.timeline import Timeline  # noqa: E402
 from slipstream.bench.workloads import get_workload  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
@@ -32,22 +32,10 @@ from slipstream.engine import LLMEngine  # noqa: E402
 from slipstream.sampling_params import SamplingParams  # noqa: E402
 
 
-def group_of(num_tokens: int, num_samples: int) -> str:
-    if num_tokens > num_samples:
-        return "with prefill"
-    lo, hi = next(r for r in STEP_BUCKETS if r[0] <= num_tokens <= r[1])
-    return f"decode {lo}-{hi}"
-
-
-def part_floors(c, elem: int, batch) -> tuple[float, float]:
+def part_floors(costs: StepCosts, batch) -> tuple[float, float]:
     """(attention floor, GEMM floor) of one batch, in microseconds."""
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    matmul = c.num_layers * (c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size)
-    head = c.vocab_size * c.hidden_size
-    kv_bytes = 2 * c.num_layers * kv * elem * (batch.context_tokens + batch.num_tokens)
-    gemm_bytes = (matmul + head) * elem
-    gemm_flops = 2 * matmul * batch.num_tokens + 2 * head * batch.num_samples
-    return 1e6 * kv_bytes / COPY_BANDWIDTH, 1e6 * max(gemm_bytes / COPY_BANDWIDTH, gemm_flops / MATMUL_RATE)
+    gemm = max(costs.weight_bytes / COPY_BANDWIDTH, costs.matmul_flops(batch) / MATMUL_RATE)
+    return 1e6 * costs.kv_bytes(batch) / COPY_BANDWIDTH, 1e6 * gemm
 
 
 def kernel_times(prof) -> dict[str, list[float]]:
@@ -73,7 +61,7 @@ def profile_workload(name: str, every: int, device: str = "cuda") -> list[dict]:
     engine.loop.timeline = timeline
     for prompt, params in zip(workload.prompts, workload.params):
         engine.add_request(prompt, params)
-    elem = torch.empty((), dtype=engine.dtype).element_size()
+    costs = StepCosts.of(engine.model_config, engine.dtype)
     steps, index = [], 0
     activities = [torch.profiler.ProfilerActivity.CUDA if engine.device.type == "cuda"
                   else torch.profiler.ProfilerActivity.CPU]  # CPU: a smoke run, no kernels
@@ -90,8 +78,8 @@ def profile_workload(name: str, every: int, device: str = "cuda") -> list[dict]:
         index += 1
         if probe and len(timeline.batches) > before:
             b = timeline.batches[-1]
-            attn_floor, gemm_floor = part_floors(engine.model_config, elem, b)
-            steps.append(dict(group=group_of(b.num_tokens, b.num_samples), num_tokens=b.num_tokens,
+            attn_floor, gemm_floor = part_floors(costs, b)
+            steps.append(dict(group=step_group(b), num_tokens=b.num_tokens,
                               attn_floor_us=attn_floor, gemm_floor_us=gemm_floor,
                               kinds={k: v for k, v in kernel_times(prof).items()}))
     return steps

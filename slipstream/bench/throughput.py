@@ -72,27 +72,54 @@ def measure_ceilings(device: torch.device) -> tuple[float, float]:
     return bw, rate
 
 
+@dataclass(frozen=True)
+class StepCosts:
+    """What one step of a model moves and computes, by part (design brief §5)."""
+    weight_bytes: int  # every matmul weight and the LM head, read once a step
+    kv_bytes_per_token: int  # K and V of one token over all layers
+    matmul_params: int  # per token: 2 x this many flops
+    head_params: int  # per sampled row
+    attention_flops_per_pair: int  # per (query token, context position) pair
+
+    @classmethod
+    def of(cls, c, dtype: torch.dtype) -> "StepCosts":
+        elem = torch.empty((), dtype=dtype).element_size()
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        layer_params = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+        matmul_params = c.num_layers * layer_params
+        head_params = c.vocab_size * c.hidden_size
+        return cls((matmul_params + head_params) * elem, 2 * c.num_layers * kv * elem, matmul_params,
+                   head_params, 4 * c.num_layers * q)
+
+    def kv_bytes(self, b) -> int:
+        """KV read and written by batch `b` (a BatchStats)."""
+        return self.kv_bytes_per_token * (b.context_tokens + b.num_tokens)
+
+    def matmul_flops(self, b) -> int:
+        return 2 * self.matmul_params * b.num_tokens + 2 * self.head_params * b.num_samples
+
+
 def step_floors(timeline: Timeline, model_config, dtype: torch.dtype,
                 bandwidth: float = COPY_BANDWIDTH, rate: float = MATMUL_RATE) -> list[float]:
     """The floor of each batch of `timeline.batches`, in seconds."""
-    c = model_config
-    elem = torch.empty((), dtype=dtype).element_size()
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    layer_params = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
-    matmul_params = c.num_layers * layer_params
-    head_params = c.vocab_size * c.hidden_size
-    weight_bytes = (matmul_params + head_params) * elem
-    kv_bytes_per_token = 2 * c.num_layers * kv * elem
+    costs = StepCosts.of(model_config, dtype)
     floors = []
     for b in timeline.batches:
-        bytes_moved = weight_bytes + kv_bytes_per_token * (b.context_tokens + b.num_tokens)
-        flops = (2 * matmul_params * b.num_tokens + 2 * head_params * b.num_samples
-                 + 4 * c.num_layers * q * b.attention_pairs)
+        bytes_moved = costs.weight_bytes + costs.kv_bytes(b)
+        flops = costs.matmul_flops(b) + costs.attention_flops_per_pair * b.attention_pairs
         floors.append(max(bytes_moved / bandwidth, flops / rate))
     return floors
 
 
 STEP_BUCKETS = ((1, 16), (17, 64), (65, 128), (129, 256), (257, 1 << 30))
+
+
+def step_group(b) -> str:
+    """The group of batch `b` in breakdowns: "with prefill", or decode by batch size."""
+    if b.num_tokens > b.num_samples:
+        return "with prefill"
+    lo, hi = next(r for r in STEP_BUCKETS if r[0] <= b.num_tokens <= r[1])
+    return f"decode {lo}-{hi}" if hi < 1 << 30 else f"decode >={lo}"
 
 
 def step_breakdown(timeline: Timeline, floors: list[float]) -> list[dict]:
@@ -108,11 +135,7 @@ def step_breakdown(timeline: Timeline, floors: list[float]) -> list[dict]:
     groups: dict[str, list[float]] = {}
     prev_end = None
     for b, floor in sorted(zip(timeline.batches, floors), key=lambda bf: compute.get(bf[0].batch_id, (0, 0))):
-        if b.num_tokens > b.num_samples:
-            label = "with prefill"
-        else:
-            lo, hi = next(r for r in STEP_BUCKETS if r[0] <= b.num_tokens <= r[1])
-            label = f"decode {lo}-{hi}" if hi < 1 << 30 else f"decode >={lo}"
+        label = step_group(b)
         start, end = compute.get(b.batch_id, (None, None))
         g = groups.setdefault(label, [0, 0.0, 0.0, 0.0, 0.0])
         g[0] += 1

@@ -98,10 +98,14 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int,
     min_chunk tokens.  Pure function of host ints (CUDA-graph safe)."""
     if cfg.num_splits is not None:
         return max(1, int(cfg.num_splits))
-    min_chunk = max(cfg.min_chunk, cfg.block_n)
-    by_len = triton.cdiv(max(max_seq_len, 1), min_chunk)
+    by_len = _splits_by_length(max_seq_len, cfg)
     by_occupancy = (cfg.ctas_per_sm * num_sms) // max(num_seqs * num_kv_heads, 1)
     return max(1, min(by_len, by_occupancy, cfg.max_splits))
+
+
+def _splits_by_length(max_seq_len: int, cfg: DecodeConfig) -> int:
+    """The most splits a row of max_seq_len tokens can use: one per min_chunk."""
+    return triton.cdiv(max(max_seq_len, 1), max(cfg.min_chunk, cfg.block_n))
 
 
 def decode_split_options(num_seqs: int, num_kv_heads: int, max_seq_len: int, cfg: DecodeConfig,
@@ -115,9 +119,8 @@ def decode_split_options(num_seqs: int, num_kv_heads: int, max_seq_len: int, cfg
     if cfg.num_splits is not None:
         return (max(1, int(cfg.num_splits)),)
     base = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, cfg, num_sms)
-    by_len = triton.cdiv(max(max_seq_len, 1), max(cfg.min_chunk, cfg.block_n))
     two_waves = triton.cdiv(2 * cfg.ctas_per_sm * num_sms, max(num_seqs * num_kv_heads, 1))
-    ragged = max(1, min(two_waves, by_len, cfg.max_splits))
+    ragged = max(1, min(two_waves, _splits_by_length(max_seq_len, cfg), cfg.max_splits))
     return (base,) if ragged == base else (base, ragged)
 
 
@@ -278,8 +281,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     `paged_attention_ref`.  Writes into `out` (same shape/dtype as q) if given.
 
     `num_splits` forces the decode split count (otherwise `meta.num_splits`, then
-    `decode_config.num_splits`, then the heuristic `choose_num_splits`).  `batch_invariant` sends decode batches to the
-    prefill kernel too: its result for a query token depends only on that token's q and
+    `decode_config.num_splits`, then the heuristic `choose_num_splits`).
+    `batch_invariant` sends decode batches to the prefill kernel too: its result for a query token depends only on that token's q and
     context (KV tiles from position 0, fixed order), not on the batch, the split count or
     the chunking of a prompt.
     """
@@ -296,26 +299,22 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     if meta.num_seqs == 0:
         return out.zero_()
-    if num_splits is None:
-        num_splits = meta.num_splits
+    decode_cfg = decode_config or DEFAULT_DECODE_CONFIG
+    num_splits = num_splits if num_splits is not None else meta.num_splits
+    if num_splits is not None:
+        decode_cfg = replace(decode_cfg, num_splits=num_splits)
+    prefill_cfg = prefill_config or DEFAULT_PREFILL_CONFIG
     if meta.max_query_len <= 1 and not batch_invariant:
-        cfg = decode_config or DEFAULT_DECODE_CONFIG
-        if num_splits is not None:
-            cfg = replace(cfg, num_splits=num_splits)
-        _decode(q, k_cache, v_cache, meta, scale, out, cfg)
+        _decode(q, k_cache, v_cache, meta, scale, out, decode_cfg)
     elif meta.num_decode and not batch_invariant and meta.decode_order is not None \
             and meta.split_counters is not None:
         # a mixed batch: its single-token rows read their whole context, which the split-KV
         # decode kernel streams at full bandwidth; the prefill kernel would give each one
         # program per KV head
-        _prefill(q, k_cache, v_cache, meta, scale, out, prefill_config or DEFAULT_PREFILL_CONFIG,
-                 skip_single=True)
-        cfg = decode_config or DEFAULT_DECODE_CONFIG
-        if num_splits is not None:
-            cfg = replace(cfg, num_splits=num_splits)
-        _decode(q, k_cache, v_cache, meta, scale, out, cfg, num_rows=meta.num_decode)
+        _prefill(q, k_cache, v_cache, meta, scale, out, prefill_cfg, skip_single=True)
+        _decode(q, k_cache, v_cache, meta, scale, out, decode_cfg, num_rows=meta.num_decode)
     else:
-        _prefill(q, k_cache, v_cache, meta, scale, out, prefill_config or DEFAULT_PREFILL_CONFIG)
+        _prefill(q, k_cache, v_cache, meta, scale, out, prefill_cfg)
     return out
 
 

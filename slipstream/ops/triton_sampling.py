@@ -15,8 +15,8 @@ the row maximum (min-p needs it before any token can be judged).
 Chunk skipping: the noise g is bounded (-2.86 < g < 17.4, see `sampler._G_MAX`), so a
 chunk whose best kept scaled value s satisfies s + 32 < s_run - 3, where s_run is the
 largest kept scaled value seen so far, cannot hold the winner, and its noise is never
-computed (the test of `sampler.sample_ref`'s candidates). Rounding is monotone, so this never changes
-the result (|scaled| < 2**28). Peaked distributions skip almost every chunk.
+computed (the test of `sampler.sample_ref`'s candidates). Rounding is monotone, so this
+never changes the result (|scaled| < 2**28). Peaked distributions skip almost every chunk.
 
 No host syncs; the grid depends only on shapes: CUDA-graph safe.
 """
