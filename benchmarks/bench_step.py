@@ -5,7 +5,8 @@
    (weights + KV bytes) / copy bandwidth.
 2. A prefill of 8 x 2048 tokens (eager forward + logits), in TFLOP/s against the
    measured bf16 matmul rate.
-3. VRAM of the CUDA-graph pool with the graphs of one slot, then of both slots.
+3. VRAM of the CUDA-graph pool with the graphs of one slot, then of both slots (decode
+   graphs up to the batch, mixed-step graphs up to 2,048 tokens).
 
 Usage: python benchmarks/bench_step.py [--out DIR]
 """
@@ -26,7 +27,7 @@ from slipstream.bench.throughput import measure_ceilings  # noqa: E402
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.engine import LLMEngine  # noqa: E402
-from slipstream.runner.graphs import DecodeGraphs, capture_sizes  # noqa: E402
+from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_token_sizes  # noqa: E402
 from slipstream.runner.inputs import StepShape, sampling_scalars  # noqa: E402
 from slipstream.sampler import SamplerFlags  # noqa: E402
 
@@ -35,7 +36,7 @@ MiB = 1 << 20
 
 def fill_decode(runner, slot, bs: int, ctx: int) -> None:
     """A decode batch of `bs` rows at context `ctx` (greedy), each row on its own blocks."""
-    runner.fill_padding(slot, bs)  # neutral sampling parameters, no carry-over
+    runner.fill_padding(slot, decode_shape(runner, bs))  # neutral sampling parameters, no carry-over
     h, bsz = slot.host, runner.block_size
     per_seq = -(-ctx // bsz)
     h.input_ids[:bs] = np.random.default_rng(0).integers(0, 128000, bs)
@@ -46,6 +47,10 @@ def fill_decode(runner, slot, bs: int, ctx: int) -> None:
     h.seq_lens[:bs] = ctx
     slot.upload(bs)
     torch.cuda.synchronize()
+
+
+def decode_shape(runner, bs: int) -> StepShape:
+    return StepShape(bs, bs, bs, 1, runner.max_model_len, SamplerFlags(False, False, 0), True)
 
 
 def fill_prefill(runner, slot, num_seqs: int, length: int) -> StepShape:
@@ -102,7 +107,7 @@ def main() -> int:
     res: dict = {"env": environment(), "copy_bandwidth": bw, "matmul_rate": rate}
 
     # 3. VRAM of the graph pool: one slot's graphs, then both slots'.
-    graphs = DecodeGraphs(capture_sizes(args.batch), runner.max_model_len)
+    graphs = StepGraphs(capture_sizes(args.batch), mixed_token_sizes(2048), args.batch, runner.max_model_len)
     torch.cuda.synchronize()
     base = torch.cuda.memory_reserved()
     graphs.capture_all(runner, slots=[runner.slots[0]])
@@ -121,7 +126,7 @@ def main() -> int:
         v_cache.normal_()
     slot = runner.slots[0]
     fill_decode(runner, slot, args.batch, args.context)
-    shape = StepShape(args.batch, args.batch, args.batch, 1, runner.max_model_len, SamplerFlags(False, False, 0), True)
+    shape = decode_shape(runner, args.batch)
     step = time_fn(lambda: graphs.replay(0, shape), 30)
     elem = 2
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim

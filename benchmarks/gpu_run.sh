@@ -35,6 +35,7 @@ run() {  # run NAME TIMEOUT CMD...
   timeout "$t" "$@" 2>&1 | tee "$RES/$name.log" | tail -n 40 >> "$LOG"
   local rc=${PIPESTATUS[0]}
   echo "=== $name rc=$rc in $((SECONDS - start)) s" | tee -a "$LOG"
+  tar -czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null  # after every stage: a call cut short keeps its results
 }
 
 for stage in "$@"; do

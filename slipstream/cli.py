@@ -22,6 +22,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="overlap CPU scheduling with GPU compute (default on CUDA)")
     g.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--cuda-graph-max-tokens", type=int, default=None,
+                   help="largest prefill/mixed step run as a CUDA graph (default "
+                        "--max-num-batched-tokens; 0: those steps run eagerly)")
     g.add_argument("--batch-invariant", action="store_true",
                    help="results independent of batch composition (slower; GPU)")
 
@@ -32,7 +35,8 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
                 max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
                 gpu_memory_utilization=a.gpu_memory_utilization,
                 enable_prefix_caching=a.enable_prefix_caching, async_scheduling=a.async_scheduling,
-                enforce_eager=a.enforce_eager, batch_invariant=a.batch_invariant)
+                enforce_eager=a.enforce_eager, cuda_graph_max_tokens=a.cuda_graph_max_tokens,
+                batch_invariant=a.batch_invariant)
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:

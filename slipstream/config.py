@@ -25,6 +25,10 @@ class EngineConfig:
     async_scheduling: bool | None = None  # default: True on CUDA, False on CPU
     enforce_eager: bool = False  # CUDA graphs off
     cuda_graph_max_batch: int | None = None  # largest captured decode batch (default max_num_seqs)
+    # largest captured prefill/mixed step in tokens (default max_num_batched_tokens; 0: such
+    # steps run eagerly); those graphs pad rows to max_num_seqs, so they need
+    # cuda_graph_max_batch >= max_num_seqs
+    cuda_graph_max_tokens: int | None = None
     seed: int = 0  # draws the seeds of requests that bring none
     trace: bool = False  # record a CPU/GPU timeline of every batch
     debug_kv: bool = False  # check that no block is freed while an in-flight batch uses it
@@ -47,6 +51,8 @@ class EngineConfig:
             _positive_int("num_kv_blocks", self.num_kv_blocks)
         if self.cuda_graph_max_batch is not None:
             _positive_int("cuda_graph_max_batch", self.cuda_graph_max_batch)
+        if self.cuda_graph_max_tokens is not None and self.cuda_graph_max_tokens != 0:
+            _positive_int("cuda_graph_max_tokens", self.cuda_graph_max_tokens)
         if not (0.0 < self.gpu_memory_utilization <= 1.0):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if not self.cpu_kv_cache_gib > 0:

@@ -56,7 +56,10 @@ class LLMEngine:
             max_model_len=self.max_model_len, block_size=config.block_size,
             num_kv_blocks=config.num_kv_blocks, gpu_memory_utilization=config.gpu_memory_utilization,
             cpu_kv_cache_gib=config.cpu_kv_cache_gib, use_cuda_graphs=not config.enforce_eager,
-            cuda_graph_max_batch=config.cuda_graph_max_batch or config.max_num_seqs, trace=config.trace)
+            cuda_graph_max_batch=config.cuda_graph_max_batch or config.max_num_seqs,
+            cuda_graph_max_tokens=(config.max_num_batched_tokens if config.cuda_graph_max_tokens is None
+                                   else config.cuda_graph_max_tokens),
+            trace=config.trace)
         self.runner = ModelRunner(self.model, self.model_config, opts, self.device, self.dtype)
         self.table = RequestTable(config.max_num_seqs, self.max_model_len, config.block_size)
         self.pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,

@@ -45,6 +45,10 @@ class ScheduledBatch:
         return len(self.requests)
 
     @property
+    def num_tokens(self) -> int:
+        return int(self.num_new.sum())
+
+    @property
     def is_decode_only(self) -> bool:
         return bool((self.num_new == 1).all()) and len(self.sampled) == len(self.requests)
 

@@ -3,7 +3,10 @@ the CPU where streams and events are no-ops but the one-step-ahead control flow 
 import pytest
 from async_mix import make_tokenized_tiny_llama, mix, run_mix
 
+import slipstream.runner.model_runner as runner_module
 from slipstream import LLM
+from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_token_sizes
+from slipstream.runner.inputs import StepPad
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +45,47 @@ def test_async_drops_the_token_drawn_after_a_stop(tokenized_tiny):
                                                    stop_token_ids=[first.token_ids[1]]))[0]
     assert out.token_ids == first.token_ids[:2] and out.finish_reason == "stop"
     assert llm.engine.loop.num_batches > 3  # the pipeline did run ahead
+
+
+class _PadOnly(StepGraphs):
+    """StepGraphs' padding without CUDA: every batch that fits a size is padded like a graph
+    batch, and (no graph being captured) runs eagerly with the padded shapes."""
+
+    def __init__(self, decode_sizes, mixed_sizes, mixed_seqs):  # no CUDA pool
+        self.decode_sizes, self.mixed_sizes, self.mixed_seqs = decode_sizes, mixed_sizes, mixed_seqs
+        self.graphs = {}
+
+
+def test_graph_padding_changes_no_output(tokenized_tiny):
+    """Decode batches padded to a graph's rows and mixed batches padded to its tokens and
+    max_num_seqs rows (padding rows own no token) give the unpadded outputs, sync and async."""
+    reqs = mix(tokenized_tiny)
+    common = dict(device="cpu", max_model_len=256, num_kv_blocks=24, max_num_batched_tokens=64,
+                  max_num_seqs=12, debug_kv=True)
+    plain = run_mix(LLM(tokenized_tiny, async_scheduling=False, **common), reqs)
+    mixed_sizes = mixed_token_sizes(64, smallest=16)
+    assert mixed_sizes == [16, 32, 48, 64]
+    for async_scheduling in (False, True):
+        llm = LLM(tokenized_tiny, async_scheduling=async_scheduling, **common)
+        runner = llm.engine.runner
+        runner.graphs = _PadOnly(capture_sizes(12), mixed_sizes, 12)
+        shapes = []
+        fill = runner_module.fill_inputs
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(runner_module, "fill_inputs", lambda *a: shapes.append(fill(*a)) or shapes[-1])
+            assert run_mix(llm, reqs) == plain
+        mixed = [s for s in shapes if s.padded and not s.is_decode]
+        assert mixed and [s for s in shapes if s.padded and s.is_decode]
+        assert all(s.num_seqs == 12 and s.num_tokens in mixed_sizes for s in mixed)
+        assert any(s.num_tokens > 16 for s in mixed)
+
+
+def test_graph_sizes_and_padding():
+    assert mixed_token_sizes(8192) == [512, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
+    assert mixed_token_sizes(1000) == [512, 1000] and mixed_token_sizes(0) == []
+    graphs = _PadOnly(capture_sizes(12), [16, 32, 48, 64], 12)
+    assert graphs.decode_sizes == [1, 2, 4, 8, 12]
+    assert graphs.padding(5, 5, decode=True) == StepPad(8, 8)
+    assert graphs.padding(13, 13, decode=True) is None  # larger than any decode graph
+    assert graphs.padding(17, 3, decode=False) == StepPad(32, 12)  # rows padded to max_num_seqs
+    assert graphs.padding(65, 3, decode=False) is None  # more tokens than any mixed graph

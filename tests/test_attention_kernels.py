@@ -284,21 +284,26 @@ def test_mixed(num_kv_heads, group, block_size, dtype):
 MIXED_WITH_DECODES = [(20, 20), (70, 1), (9, 1), (0, 1), (33, 33), (1, 1), (48, 17), (64, 1)]
 
 
-def _split_decode_rows(meta):
-    # the runner's way (runner/inputs._single_token_rows): single-token rows, longest first
+def _split_decode_rows(meta, graph_layout=False):
+    # the runner's way (runner/inputs._single_token_rows): single-token rows, longest first,
+    # then the others; a mixed CUDA graph's decode kernel covers every row (num_decode = all)
     qsl, lens = meta.query_start_loc.cpu(), meta.seq_lens.cpu()
-    single = torch.nonzero((qsl[1:] - qsl[:-1]) == 1).flatten()
+    is_single = (qsl[1:] - qsl[:-1]) == 1
+    single = torch.nonzero(is_single).flatten()
     single = single[torch.argsort(-lens[single], stable=True)]
-    order = torch.zeros(meta.num_seqs, dtype=torch.int32)
-    order[:len(single)] = single.to(torch.int32)
-    return replace(meta, decode_order=order.to(meta.seq_lens.device), num_decode=len(single))
+    order = torch.cat([single, torch.nonzero(~is_single).flatten()]).to(torch.int32)
+    num_decode = meta.num_seqs if graph_layout else len(single)
+    return replace(meta, decode_order=order.to(meta.seq_lens.device), num_decode=num_decode)
 
 
-@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.float32, 3), (torch.bfloat16, 2)])
-def test_mixed_decode_rows_take_the_decode_kernel(dtype, splits, monkeypatch):
-    q, k_cache, v_cache, meta = make_batch(MIXED_WITH_DECODES, 2, 2, 32, 8, dtype, seed=31, extra_tokens=2)
-    meta = _split_decode_rows(meta)
-    assert meta.num_decode == 5
+@pytest.mark.parametrize("dtype,splits,graph_layout", [(torch.float32, 1, False), (torch.float32, 3, False),
+                                                       (torch.bfloat16, 2, False), (torch.float32, 3, True)])
+def test_mixed_decode_rows_take_the_decode_kernel(dtype, splits, graph_layout, monkeypatch):
+    seqs = MIXED_WITH_DECODES + ([(0, 0), (0, 0)] if graph_layout else [])  # graph padding rows
+    q, k_cache, v_cache, meta = make_batch(seqs, 2, 2, 32, 8, dtype, seed=31, extra_tokens=2)
+    meta = _split_decode_rows(meta, graph_layout)
+    num_rows = len(seqs) if graph_layout else 5
+    assert meta.num_decode == num_rows
     scale = 32 ** -0.5
     expected = paged_attention_ref(q, k_cache, v_cache, meta, scale)
     launched = []
@@ -310,7 +315,7 @@ def test_mixed_decode_rows_take_the_decode_kernel(dtype, splits, monkeypatch):
     ta.paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out, decode_config=SMALL_DECODE,
                               prefill_config=SMALL_PREFILL, num_splits=splits)
     assert [n for n, _ in launched] == ["_prefill", "_decode"]
-    assert launched[0][1] == {"skip_single": True} and launched[1][1] == {"num_rows": 5}
+    assert launched[0][1] == {"skip_single": True} and launched[1][1] == {"num_rows": num_rows}
     atol, rtol = tolerances(dtype)
     torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
     assert (out[int(meta.query_start_loc[-1]):] == 0).all()

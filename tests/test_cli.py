@@ -41,6 +41,7 @@ def test_batch_job_bad_lines_fail_alone(tmp_path):
     (["generate", "--device", "cpu", "--max-tokens", "0", "hi"], "max_tokens"),
     (["generate", "--device", "cpu"], "give a prompt argument"),
     (["generate", "--device", "cpu", "--max-num-seqs", "0", "hi"], "max_num_seqs"),
+    (["generate", "--device", "cpu", "--cuda-graph-max-tokens", "-5", "hi"], "cuda_graph_max_tokens"),
 ])
 def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
     assert main(argv) == 2
@@ -53,6 +54,9 @@ def test_engine_config_names_the_bad_option():
     with pytest.raises(ValueError, match=r"unknown engine option\(s\) \['batch_invariantt'\]"):
         EngineConfig.from_kwargs(batch_invariantt=True)
     assert EngineConfig.from_kwargs(batch_invariant=True).batch_invariant
+    assert EngineConfig(cuda_graph_max_tokens=0).cuda_graph_max_tokens == 0  # 0: mixed steps eager
+    with pytest.raises(ValueError, match="cuda_graph_max_tokens must be a positive integer"):
+        EngineConfig(cuda_graph_max_tokens=1.5)
 
 
 def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypatch, capsys):

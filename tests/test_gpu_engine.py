@@ -18,6 +18,13 @@ def prompts_for(tokenizer) -> list[list[int]]:
     return [chat, tokenizer.encode("The history of the Roman Empire"), tokenizer.encode("import numpy as np\n")]
 
 
+def assert_graphs_replayed(llm, both_slots=False) -> None:
+    """Decode graphs replayed (on both IO slots), and mixed-step graphs too."""
+    replays = llm.engine.runner.graph_replays
+    assert (min if both_slots else sum)(replays["decode"]) > 0, replays
+    assert sum(replays["mixed"]) > 0, replays
+
+
 def test_smollm2_fp32_gpu_equals_cpu_engine():
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     cpu = LLM(device="cpu", max_model_len=512)
@@ -27,7 +34,7 @@ def test_smollm2_fp32_gpu_equals_cpu_engine():
         gpu = LLM(device="cuda", dtype="float32", max_model_len=512, max_num_seqs=8,
                   async_scheduling=async_scheduling)
         assert [o.token_ids for o in gpu.generate(prompts, params)] == ref
-        assert sum(gpu.engine.runner.graph_replays) > 0
+        assert_graphs_replayed(gpu)
         del gpu
         torch.cuda.empty_cache()
 
@@ -41,6 +48,7 @@ def test_tiny_fp32_gpu_equals_cpu_engine(tiny_model, kind):
     ref = [o.token_ids for o in LLM(folder, device="cpu", max_model_len=256).generate(prompts, params)]
     gpu = LLM(folder, device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8)
     assert [o.token_ids for o in gpu.generate(prompts, params)] == ref
+    assert_graphs_replayed(gpu)
 
 
 def bf16_logits_vs_transformers(model, hf, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +106,7 @@ def test_async_equals_sync_on_the_mixed_workload_with_graphs_on_both_slots(token
     assert got == run_mix(asyn, reqs)
     assert {r for _, _, r in got.values()} == {"stop", "length", "abort"}
     for llm in (sync, asyn):
-        assert min(llm.engine.runner.graph_replays) > 0, llm.engine.runner.graph_replays
+        assert_graphs_replayed(llm, both_slots=True)
         assert llm.engine.scheduler.num_preemptions > 0
 
 
@@ -123,7 +131,7 @@ def test_async_equals_sync_smollm2_bf16(temperature):
     asyn = [o.token_ids for o in llm.generate(prompts, params)]
     same = sum(a == b for a, b in zip(sync, asyn))
     assert same == len(prompts), f"{same}/{len(prompts)} identical"
-    assert min(llm.engine.runner.graph_replays) > 0
+    assert_graphs_replayed(llm, both_slots=True)
 
 
 QUESTIONS = ["What is the capital of France?", "Name three colours.", "What is 2 + 2?",
@@ -150,4 +158,4 @@ def test_async_equals_sync_smollm2_bf16_batch_invariant(temperature):
     assert {r for _, r in sync} == {"stop", "length"}
     same = sum(a == b for a, b in zip(sync, asyn))
     assert same == len(convs), f"{same}/{len(convs)} identical"
-    assert min(llm.engine.runner.graph_replays) > 0
+    assert_graphs_replayed(llm, both_slots=True)

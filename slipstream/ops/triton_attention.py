@@ -20,9 +20,10 @@ Kernels
   split writes a normalised partial output and its log-sum-exp (base 2), and the last split
   of a (row, KV head) to finish merges them (an atomic counter in `meta.split_counters`,
   reset by that program) -- or, without counters, `_decode_reduce_kernel` does.
-* Mixed batches with `meta.num_decode > 0`: the decode kernel takes the single-token rows
-  listed first in `meta.decode_order` (grid over those rows only) and the prefill kernel
-  skips them (`SKIP_SINGLE`).
+* Mixed batches with `meta.num_decode > 0`: the decode kernel takes the first num_decode
+  rows of `meta.decode_order`, where the single-token rows come first, and skips any that
+  has not exactly one query token (`SINGLE_ONLY`: a mixed CUDA graph covers every row);
+  the prefill kernel skips the single-token rows (`SKIP_SINGLE`).
 * Prefill / mixed (`meta.max_query_len > 1`): `_prefill_kernel`, grid
   (num_tokens // BLOCK_Q + num_seqs, num_kv_heads).  Sequence s owns the program ids
   [query_start_loc[s] // BLOCK_Q + s, ...) (an increasing sequence whose total is bounded
@@ -236,7 +237,8 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: 
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
-        MERGE=merge, IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        MERGE=merge, SINGLE_ONLY=subset, IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     if split and not merge:
         assert not subset, "a row subset needs split_counters (the reduce pass runs over every row)"
         _decode_reduce_kernel[(num_seqs, num_kv_heads)](

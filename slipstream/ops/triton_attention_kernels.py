@@ -143,7 +143,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
                    SPLIT: tl.constexpr, HAS_ORDER: tl.constexpr, MERGE: tl.constexpr,
-                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                   SINGLE_ONLY: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -163,6 +163,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
     q_end = tl.load(qsl_ptr + seq + 1)
     if q_end <= q_tok:
         return  # no query token in this row
+    if SINGLE_ONLY:
+        if q_end - q_tok != 1:
+            return  # a mixed batch's prefill row: the prefill kernel's
     seq_len = tl.load(seq_lens_ptr + seq)
     chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
     start = split * chunk

@@ -1,13 +1,19 @@
-"""CUDA graphs of decode steps: one per (slot, padded batch size, sampler variant, decode
-split count).
+"""CUDA graphs of whole steps, decode and mixed.
+
+* Decode steps: one graph per (slot, padded batch size, sampler variant, decode split
+  count).  The decode attention's split count is a launch shape, so a batch size whose
+  best split count depends on how ragged the rows are gets a graph per candidate
+  (`split_options`), and the runner picks one per step from the rows' lengths.
+* Steps with prompt tokens (prefill / mixed): one graph per (slot, padded token count,
+  sampler variant), every row count padded to `mixed_seqs`.  Eager, such a step is ~350
+  launches; on a slow host their CPU time exceeded the 0.6B model's GPU time
+  (docs/kernel-notes.md).  Padding tokens and rows cost GPU time, so the token sizes are
+  ~1.5x apart.
 
 A graph binds buffer addresses, so each IO slot gets its own graphs.  All of them are
 captured into one shared memory pool: they never run at the same time (one compute
 stream), and everything they keep lives in static buffers allocated outside capture,
-so their scratch memory can overlap and VRAM stays flat as slots are added.  The decode
-attention's split count is a launch shape, so a batch size whose best split count depends
-on how ragged the rows are gets a graph per candidate (`split_options`), and the runner
-picks one per step from the rows' lengths.
+so their scratch memory can overlap and VRAM stays flat as slots are added.
 """
 from __future__ import annotations
 
@@ -15,39 +21,57 @@ from collections.abc import Callable
 
 import torch
 
-from slipstream.runner.inputs import StepShape
+from slipstream.runner.inputs import StepPad, StepShape
 from slipstream.sampler import SamplerFlags
 
 
 def capture_sizes(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 8 up to max_batch (and max_batch itself)."""
+    """Decode batch sizes: 1, 2, 4, 8, then every multiple of 8 up to max_batch (and
+    max_batch itself)."""
     sizes = [s for s in (1, 2, 4) if s < max_batch] + list(range(8, max_batch + 1, 8))
     if not sizes or sizes[-1] != max_batch:
         sizes.append(max_batch)
     return sizes
 
 
-class DecodeGraphs:
+def mixed_token_sizes(max_tokens: int, smallest: int = 512) -> list[int]:
+    """Token counts of mixed-step graphs: 512, 1024, 1536, 2048, 3072, 4096, 6144, ...
+    (powers of two and 1.5x them) below max_tokens, and max_tokens itself."""
+    sizes, p = [], smallest
+    while p < max_tokens:
+        sizes += [s for s in (p, p * 3 // 2) if s < max_tokens and s % smallest == 0]
+        p *= 2
+    return sorted(set(sizes)) + [max_tokens] if max_tokens > 0 else []
+
+
+class StepGraphs:
     VARIANTS = (SamplerFlags(False, False, 0), SamplerFlags(True, False, 0))
 
-    def __init__(self, sizes: list[int], max_seq_len: int,
-                 split_options: Callable[[int], tuple[int, ...]] | None = None) -> None:
-        self.sizes = sorted(sizes)
+    def __init__(self, decode_sizes: list[int], mixed_sizes: list[int], mixed_seqs: int,
+                 max_seq_len: int, split_options: Callable[[int], tuple[int, ...]] | None = None) -> None:
+        self.decode_sizes = sorted(decode_sizes)
+        self.mixed_sizes = sorted(mixed_sizes)
+        self.mixed_seqs = mixed_seqs
         self.max_seq_len = max_seq_len
         # batch size -> the decode split counts to capture (None: the kernel's heuristic only)
         self.split_options = split_options or (lambda size: (None,))
-        self.graphs: dict[tuple[int, int, bool, int | None], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle()
 
-    def padded_size(self, num_seqs: int) -> int | None:
-        for size in self.sizes:
-            if size >= num_seqs:
-                return size
-        return None
+    def padding(self, num_tokens: int, num_seqs: int, decode: bool) -> StepPad | None:
+        """The captured sizes a batch is padded to, or None (it runs eagerly)."""
+        if decode:
+            size = _first_at_least(self.decode_sizes, num_seqs)
+            return StepPad(size, size) if size is not None else None
+        size = _first_at_least(self.mixed_sizes, num_tokens)
+        if size is None or num_seqs > self.mixed_seqs:
+            return None
+        return StepPad(size, self.mixed_seqs)
 
     @staticmethod
-    def _key(slot_index: int, shape: StepShape) -> tuple[int, int, bool, int | None]:
-        return slot_index, shape.num_seqs, shape.flags.use_top_k_top_p, shape.decode_splits
+    def _key(slot_index: int, shape: StepShape) -> tuple:
+        return (slot_index, shape.is_decode, shape.num_tokens, shape.num_seqs,
+                shape.flags.use_top_k_top_p, shape.decode_splits)
 
     def can_replay(self, slot_index: int, shape: StepShape) -> bool:
         return (shape.padded and not shape.flags.use_penalties and not shape.flags.num_logprobs
@@ -57,21 +81,37 @@ class DecodeGraphs:
         self.graphs[self._key(slot_index, shape)].replay()
 
     def capture_all(self, runner, slots=None) -> None:
-        """Capture every graph, largest batch first so smaller ones reuse its pool memory."""
-        for size in reversed(self.sizes):
-            for slot in slots or runner.slots:
-                for flags in self.VARIANTS:
-                    for splits in self.split_options(size):
-                        self._capture(runner, slot, size, flags, splits)
+        """Capture every graph, the largest first so smaller ones reuse its pool memory."""
+        slots = slots or runner.slots
+        for size in reversed(self.mixed_sizes):
+            for flags in self.VARIANTS:
+                shape = StepShape(size, self.mixed_seqs, self.mixed_seqs, size, self.max_seq_len, flags,
+                                  padded=True, num_decode=self.mixed_seqs)
+                self._capture(runner, slots, shape)
+        for size in reversed(self.decode_sizes):
+            for flags in self.VARIANTS:
+                for splits in self.split_options(size):
+                    shape = StepShape(size, size, size, 1, self.max_seq_len, flags, padded=True,
+                                      decode_splits=splits)
+                    self._capture(runner, slots, shape)
 
-    def _capture(self, runner, slot, size: int, flags: SamplerFlags, splits: int | None) -> None:
-        shape = StepShape(size, size, size, 1, self.max_seq_len, flags, padded=True, decode_splits=splits)
-        runner.fill_padding(slot, size)
+    def _capture(self, runner, slots, shape: StepShape) -> None:
+        """One warm-up run (compiles kernels, sets up cuBLAS), then a graph per slot."""
         stream = runner.streams.compute
-        with torch.cuda.stream(stream):
-            runner.compute_step(slot, shape)  # warm-up: compiles kernels, sets up cuBLAS
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-            runner.compute_step(slot, shape)
-        self.graphs[self._key(slot.index, shape)] = graph
+        for i, slot in enumerate(slots):
+            runner.fill_padding(slot, shape)
+            if i == 0:
+                with torch.cuda.stream(stream):
+                    runner.compute_step(slot, shape)
+                torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                runner.compute_step(slot, shape)
+            self.graphs[self._key(slot.index, shape)] = graph
+
+
+def _first_at_least(sizes: list[int], n: int) -> int | None:
+    for size in sizes:
+        if size >= n:
+            return size
+    return None

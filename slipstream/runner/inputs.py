@@ -15,19 +15,37 @@ from slipstream.scheduler import ScheduledBatch
 
 @dataclass(frozen=True)
 class StepShape:
-    """Host-side sizes of a step; a CUDA graph is keyed by (slot, num_seqs, flags)."""
+    """Host-side sizes of a step; a CUDA graph is keyed by them (runner/graphs.py)."""
     num_tokens: int  # padded
     num_seqs: int  # padded
     num_samples: int  # padded
     max_query_len: int
     max_seq_len: int
     flags: SamplerFlags
-    padded: bool  # a decode batch padded to a captured graph size
+    padded: bool  # padded to the sizes of a captured graph
     num_decode: int = 0  # a mixed batch's single-token rows, listed first in decode_order
     decode_splits: int | None = None  # decode attention's split count (None: its heuristic)
 
+    @property
+    def is_decode(self) -> bool:
+        return self.max_query_len == 1
 
-def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad_to: int | None,
+    @property
+    def samples_every_token(self) -> bool:
+        """Token i is sample i for every i: the logits need no gather."""
+        return self.is_decode and self.num_samples == self.num_tokens
+
+
+@dataclass(frozen=True)
+class StepPad:
+    """The sizes a batch is padded to for a CUDA graph: a decode batch to `num_seqs` rows of
+    one token each (num_tokens == num_seqs), a mixed batch to `num_tokens` tokens and
+    `num_seqs` rows (padding rows own no token)."""
+    num_tokens: int
+    num_seqs: int
+
+
+def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad: StepPad | None,
                 graph_max_seq_len: int) -> StepShape:
     t = batch.table
     rows, start, n = batch.rows, batch.start, batch.num_new
@@ -73,25 +91,28 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad_to: int | None
         num_logprobs=batch.num_logprobs)
 
     max_query_len = int(n.max())
-    if pad_to is None:
+    if pad is None:
         num_decode = 0
         if max_query_len == 1:
             _decode_order(host, B)
         else:
-            num_decode = _single_token_rows(host, n)
+            num_decode = _single_token_rows(host, n, B)
         sampling_scalars(host, S)
         return StepShape(T, B, S, max_query_len, batch.max_seq_len, flags, padded=False,
                          num_decode=num_decode)
-    # A decode batch (T == B == S) padded to a captured size: padding rows have no
-    # context (seq_len 0), store nothing, and draw greedily into the scratch row.
-    P = pad_to
-    host.input_ids[T:P] = 0
-    host.positions[T:P] = 0
-    host.slot_mapping[T:P] = -1
-    host.carry_idx[T:P] = -1
-    host.query_start_loc[B + 1:P + 1] = np.arange(T + 1, T + 1 + P - B)
+    P, PT = pad.num_seqs, pad.num_tokens
+    assert B <= P and T <= PT and (max_query_len > 1 or PT == P), (B, T, pad)
+    # Padding tokens store nothing; padding rows have no context (seq_len 0) and draw
+    # greedily into the scratch row.  A decode batch's padding rows own one token each
+    # (T == B == S stays true); a mixed batch's own none.
+    host.input_ids[T:PT] = 0
+    host.positions[T:PT] = 0
+    host.slot_mapping[T:PT] = -1
+    host.carry_idx[T:PT] = -1
+    decode = max_query_len == 1
+    host.query_start_loc[B + 1:P + 1] = np.arange(T + 1, T + 1 + P - B) if decode else T
     host.seq_lens[B:P] = 0
-    host.logits_indices[S:P] = np.arange(S, P)
+    host.logits_indices[S:P] = np.arange(S, P) if decode else 0
     host.token_index[S:P] = 0
     host.state_row[S:P] = t.scratch_row
     host.seed[S:P] = 0
@@ -102,9 +123,14 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad_to: int | None
     host.repetition_penalty[S:P] = 1.0
     host.presence_penalty[S:P] = 0.0
     host.frequency_penalty[S:P] = 0.0
-    _decode_order(host, P)
     sampling_scalars(host, P)
-    return StepShape(P, P, P, 1, graph_max_seq_len, flags, padded=True)
+    if decode:
+        _decode_order(host, P)
+        return StepShape(P, P, P, 1, graph_max_seq_len, flags, padded=True)
+    # the graph's decode kernel takes every row in decode_order and skips those that do
+    # not have exactly one query token (the prefill kernel's rows and the padding)
+    _single_token_rows(host, np.concatenate([n, np.zeros(P - B, n.dtype)]), P)
+    return StepShape(PT, P, P, PT, graph_max_seq_len, flags, padded=True, num_decode=P)
 
 
 def sampling_scalars(host, num_samples: int) -> None:
@@ -117,13 +143,16 @@ def sampling_scalars(host, num_samples: int) -> None:
         host.log_min_p[:num_samples] = np.log(host.min_p[:num_samples])
 
 
-def _single_token_rows(host, num_new) -> int:
+def _single_token_rows(host, num_new, num_rows: int) -> int:
     """A mixed batch: its rows with one new token, longest context first, at the head of
-    decode_order (the decode kernel's rows); returns how many."""
-    single = np.flatnonzero(num_new == 1)
-    order = np.argsort(-host.seq_lens[single], kind="stable")
-    host.decode_order[:len(single)] = single[order]
-    return len(single)
+    decode_order (the decode kernel's rows), the other rows after them; returns how many
+    rows have one token."""
+    single = num_new == 1
+    idx = np.flatnonzero(single)
+    order = np.argsort(-host.seq_lens[idx], kind="stable")
+    host.decode_order[:len(idx)] = idx[order]
+    host.decode_order[len(idx):num_rows] = np.flatnonzero(~single)
+    return len(idx)
 
 
 def _decode_order(host, num_seqs: int) -> None:

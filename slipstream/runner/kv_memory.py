@@ -2,7 +2,8 @@
 
 On CUDA the pool takes what is left of `gpu_memory_utilization` x total memory after
 the weights and the peak of a profiling step (the largest prefill the scheduler may
-build, plus sampling at max_num_seqs rows) and a reserve for the CUDA-graph pool.
+build, plus sampling at max_num_seqs rows) and a reserve for the CUDA-graph pool (whose
+mixed-step graphs keep the activations of the largest one: that step's activations again).
 On the CPU it takes a fixed budget.  Never more than max_num_seqs full-length sequences.
 """
 from __future__ import annotations
@@ -43,11 +44,16 @@ def num_kv_blocks(runner, spec: KVCacheSpec, opts) -> int:
     if runner.device.type != "cuda":
         budget = opts.cpu_kv_cache_gib * GiB
         return blocks_that_fit(budget, spec, opts, f"cpu_kv_cache_gib={opts.cpu_kv_cache_gib} leaves")
+    base = torch.cuda.memory_allocated(runner.device)
     peak = _profile_peak(runner, spec, opts)
     free, total = torch.cuda.mem_get_info(runner.device)
     not_torch = total - free - torch.cuda.memory_reserved(runner.device)
     vocab = runner.model_config.vocab_size
-    graph_reserve = (opts.cuda_graph_max_batch * vocab * 4 * 6 + GiB // 2) if opts.use_cuda_graphs else 0
+    graph_reserve = 0
+    if opts.use_cuda_graphs:
+        graph_reserve = opts.cuda_graph_max_batch * vocab * 4 * 6 + GiB // 2
+        if opts.cuda_graph_max_tokens:
+            graph_reserve += peak - base
     available = total * opts.gpu_memory_utilization - not_torch - peak - graph_reserve
     return blocks_that_fit(available, spec, opts,
                            f"after the weights and activations ({_gib(peak)} at peak), "

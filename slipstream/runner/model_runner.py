@@ -3,8 +3,8 @@
 `launch` fills one of two IO slots, then issues three pieces of work, each on its own
 stream and ordered by events: upload (h2d), step (compute: carry-over, forward,
 sampling), download (d2h).  It returns at once; `wait` blocks on the download of that
-batch only.  A decode batch replays a CUDA graph captured for its slot and padded
-size; other batches run eagerly.  On the CPU the streams and events are no-ops and the
+batch only.  A batch replays a CUDA graph captured for its slot and padded sizes
+(runner/graphs.py) when one fits; others run eagerly.  On the CPU the streams and events are no-ops and the
 same calls run one after the other.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 
 from slipstream.ops.attention import AttentionMetadata
 from slipstream.ops.carry import carry_over
-from slipstream.runner.graphs import DecodeGraphs, capture_sizes
-from slipstream.runner.inputs import StepShape, fill_inputs, sampling_scalars
+from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_token_sizes
+from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, sampling_scalars
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
@@ -46,6 +46,7 @@ class RunnerOptions:
     cpu_kv_cache_gib: float
     use_cuda_graphs: bool
     cuda_graph_max_batch: int
+    cuda_graph_max_tokens: int  # largest mixed-step graph (0: mixed steps run eagerly)
     trace: bool
 
 
@@ -73,13 +74,17 @@ class ModelRunner:
         self.split_counters = torch.zeros(opts.max_num_seqs * model_config.num_kv_heads,
                                           dtype=torch.int32, device=device)
         self.split_policy = self._split_policy()
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         if opts.use_cuda_graphs and device.type == "cuda":
-            sizes = capture_sizes(min(opts.cuda_graph_max_batch, opts.max_num_seqs))
-            self.graphs = DecodeGraphs(sizes, opts.max_model_len,
-                                       self.split_policy.options if self.split_policy else None)
+            max_batch = min(opts.cuda_graph_max_batch, opts.max_num_seqs)
+            mixed = mixed_token_sizes(min(opts.cuda_graph_max_tokens, max_tokens))
+            # mixed graphs pad every row count to max_num_seqs: only when those are captured
+            self.graphs = StepGraphs(capture_sizes(max_batch),
+                                     mixed if max_batch == opts.max_num_seqs else [],
+                                     opts.max_num_seqs, opts.max_model_len,
+                                     self.split_policy.options if self.split_policy else None)
             self.graphs.capture_all(self)
-        self.graph_replays = [0, 0]  # per slot
+        self.graph_replays = {"decode": [0, 0], "mixed": [0, 0]}  # per slot
         self.trace_origin = None
         if opts.trace:
             self.streams.synchronize()
@@ -123,7 +128,7 @@ class ModelRunner:
                                  decode_order=d.decode_order[:B], split_counters=self.split_counters,
                                  num_decode=shape.num_decode, num_splits=shape.decode_splits)
         hidden = self.model(input_ids, d.positions[:T], meta, self.kv_caches)
-        if S != T:  # (S == T: every token is sampled, in order; no gather needed)
+        if not shape.samples_every_token:
             hidden = hidden.index_select(0, d.logits_indices[:S])
         return self.model.compute_logits(hidden)
 
@@ -142,17 +147,18 @@ class ModelRunner:
         if shape.flags.use_penalties:  # only penalised requests read their counts, and every
             self.penalties.record(d.state_row[:S], out.tokens)  # batch holding one has this flag
 
-    def fill_padding(self, slot: IOSlot, size: int) -> None:
-        """Inputs of an all-padding decode batch of `size` rows (graph capture, profiling)."""
-        h = slot.host
-        h.input_ids[:size] = 0
-        h.positions[:size] = 0
-        h.slot_mapping[:size] = -1
-        h.carry_idx[:size] = -1
-        h.query_start_loc[:size + 1] = np.arange(size + 1)
+    def fill_padding(self, slot: IOSlot, shape: StepShape) -> None:
+        """Inputs of an all-padding batch of `shape`'s sizes (graph capture, profiling): a
+        decode batch's rows own one token each, a mixed batch's none."""
+        h, size, T = slot.host, shape.num_seqs, shape.num_tokens
+        h.input_ids[:T] = 0
+        h.positions[:T] = 0
+        h.slot_mapping[:T] = -1
+        h.carry_idx[:T] = -1
+        h.query_start_loc[:size + 1] = np.arange(size + 1) if shape.is_decode else 0
         h.seq_lens[:size] = 0
         h.decode_order[:size] = np.arange(size)
-        h.logits_indices[:size] = np.arange(size)
+        h.logits_indices[:size] = np.arange(size) if shape.is_decode else 0
         h.state_row[:size] = self.opts.max_num_seqs  # the scratch row
         h.temperature[:size] = 0.0
         h.top_k[:size] = 0
@@ -170,10 +176,10 @@ class ModelRunner:
         slot = self.slots[batch.batch_id % 2]
         slot.h2d_done.synchronize()  # the slot's last upload is done: its host side is free
         pad = None
-        if self.graphs is not None and batch.is_decode_only:
-            pad = self.graphs.padded_size(batch.num_seqs)
+        if self.graphs is not None:
+            pad = self.graphs.padding(batch.num_tokens, batch.num_seqs, batch.is_decode_only)
         shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
-        if shape.max_query_len == 1:
+        if shape.is_decode:
             shape = replace(shape, decode_splits=self.decode_splits(slot.host, batch.num_seqs, shape.num_seqs))
         use_graph = (self.graphs is not None and not batch.suppress and not batch.penalty_resets
                      and self.graphs.can_replay(slot.index, shape))
@@ -181,7 +187,7 @@ class ModelRunner:
         with s.on(s.h2d):
             s.wait(s.h2d, slot.compute_done)  # the slot's previous step has read its inputs
             slot.h2d_start.record()
-            slot.upload(shape.num_seqs)
+            slot.upload(batch.num_seqs)  # (padding rows never read their block table)
             slot.h2d_done.record()
         with s.on(s.compute):
             s.wait(s.compute, slot.h2d_done)
@@ -189,7 +195,7 @@ class ModelRunner:
             slot.compute_start.record()
             if use_graph:
                 self.graphs.replay(slot.index, shape)
-                self.graph_replays[slot.index] += 1
+                self.graph_replays["decode" if shape.is_decode else "mixed"][slot.index] += 1
             else:
                 for row, prompt, outputs in batch.penalty_resets:
                     self.penalties.reset_row(row, prompt, outputs)
