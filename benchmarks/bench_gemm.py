@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """The cost of batch invariance in the GEMMs: cuBLAS against the batch-invariant Triton GEMM.
 
-    python benchmarks/bench_gemm.py [--out DIR] [--smoke]
+    python benchmarks/bench_gemm.py [--out DIR] [--smoke] [--model 0.6b] [--m 8 --m 64 ...]
 
 For each linear of the Llama-3.1-8B and Qwen3-0.6B decoders (qkv, o, gate_up, down,
 lm_head) at M = 32 and 256 rows (decode batches) and 4096 (a prefill chunk): time
-`F.linear` (cuBLAS) and `invariant_linear` (slipstream.ops.triton_gemm, the
+`F.linear` (cuBLAS, and with torch's BLAS preference set to cuBLASLt) and `invariant_linear` (slipstream.ops.triton_gemm, the
 `--batch-invariant` path).  Bandwidth counts weight + a + y bytes ("%copy": over the
 measured copy bandwidth), TFLOP/s counts 2 M N K.  Each call is timed in a CUDA graph over
 3 rotating weight copies (no L2 reuse), median of 20 replays
@@ -60,6 +60,17 @@ def check(y: torch.Tensor, ref: torch.Tensor) -> float:
     return err
 
 
+def _with_blas(library: str, fn, *args):
+    """fn(*args) with torch's preferred BLAS library set to `library` (cuBLASLt picks its
+    kernels by other heuristics than cuBLAS)."""
+    old = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        return fn(*args)
+    finally:
+        torch.backends.cuda.preferred_blas_library(old)
+
+
 def bench_shape(model, name, n, k, m, copy_bw, rows):
     if model == "8b" and name == "lm_head" and m > 256:
         return  # a prefill computes logits for its sampled rows only
@@ -69,6 +80,7 @@ def bench_shape(model, name, n, k, m, copy_bw, rows):
     nbytes = (n * k + m * k + m * n) * DTYPE.itemsize
     ref = F.linear(x, ws[0])
     for variant, fn in [("cublas", lambda w: F.linear(x, w)),
+                        ("cublaslt", lambda w: _with_blas("cublaslt", F.linear, x, w)),
                         ("invariant", lambda w: invariant_linear(x, w, None, CONFIG)),
                         # other cuBLAS layouts: x @ W^T with W^T stored [K, N], and (W x^T)^T
                         ("cublas-kn", lambda w: torch.mm(x, wts[id(w)])),
@@ -92,6 +104,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--model", choices=["8b", "0.6b"], help="only this model's shapes")
+    ap.add_argument("--m", type=int, action="append", help="batch sizes (repeatable; default 32, 256, 4096)")
     args = ap.parse_args()
     t0 = time.time()
     torch.manual_seed(0)
@@ -101,13 +115,15 @@ def main() -> int:
           flush=True)
     rows: list[dict] = []
     for model, name, n, k in SHAPES:
-        for m in BATCHES:
+        if args.model and model != args.model and not SMOKE:
+            continue
+        for m in (args.m if args.m and not SMOKE else BATCHES):
             bench_shape(model, name, n, k, m, copy_bw, rows)
-    print("\n| model | linear | M | cuBLAS us | invariant | cuBLAS [K, N] | cuBLAS (W x^T)^T |\n|---|---|---|---|---|---|---|")
+    print("\n| model | linear | M | cuBLAS us | cuBLASLt | invariant | cuBLAS [K, N] | cuBLAS (W x^T)^T |\n|---|---|---|---|---|---|---|---|")
     for key in sorted({(r["model"], r["linear"], r["m"]) for r in rows}, key=str):
         got = {r["variant"]: r["us"] for r in rows if (r["model"], r["linear"], r["m"]) == key}
         if "cublas" in got:
-            rel = [f"{got[v] / got['cublas']:.2f}x" if v in got else "-" for v in ("invariant", "cublas-kn", "cublas-wx")]
+            rel = [f"{got[v] / got['cublas']:.2f}x" if v in got else "-" for v in ("cublaslt", "invariant", "cublas-kn", "cublas-wx")]
             print(f"| {key[0]} | {key[1]} | {key[2]} | {got['cublas']:.1f} | " + " | ".join(rel) + " |")
     print(f"total {time.time() - t0:.0f} s")
     if args.out:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
-#         profile-cpu overlap attn-ragged sampler ab-small ab-step seed-short seed small small-16k invariant peer
+#         profile-cpu overlap attn-ragged attn-cfg gemm-small sampler ab-small ab-step seed-short seed small small-16k invariant peer
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf wheel), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.
@@ -77,6 +77,13 @@ for stage in "$@"; do
                    --ragged 160:100:2000 --ragged 256:100:2000 --decode s1:num_splits=1 --decode s2:num_splits=2 \
                    --decode s3:num_splits=3 --decode s4:num_splits=4 --decode s5:num_splits=5 --decode s9:num_splits=9 \
                    --only s1 --only s2 --only s3 --only s4 --only s5 --only s9 ;;
+    gemm-small) run gemm-small 240 python3 benchmarks/bench_gemm.py --model 0.6b --m 8 --m 32 --m 64 --m 128 --m 256 --out "$RES" ;;
+    attn-cfg) run attn-cfg 300 python3 benchmarks/bench_attention.py --out "$RES" \
+                --ragged 48:100:2000 --ragged 96:100:2000 --ragged 160:100:2000 --ragged 256:100:2000 \
+                --decode d2:block_n=64 --decode n32:block_n=32 --decode n128:block_n=128 \
+                --decode s3:num_stages=3 --decode n32s3:block_n=32,num_stages=3 \
+                --decode n128w8:block_n=128,num_warps=8 --decode n64w8:num_warps=8 \
+                --only d2 --only n32 --only n128 --only s3 --only n32s3 --only n128w8 --only n64w8 ;;
     sampler) run sampler 240 python3 benchmarks/bench_sampler.py ${SAMPLER_OLD:+--old "$SAMPLER_OLD"} --out "$RES" ;;
     *) echo "unknown stage $stage" | tee -a "$LOG" ;;
   esac
