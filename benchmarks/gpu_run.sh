@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
-#         profile-cpu overlap attn-ragged attn-cfg gemm-small sampler ab-small ab-step seed-short seed small small-16k invariant peer
+#         profile-cpu overlap attn-ragged attn-cfg gemm-small sampler ab-small ab-seed-short ab-step seed-short seed small small-16k invariant peer
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf wheel), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.
@@ -64,6 +64,10 @@ for stage in "$@"; do
                 (cd "${BASELINE:-.baseline}" && run ab-small-base-$i 200 python3 -m slipstream.cli bench --workload small-256 --mode async --out "$RES/base")
                 run ab-small-new-$i 200 python3 -m slipstream.cli bench --workload small-256 --mode async --out "$RES"
               done ;;
+    ab-seed-short) for i in 1 2; do
+                     (cd "${BASELINE:-.baseline}" && run ab-seed-short-base-$i 200 python3 -m slipstream.cli bench --workload seed-8b-short --mode async)
+                     run ab-seed-short-new-$i 200 python3 -m slipstream.cli bench --workload seed-8b-short --mode async
+                   done ;;
     ab-step) for i in 1 2; do
                (cd "${BASELINE:-.baseline}" && run ab-step-base-$i 200 python3 benchmarks/bench_step.py)
                run ab-step-new-$i 200 python3 benchmarks/bench_step.py
