@@ -1,6 +1,7 @@
 """Async (depth 2) and sync (depth 1) give identical tokens, text and finish reasons, on
 the CPU where streams and events are no-ops but the one-step-ahead control flow runs."""
 import pytest
+import torch
 from async_mix import make_tokenized_tiny_llama, mix, run_mix
 
 import slipstream.runner.model_runner as runner_module
@@ -47,15 +48,6 @@ def test_async_drops_the_token_drawn_after_a_stop(tokenized_tiny):
     assert llm.engine.loop.num_batches > 3  # the pipeline did run ahead
 
 
-class _PadOnly(StepGraphs):
-    """StepGraphs' padding without CUDA: every batch that fits a size is padded like a graph
-    batch, and (no graph being captured) runs eagerly with the padded shapes."""
-
-    def __init__(self, decode_sizes, mixed_sizes, mixed_seqs):  # no CUDA pool
-        self.decode_sizes, self.mixed_sizes, self.mixed_seqs = decode_sizes, mixed_sizes, mixed_seqs
-        self.graphs = {}
-
-
 def test_graph_padding_changes_no_output(tokenized_tiny):
     """Decode batches padded to a graph's rows and mixed batches padded to its tokens and
     max_num_seqs rows (padding rows own no token) give the unpadded outputs, sync and async."""
@@ -68,7 +60,9 @@ def test_graph_padding_changes_no_output(tokenized_tiny):
     for async_scheduling in (False, True):
         llm = LLM(tokenized_tiny, async_scheduling=async_scheduling, **common)
         runner = llm.engine.runner
-        runner.graphs = _PadOnly(capture_sizes(12), mixed_sizes, 12)
+        # the sizes and padding of CUDA graphs, none captured: every batch that fits a size
+        # is padded like a graph batch and runs eagerly with the padded shapes
+        runner.graphs = StepGraphs(capture_sizes(12), mixed_sizes, 12, 256)
         shapes = []
         fill = runner_module.fill_inputs
         with pytest.MonkeyPatch.context() as mp:
@@ -83,9 +77,31 @@ def test_graph_padding_changes_no_output(tokenized_tiny):
 def test_graph_sizes_and_padding():
     assert mixed_token_sizes(8192) == [512, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
     assert mixed_token_sizes(1000) == [512, 1000] and mixed_token_sizes(0) == []
-    graphs = _PadOnly(capture_sizes(12), [16, 32, 48, 64], 12)
+    graphs = StepGraphs(capture_sizes(12), [16, 32, 48, 64], 12, 256)
     assert graphs.decode_sizes == [1, 2, 4, 8, 12]
     assert graphs.padding(5, 5, decode=True) == StepPad(8, 8)
     assert graphs.padding(13, 13, decode=True) is None  # larger than any decode graph
     assert graphs.padding(17, 3, decode=False) == StepPad(32, 12)  # rows padded to max_num_seqs
     assert graphs.padding(65, 3, decode=False) is None  # more tokens than any mixed graph
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_all_padding_batch_of_graph_capture_runs(tokenized_tiny, decode):
+    """The inputs graph capture runs on (runner.fill_padding): no row has context, nothing is
+    stored, every sample row draws greedily into the scratch row; the step runs on them."""
+    from slipstream.runner.inputs import StepShape
+    from slipstream.sampler import SamplerFlags
+    llm = LLM(tokenized_tiny, device="cpu", max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64)
+    runner, slot = llm.engine.runner, llm.engine.runner.slots[0]
+    T = 8 if decode else 32
+    shape = StepShape(T, 8, 8, 1 if decode else T, 256, SamplerFlags(False, False, 0), padded=True,
+                      num_decode=0 if decode else 8)
+    runner.fill_padding(slot, shape)
+    h = slot.host
+    assert h.query_start_loc[:9].tolist() == (list(range(9)) if decode else [0] * 9)
+    assert (h.seq_lens[:8] == 0).all() and (h.slot_mapping[:T] == -1).all() and (h.carry_idx[:T] == -1).all()
+    assert h.logits_indices[:8].tolist() == (list(range(8)) if decode else [0] * 8)
+    assert (h.state_row[:8] == 8).all() and (h.temperature[:8] == 0).all() and (h.inv_t[:8] == 1).all()
+    before = [k.clone() for k, _ in runner.kv_caches]
+    runner.compute_step(slot, shape)
+    assert all(torch.equal(a, k) for a, (k, _) in zip(before, runner.kv_caches))  # nothing stored

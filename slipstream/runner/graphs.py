@@ -56,7 +56,7 @@ class StepGraphs:
         # batch size -> the decode split counts to capture (None: the kernel's heuristic only)
         self.split_options = split_options or (lambda size: (None,))
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = None  # the shared memory pool, made at the first capture
 
     def padding(self, num_tokens: int, num_seqs: int, decode: bool) -> StepPad | None:
         """The captured sizes a batch is padded to, or None (it runs eagerly)."""
@@ -83,6 +83,8 @@ class StepGraphs:
     def capture_all(self, runner, slots=None) -> None:
         """Capture every graph, the largest first so smaller ones reuse its pool memory."""
         slots = slots or runner.slots
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.mixed_sizes):
             for flags in self.VARIANTS:
                 shape = StepShape(size, self.mixed_seqs, self.mixed_seqs, size, self.max_seq_len, flags,

@@ -102,19 +102,34 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad: StepPad | Non
                          num_decode=num_decode)
     P, PT = pad.num_seqs, pad.num_tokens
     assert B <= P and T <= PT and (max_query_len > 1 or PT == P), (B, T, pad)
-    # Padding tokens store nothing; padding rows have no context (seq_len 0) and draw
-    # greedily into the scratch row.  A decode batch's padding rows own one token each
-    # (T == B == S stays true); a mixed batch's own none.
+    decode = max_query_len == 1
+    pad_batch(host, T, B, S, pad, decode, t.scratch_row)
+    if decode:
+        _decode_order(host, P)
+        return StepShape(P, P, P, 1, graph_max_seq_len, flags, padded=True)
+    # the graph's decode kernel takes every row in decode_order and skips those that do
+    # not have exactly one query token (the prefill kernel's rows and the padding)
+    _single_token_rows(host, np.concatenate([n, np.zeros(P - B, n.dtype)]), P)
+    return StepShape(PT, P, P, PT, graph_max_seq_len, flags, padded=True, num_decode=P)
+
+
+def pad_batch(host, num_tokens: int, num_seqs: int, num_samples: int, pad: StepPad, decode: bool,
+              scratch_row: int) -> None:
+    """Fill a slot's host inputs from a batch's real sizes up to `pad`'s.  Padding tokens
+    store nothing; padding rows have no context (seq_len 0) and draw greedily into the
+    scratch row.  A decode batch's padding rows own one token each (tokens, rows and
+    samples stay one to one); a mixed batch's own none."""
+    T, B, S = num_tokens, num_seqs, num_samples
+    P, PT = pad.num_seqs, pad.num_tokens
     host.input_ids[T:PT] = 0
     host.positions[T:PT] = 0
     host.slot_mapping[T:PT] = -1
     host.carry_idx[T:PT] = -1
-    decode = max_query_len == 1
     host.query_start_loc[B + 1:P + 1] = np.arange(T + 1, T + 1 + P - B) if decode else T
     host.seq_lens[B:P] = 0
     host.logits_indices[S:P] = np.arange(S, P) if decode else 0
     host.token_index[S:P] = 0
-    host.state_row[S:P] = t.scratch_row
+    host.state_row[S:P] = scratch_row
     host.seed[S:P] = 0
     host.temperature[S:P] = 0.0
     host.top_k[S:P] = 0
@@ -124,13 +139,6 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad: StepPad | Non
     host.presence_penalty[S:P] = 0.0
     host.frequency_penalty[S:P] = 0.0
     sampling_scalars(host, P)
-    if decode:
-        _decode_order(host, P)
-        return StepShape(P, P, P, 1, graph_max_seq_len, flags, padded=True)
-    # the graph's decode kernel takes every row in decode_order and skips those that do
-    # not have exactly one query token (the prefill kernel's rows and the padding)
-    _single_token_rows(host, np.concatenate([n, np.zeros(P - B, n.dtype)]), P)
-    return StepShape(PT, P, P, PT, graph_max_seq_len, flags, padded=True, num_decode=P)
 
 
 def sampling_scalars(host, num_samples: int) -> None:

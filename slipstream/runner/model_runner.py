@@ -18,7 +18,7 @@ import torch
 from slipstream.ops.attention import AttentionMetadata
 from slipstream.ops.carry import carry_over
 from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_token_sizes
-from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, sampling_scalars
+from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
@@ -150,24 +150,10 @@ class ModelRunner:
     def fill_padding(self, slot: IOSlot, shape: StepShape) -> None:
         """Inputs of an all-padding batch of `shape`'s sizes (graph capture, profiling): a
         decode batch's rows own one token each, a mixed batch's none."""
-        h, size, T = slot.host, shape.num_seqs, shape.num_tokens
-        h.input_ids[:T] = 0
-        h.positions[:T] = 0
-        h.slot_mapping[:T] = -1
-        h.carry_idx[:T] = -1
-        h.query_start_loc[:size + 1] = np.arange(size + 1) if shape.is_decode else 0
-        h.seq_lens[:size] = 0
+        h, size = slot.host, shape.num_seqs
+        h.query_start_loc[0] = 0
+        pad_batch(h, 0, 0, 0, StepPad(shape.num_tokens, size), shape.is_decode, self.opts.max_num_seqs)
         h.decode_order[:size] = np.arange(size)
-        h.logits_indices[:size] = np.arange(size) if shape.is_decode else 0
-        h.state_row[:size] = self.opts.max_num_seqs  # the scratch row
-        h.temperature[:size] = 0.0
-        h.top_k[:size] = 0
-        h.top_p[:size] = 1.0
-        h.min_p[:size] = 0.0
-        h.repetition_penalty[:size] = 1.0
-        h.presence_penalty[:size] = 0.0
-        h.frequency_penalty[:size] = 0.0
-        sampling_scalars(h, size)
         slot.upload(size)
         self.streams.synchronize()
 
