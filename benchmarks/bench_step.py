@@ -28,7 +28,7 @@ from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.engine import LLMEngine  # noqa: E402
 from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_token_sizes  # noqa: E402
-from slipstream.runner.inputs import StepShape, sampling_scalars  # noqa: E402
+from slipstream.runner.inputs import StepPad, StepShape, sampling_scalars  # noqa: E402
 from slipstream.sampler import SamplerFlags  # noqa: E402
 
 MiB = 1 << 20
@@ -50,7 +50,7 @@ def fill_decode(runner, slot, bs: int, ctx: int) -> None:
 
 
 def decode_shape(runner, bs: int) -> StepShape:
-    return StepShape(bs, bs, bs, 1, runner.max_model_len, SamplerFlags(False, False, 0), True)
+    return StepShape.padded_to(StepPad(bs, bs), True, SamplerFlags(False, False, 0), runner.max_model_len)
 
 
 def fill_prefill(runner, slot, num_seqs: int, length: int) -> StepShape:

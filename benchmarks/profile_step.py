@@ -24,7 +24,7 @@ from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.engine import LLMEngine  # noqa: E402
-from slipstream.runner.inputs import StepShape  # noqa: E402
+from slipstream.runner.inputs import StepPad, StepShape  # noqa: E402
 from slipstream.sampler import SamplerFlags  # noqa: E402
 
 CASES = [("llama-3.1-8b", 32, 1024), ("llama-3.1-8b", 32, 4096), ("qwen3-0.6b", 256, 1024), ("qwen3-0.6b", 48, 1024)]
@@ -51,8 +51,8 @@ def profile_case(model: str, batch: int, context: int, reps: int = 5) -> dict:
         v_cache.normal_()
     slot = runner.slots[0]
     fill_decode(runner, slot, batch, context)
-    shape = StepShape(batch, batch, batch, 1, runner.max_model_len, SamplerFlags(False, False, 0), True,
-                      decode_splits=runner.decode_splits(slot.host, batch, batch))
+    shape = StepShape.padded_to(StepPad(batch, batch), True, SamplerFlags(False, False, 0), runner.max_model_len,
+                                runner.decode_splits(slot.host, batch, batch))
     step = time_fn(lambda: runner.graphs.replay(0, shape), 20)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):

@@ -6,7 +6,7 @@ from async_mix import make_tokenized_tiny_llama, mix, run_mix
 
 import slipstream.runner.model_runner as runner_module
 from slipstream import LLM
-from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_token_sizes
+from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_graph_tokens, mixed_token_sizes
 from slipstream.runner.inputs import StepPad
 
 
@@ -83,6 +83,13 @@ def test_graph_sizes_and_padding():
     assert graphs.padding(13, 13, decode=True) is None  # larger than any decode graph
     assert graphs.padding(17, 3, decode=False) == StepPad(32, 12)  # rows padded to max_num_seqs
     assert graphs.padding(65, 3, decode=False) is None  # more tokens than any mixed graph
+    # mixed graphs (and their memory reserve) only when decode graphs reach max_num_seqs
+    from types import SimpleNamespace
+    opts = SimpleNamespace(use_cuda_graphs=True, cuda_graph_max_batch=256, max_num_seqs=256,
+                           cuda_graph_max_tokens=4096, max_num_batched_tokens=8192)
+    assert mixed_graph_tokens(opts) == 4096
+    assert mixed_graph_tokens(SimpleNamespace(**{**vars(opts), "cuda_graph_max_batch": 128})) == 0
+    assert mixed_graph_tokens(SimpleNamespace(**{**vars(opts), "use_cuda_graphs": False})) == 0
 
 
 @pytest.mark.parametrize("decode", [True, False])
@@ -94,8 +101,7 @@ def test_all_padding_batch_of_graph_capture_runs(tokenized_tiny, decode):
     llm = LLM(tokenized_tiny, device="cpu", max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64)
     runner, slot = llm.engine.runner, llm.engine.runner.slots[0]
     T = 8 if decode else 32
-    shape = StepShape(T, 8, 8, 1 if decode else T, 256, SamplerFlags(False, False, 0), padded=True,
-                      num_decode=0 if decode else 8)
+    shape = StepShape.padded_to(StepPad(T, 8), decode, SamplerFlags(False, False, 0), 256)
     runner.fill_padding(slot, shape)
     h = slot.host
     assert h.query_start_loc[:9].tolist() == (list(range(9)) if decode else [0] * 9)

@@ -34,6 +34,15 @@ def capture_sizes(max_batch: int) -> list[int]:
     return sizes
 
 
+def mixed_graph_tokens(opts) -> int:
+    """The token count of the largest mixed-step graph the runner captures (RunnerOptions),
+    0 for none.  Those graphs pad rows to max_num_seqs, so they are captured only when the
+    decode graphs reach max_num_seqs rows too."""
+    if not opts.use_cuda_graphs or opts.cuda_graph_max_batch < opts.max_num_seqs:
+        return 0
+    return min(opts.cuda_graph_max_tokens, max(opts.max_num_batched_tokens, opts.max_num_seqs))
+
+
 def mixed_token_sizes(max_tokens: int, smallest: int = 512) -> list[int]:
     """Token counts of mixed-step graphs: 512, 1024, 1536, 2048, 3072, 4096, 6144, ...
     (powers of two and 1.5x them) below max_tokens, and max_tokens itself."""
@@ -87,14 +96,12 @@ class StepGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.mixed_sizes):
             for flags in self.VARIANTS:
-                shape = StepShape(size, self.mixed_seqs, self.mixed_seqs, size, self.max_seq_len, flags,
-                                  padded=True, num_decode=self.mixed_seqs)
+                shape = StepShape.padded_to(StepPad(size, self.mixed_seqs), False, flags, self.max_seq_len)
                 self._capture(runner, slots, shape)
         for size in reversed(self.decode_sizes):
             for flags in self.VARIANTS:
                 for splits in self.split_options(size):
-                    shape = StepShape(size, size, size, 1, self.max_seq_len, flags, padded=True,
-                                      decode_splits=splits)
+                    shape = StepShape.padded_to(StepPad(size, size), True, flags, self.max_seq_len, splits)
                     self._capture(runner, slots, shape)
 
     def _capture(self, runner, slots, shape: StepShape) -> None:

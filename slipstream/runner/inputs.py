@@ -35,6 +35,17 @@ class StepShape:
         """Token i is sample i for every i: the logits need no gather."""
         return self.is_decode and self.num_samples == self.num_tokens
 
+    @classmethod
+    def padded_to(cls, pad: "StepPad", decode: bool, flags: SamplerFlags, max_seq_len: int,
+                  decode_splits: int | None = None) -> "StepShape":
+        """The shape of a batch padded to `pad`, as its CUDA graph is captured and looked up:
+        a decode batch has one token and one sample per row; a mixed batch samples every
+        row, and its decode kernel covers every row (num_decode)."""
+        P, PT = pad.num_seqs, pad.num_tokens
+        if decode:
+            return cls(P, P, P, 1, max_seq_len, flags, padded=True, decode_splits=decode_splits)
+        return cls(PT, P, P, PT, max_seq_len, flags, padded=True, num_decode=P)
+
 
 @dataclass(frozen=True)
 class StepPad:
@@ -106,11 +117,11 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad: StepPad | Non
     pad_batch(host, T, B, S, pad, decode, t.scratch_row)
     if decode:
         _decode_order(host, P)
-        return StepShape(P, P, P, 1, graph_max_seq_len, flags, padded=True)
-    # the graph's decode kernel takes every row in decode_order and skips those that do
-    # not have exactly one query token (the prefill kernel's rows and the padding)
-    _single_token_rows(host, np.concatenate([n, np.zeros(P - B, n.dtype)]), P)
-    return StepShape(PT, P, P, PT, graph_max_seq_len, flags, padded=True, num_decode=P)
+    else:
+        # the graph's decode kernel takes every row in decode_order and skips those that do
+        # not have exactly one query token (the prefill kernel's rows and the padding)
+        _single_token_rows(host, np.concatenate([n, np.zeros(P - B, n.dtype)]), P)
+    return StepShape.padded_to(pad, decode, flags, graph_max_seq_len)
 
 
 def pad_batch(host, num_tokens: int, num_seqs: int, num_samples: int, pad: StepPad, decode: bool,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from slipstream.ops.attention import AttentionMetadata
+from slipstream.runner.graphs import mixed_graph_tokens
 from slipstream.sampler import SamplerFlags, SamplingTensors, sample
 
 GiB = 1 << 30
@@ -52,7 +53,7 @@ def num_kv_blocks(runner, spec: KVCacheSpec, opts) -> int:
     graph_reserve = 0
     if opts.use_cuda_graphs:
         graph_reserve = opts.cuda_graph_max_batch * vocab * 4 * 6 + GiB // 2
-        if opts.cuda_graph_max_tokens:
+        if mixed_graph_tokens(opts):
             graph_reserve += peak - base
     available = total * opts.gpu_memory_utilization - not_torch - peak - graph_reserve
     return blocks_that_fit(available, spec, opts,

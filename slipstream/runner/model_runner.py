@@ -17,7 +17,7 @@ import torch
 
 from slipstream.ops.attention import AttentionMetadata
 from slipstream.ops.carry import carry_over
-from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_token_sizes
+from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_graph_tokens, mixed_token_sizes
 from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
@@ -77,10 +77,7 @@ class ModelRunner:
         self.graphs: StepGraphs | None = None
         if opts.use_cuda_graphs and device.type == "cuda":
             max_batch = min(opts.cuda_graph_max_batch, opts.max_num_seqs)
-            mixed = mixed_token_sizes(min(opts.cuda_graph_max_tokens, max_tokens))
-            # mixed graphs pad every row count to max_num_seqs: only when those are captured
-            self.graphs = StepGraphs(capture_sizes(max_batch),
-                                     mixed if max_batch == opts.max_num_seqs else [],
+            self.graphs = StepGraphs(capture_sizes(max_batch), mixed_token_sizes(mixed_graph_tokens(opts)),
                                      opts.max_num_seqs, opts.max_model_len,
                                      self.split_policy.options if self.split_policy else None)
             self.graphs.capture_all(self)
