@@ -377,7 +377,10 @@ def compile_for_hopper() -> None:
     ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
     for fn, args, kw in launches:
         kw = dict(kw, UPCAST=False) if "UPCAST" in kw else dict(kw)
-        opts = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3)}
+        kw.pop("launch_pdl", None)
+        if "USE_PDL" in kw:
+            kw["USE_PDL"] = True  # the Hopper path: grid-dependency wait + launch of dependents
+        opts = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3), "launch_pdl": True}
         names = [n for n in fn.arg_names if n not in kw]
         assert len(names) == len(args)
         sig, consts, attrs = {}, dict(kw), {}

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from slipstream.ops.pdl import pdl_start, use_pdl
+
 
 def carry_over_ref(input_ids: torch.Tensor, carry_idx: torch.Tensor, prev_tokens: torch.Tensor) -> None:
     src = prev_tokens[carry_idx.clamp(min=0).long()].to(input_ids.dtype)
@@ -18,7 +20,8 @@ def carry_over_ref(input_ids: torch.Tensor, carry_idx: torch.Tensor, prev_tokens
 
 
 @triton.jit(do_not_specialize=["n"])  # n changes every step: no recompiles
-def _carry_over_kernel(ids_ptr, carry_ptr, prev_ptr, n, BLOCK: tl.constexpr):
+def _carry_over_kernel(ids_ptr, carry_ptr, prev_ptr, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
     src = tl.load(carry_ptr + offs, mask=inside, other=-1)
@@ -30,7 +33,9 @@ def _carry_over_kernel(ids_ptr, carry_ptr, prev_ptr, n, BLOCK: tl.constexpr):
 def carry_over_triton(input_ids: torch.Tensor, carry_idx: torch.Tensor, prev_tokens: torch.Tensor) -> None:
     n = input_ids.numel()
     block = 1024
-    _carry_over_kernel[(triton.cdiv(n, block),)](input_ids, carry_idx, prev_tokens, n, BLOCK=block)
+    pdl = use_pdl(input_ids.device)
+    _carry_over_kernel[(triton.cdiv(n, block),)](input_ids, carry_idx, prev_tokens, n, BLOCK=block,
+                                                    USE_PDL=pdl, launch_pdl=pdl)
 
 
 def carry_over(input_ids: torch.Tensor, carry_idx: torch.Tensor, prev_tokens: torch.Tensor) -> None:

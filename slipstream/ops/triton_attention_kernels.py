@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from slipstream.ops.pdl import pdl_start
+
 _NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked rows never make NaN
 
 
@@ -143,7 +145,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
                    SPLIT: tl.constexpr, HAS_ORDER: tl.constexpr, MERGE: tl.constexpr,
-                   SINGLE_ONLY: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                   SINGLE_ONLY: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+                   USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -229,9 +233,10 @@ def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, qsl_ptr, seq_lens
                           stride_ot, stride_oh, stride_pos, stride_poh, stride_pok,
                           stride_pls, stride_plh,
                           GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, USE_PDL: tl.constexpr):
     """The split merge as a pass of its own (metadata without split counters): grid
     (num_seqs, num_kv_heads); recomputes how many splits of the row ran."""
+    pdl_start(USE_PDL)
     seq = tl.program_id(0)
     q_tok = tl.load(qsl_ptr + seq)
     q_end = tl.load(qsl_ptr + seq + 1)
@@ -253,7 +258,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
                     GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                     BLOCK_N: tl.constexpr, SEQ_CHUNK: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-                    IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                    IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     # Reversed order: the longest (last) query tiles of the batch start first, the short
     # ones fill the tail.
     pid = tl.num_programs(0) - 1 - tl.program_id(0)

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from slipstream.ops.pdl import pdl_start, use_pdl
+
 __all__ = [
     "rms_norm_triton",
     "fused_add_rms_norm_triton",
@@ -43,7 +45,9 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     # One program normalises BLOCK_M whole rows (BLOCK_N >= n_cols): every row is read
     # completely before anything is written, so out / res_out may alias x / residual.
     pid = tl.program_id(0)
@@ -98,13 +102,15 @@ def _launch_rms_norm(x2, r2, w, o2, ro2, eps: float) -> None:
     block_m, block_n, num_warps = _norm_launch_params(n_cols)
     grid = (triton.cdiv(n_rows, block_m),)
     has_res = r2 is not None
+    pdl = use_pdl(x2.device)
     _rms_norm_kernel[grid](
         x2, r2 if has_res else x2, w, o2, ro2 if has_res else o2,
         n_rows, n_cols,
         x2.stride(0), r2.stride(0) if has_res else 0,
         o2.stride(0), ro2.stride(0) if has_res else 0,
         float(eps),
-        HAS_RESIDUAL=has_res, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        HAS_RESIDUAL=has_res, BLOCK_M=block_m, BLOCK_N=block_n, USE_PDL=pdl, num_warps=num_warps,
+        launch_pdl=pdl,
     )
 
 
@@ -182,7 +188,9 @@ def fused_add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: t
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, n_inter, stride_x, stride_out, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, n_inter, stride_x, stride_out, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_inter
@@ -213,6 +221,7 @@ def silu_and_mul_triton(x: torch.Tensor, *, out: torch.Tensor | None = None) -> 
     block = min(1024, triton.next_power_of_2(inter))
     num_warps = 4 if block >= 1024 else (2 if block >= 256 else 1)
     grid = (n_rows, triton.cdiv(inter, block))
+    pdl = use_pdl(x.device)
     _silu_and_mul_kernel[grid](x2, o2, inter, x2.stride(0), o2.stride(0),
-                               BLOCK=block, num_warps=num_warps)
+                               BLOCK=block, USE_PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
     return out

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from slipstream.ops.pdl import pdl_start, use_pdl
+
 __all__ = ["qkv_epilogue_triton"]
 
 
@@ -135,7 +137,9 @@ def _qkv_epilogue_kernel(
     K_NORM: tl.constexpr,
     Q_MID_FP32: tl.constexpr,
     K_MID_FP32: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     # grid: (tokens, q head blocks + k head blocks + v head blocks); each branch is a
     # helper so that no value escapes an `if` (its types differ between branches)
     t = tl.program_id(0).to(tl.int64)
@@ -235,6 +239,7 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     if num_warps is None:
         num_warps = max(1, min(8, bh * D // 512))
     grid = (num_tokens, triton.cdiv(num_heads, bh) + 2 * triton.cdiv(num_kv_heads, bh))
+    pdl = use_pdl(qkv.device)
     _qkv_epilogue_kernel[grid](
         qkv, pos, cs, k_cache, v_cache, slots,
         q_norm_weight if q_norm else qkv, k_norm_weight if k_norm else qkv, out,
@@ -244,7 +249,7 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
         num_heads, num_kv_heads, float(eps),
         HALF=D // 2, BLOCK_H=bh, BLOCK_SIZE=block_size,
         Q_NORM=q_norm, K_NORM=k_norm, Q_MID_FP32=q_mid_fp32, K_MID_FP32=k_mid_fp32,
-        num_warps=num_warps,
+        USE_PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
         # no FMA contraction: the products and sums are rounded like the torch reference's
         enable_fp_fusion=False,
     )

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.device import sm_count
+from slipstream.ops.pdl import pdl_start, use_pdl
 
 __all__ = ["sample_tokens_triton", "gumbel_noise_triton", "random_bits_triton"]
 
@@ -82,7 +83,9 @@ def _sample_kernel(
     HAS_CUTOFF: tl.constexpr,
     SINGLE: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
     base = logits_ptr + row.to(tl.int64) * stride_row
@@ -151,7 +154,8 @@ def _sample_kernel(
 
 @triton.jit
 def _reduce_splits_kernel(part_val_ptr, part_idx_ptr, tokens_ptr, num_splits,
-                          BLOCK_S: tl.constexpr):
+                          BLOCK_S: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_S)
     mask = offs < num_splits
@@ -223,16 +227,19 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
         part_idx = torch.empty(B, num_splits, dtype=torch.int32, device=logits.device)
     has_cutoff = cutoff is not None
     num_warps = 8 if block_v >= 2048 else 4
+    pdl = use_pdl(logits.device)
     _sample_kernel[(B, num_splits)](
         logits, logits.stride(0), V, span,
         temperature, inv_t, cutoff if has_cutoff else inv_t, log_min_p, seed, token_index,
         part_val, part_idx, out,
         num_splits,
-        HAS_CUTOFF=has_cutoff, SINGLE=single, BLOCK_V=block_v, num_warps=num_warps,
+        HAS_CUTOFF=has_cutoff, SINGLE=single, BLOCK_V=block_v, USE_PDL=pdl, num_warps=num_warps,
+        launch_pdl=pdl,
     )
     if not single:
         _reduce_splits_kernel[(B,)](part_val, part_idx, out, num_splits,
-                                    BLOCK_S=triton.next_power_of_2(num_splits), num_warps=1)
+                                    BLOCK_S=triton.next_power_of_2(num_splits), USE_PDL=pdl,
+                                    num_warps=1, launch_pdl=pdl)
     return out
 
 
