@@ -71,6 +71,27 @@ def _with_blas(library: str, fn, *args):
         torch.backends.cuda.preferred_blas_library(old)
 
 
+def _tuned(fn):
+    """fn under torch's TunableOp: the first call (eager) times every cuBLAS / cuBLASLt
+    algorithm for the shape and keeps the fastest; the later calls (graph) replay it."""
+    def call(w):
+        return fn(w)
+
+    def tuned(w):
+        tunable = torch.cuda.tunable
+        tunable.enable(True)
+        try:
+            if not getattr(tuned, "done", False):
+                tunable.tuning_enable(True)
+                call(w)
+                tunable.tuning_enable(False)
+                tuned.done = True
+            return call(w)
+        finally:
+            tunable.enable(False)
+    return tuned
+
+
 def bench_shape(model, name, n, k, m, copy_bw, rows):
     if model == "8b" and name == "lm_head" and m > 256:
         return  # a prefill computes logits for its sampled rows only
@@ -81,6 +102,7 @@ def bench_shape(model, name, n, k, m, copy_bw, rows):
     ref = F.linear(x, ws[0])
     for variant, fn in [("cublas", lambda w: F.linear(x, w)),
                         ("cublaslt", lambda w: _with_blas("cublaslt", F.linear, x, w)),
+                        ("tunable", _tuned(lambda w: F.linear(x, w))),
                         ("invariant", lambda w: invariant_linear(x, w, None, CONFIG)),
                         # other cuBLAS layouts: x @ W^T with W^T stored [K, N], and (W x^T)^T
                         ("cublas-kn", lambda w: torch.mm(x, wts[id(w)])),
@@ -119,11 +141,11 @@ def main() -> int:
             continue
         for m in (args.m if args.m and not SMOKE else BATCHES):
             bench_shape(model, name, n, k, m, copy_bw, rows)
-    print("\n| model | linear | M | cuBLAS us | cuBLASLt | invariant | cuBLAS [K, N] | cuBLAS (W x^T)^T |\n|---|---|---|---|---|---|---|---|")
+    print("\n| model | linear | M | cuBLAS us | cuBLASLt | TunableOp | invariant | cuBLAS [K, N] | cuBLAS (W x^T)^T |\n|---|---|---|---|---|---|---|---|---|")
     for key in sorted({(r["model"], r["linear"], r["m"]) for r in rows}, key=str):
         got = {r["variant"]: r["us"] for r in rows if (r["model"], r["linear"], r["m"]) == key}
         if "cublas" in got:
-            rel = [f"{got[v] / got['cublas']:.2f}x" if v in got else "-" for v in ("cublaslt", "invariant", "cublas-kn", "cublas-wx")]
+            rel = [f"{got[v] / got['cublas']:.2f}x" if v in got else "-" for v in ("cublaslt", "tunable", "invariant", "cublas-kn", "cublas-wx")]
             print(f"| {key[0]} | {key[1]} | {key[2]} | {got['cublas']:.1f} | " + " | ".join(rel) + " |")
     print(f"total {time.time() - t0:.0f} s")
     if args.out:

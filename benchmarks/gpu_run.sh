@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
-#         profile-cpu overlap attn-ragged attn-cfg gemm-small sampler ab-small ab-seed-short ab-step seed-short seed small small-16k invariant peer
+#         profile-cpu overlap attn-ragged attn-cfg gemm-small sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf wheel), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.
@@ -72,6 +72,17 @@ for stage in "$@"; do
                (cd "${BASELINE:-.baseline}" && run ab-step-base-$i 200 python3 benchmarks/bench_step.py)
                run ab-step-new-$i 200 python3 benchmarks/bench_step.py
              done ;;
+    # programmatic dependent launch off (SLIPSTREAM_PDL=0) and on, alternately, twice
+    ab-pdl) for i in 1 2; do
+              run ab-pdl-off-small-$i 200 env SLIPSTREAM_PDL=0 python3 -m slipstream.cli bench --workload small-256 --mode async --out "$RES/off"
+              run ab-pdl-on-small-$i 200 python3 -m slipstream.cli bench --workload small-256 --mode async --out "$RES"
+            done ;;
+    ab-pdl-step) for i in ${REPS:-1}; do
+                   for m in "0.6b-48:qwen3-0.6b --batch 48 --context 1024" "0.6b-211:qwen3-0.6b --batch 211 --context 1024" "8b:llama-3.1-8b"; do
+                     run "ab-pdl-off-step-${m%%:*}-$i" 200 env SLIPSTREAM_PDL=0 python3 benchmarks/bench_step.py --model ${m#*:}
+                     run "ab-pdl-on-step-${m%%:*}-$i" 200 python3 benchmarks/bench_step.py --model ${m#*:}
+                   done
+                 done ;;
     profile) run profile 300 python3 benchmarks/profile_step.py --out "$RES" ;;
     profile-small) run profile-small 300 python3 benchmarks/profile_workload.py --workload small-256 --out "$RES" ;;
     profile-cpu) run profile-cpu 300 python3 benchmarks/profile_cpu.py --workload small-256 --prefill-only --top 40 ;;

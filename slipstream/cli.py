@@ -58,7 +58,7 @@ def _sampling_kwargs(a: argparse.Namespace) -> dict:
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from slipstream.batch_job import read_jsonl, run_job, write_jsonl
-    from slipstream.engine import LLM
+    from slipstream.engine import LLM, freeze_gc
     from slipstream.sampling_params import SamplingParams
 
     if a.workload:
@@ -70,6 +70,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     jobs = read_jsonl(a.input, defaults, a.chat) if a.input else None
     SamplingParams(**defaults)  # reject bad flags before the model loads
     llm = LLM(**_engine_kwargs(a))
+    freeze_gc()
     if jobs is None:
         params = SamplingParams(**defaults)
         prompt = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
@@ -92,7 +93,7 @@ def _generate_workload(a: argparse.Namespace) -> int:
     import time
 
     from slipstream.bench.workloads import get_workload
-    from slipstream.engine import LLM
+    from slipstream.engine import LLM, freeze_gc
 
     workload = get_workload(a.workload)
     kwargs = _engine_kwargs(a)
@@ -101,6 +102,7 @@ def _generate_workload(a: argparse.Namespace) -> int:
     if a.model is None:
         kwargs["load_format"] = "dummy"
     llm = LLM(**kwargs)
+    freeze_gc()
     start = time.perf_counter()
     outs = llm.generate(workload.prompts, workload.params, use_tqdm=not a.quiet)
     wall = time.perf_counter() - start

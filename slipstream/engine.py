@@ -6,6 +6,7 @@ the batch it just launched: the same engine, the baseline.
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import random
 import time
@@ -244,6 +245,20 @@ class StepLoop:
             if getattr(done, "gpu_times", None):
                 tl.gpu(done.batch.batch_id, done.gpu_times)
         return [r for r in touched if r.finished]
+
+
+def freeze_gc() -> None:
+    """Take everything alive now (model, CUDA graphs, imported modules: hundreds of thousands
+    of objects) out of the garbage collector's reach, for a process that keeps one engine.
+
+    Python's full collections scan every tracked object. While requests arrive their lists
+    trigger such collections, and scanning the startup heap with them stalls the CPU that
+    feeds the GPU (docs/benchmarks.md, "Garbage collector"). Frozen objects are never
+    scanned again, and never collected: call it once the engine is built and warmed up, in
+    processes that run one engine (the CLI does; tests, which build many, do not).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class LLM:

@@ -94,3 +94,33 @@ def test_write_json_creates_the_folder(tmp_path):
     from slipstream.bench.report import write_json
     path = write_json(str(tmp_path / "a" / "b"), "r.json", {"x": [1, 2]}, indent=1)
     assert path == str(tmp_path / "a" / "b" / "r.json") and json.loads(open(path).read()) == {"x": [1, 2]}
+
+
+def test_gc_pauses_records_collections_by_generation():
+    import gc
+
+    from slipstream.bench.throughput import GcPauses
+
+    with GcPauses() as pauses:
+        gc.collect(0)
+        gc.collect(2)
+    summary = pauses.summary()
+    assert summary["gen0"]["count"] >= 1 and summary["gen2"]["count"] >= 1
+    assert summary["gen2"]["max_ms"] >= 0.0 and summary["gen2"]["total_ms"] >= summary["gen2"]["max_ms"]
+    assert pauses._callback not in gc.callbacks  # removed on exit
+    with GcPauses() as quiet:
+        pass
+    assert quiet.summary() == {}
+
+
+def test_freeze_gc_moves_live_objects_out_of_the_collector():
+    import gc
+
+    from slipstream.engine import freeze_gc
+
+    try:
+        freeze_gc()
+        assert gc.get_freeze_count() > 1000  # at least the imported modules' objects
+        assert gc.get_count()[0] < 100  # the young generation starts empty
+    finally:
+        gc.unfreeze()

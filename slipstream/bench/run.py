@@ -12,7 +12,7 @@ from slipstream.bench.throughput import (COPY_BANDWIDTH, MATMUL_RATE, RunResult,
                                          measure_ceilings, result_dict, run_workload)
 from slipstream.bench.workloads import get_workload
 from slipstream.config import EngineConfig
-from slipstream.engine import LLMEngine
+from slipstream.engine import LLMEngine, freeze_gc
 from slipstream.sampling_params import SamplingParams
 
 
@@ -53,6 +53,7 @@ def run_bench(a) -> int:
     for prompt, p in zip(workload.prompts, workload.params):
         engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True))
     engine.run_until_done()
+    freeze_gc()
 
     modes = ["sync", "async"] if a.mode == "both" else [a.mode]
     results: dict[str, RunResult] = {}
@@ -71,6 +72,10 @@ def run_bench(a) -> int:
     print(RunResult.header())
     for r in results.values():
         print(r.row())
+    for mode, r in results.items():
+        print(f"{mode}: garbage-collector pauses " + (", ".join(
+            f"{g} {v['count']} x, {v['total_ms']:.1f} ms, longest {v['max_ms']:.1f} ms" for g, v in r.gc_pauses.items())
+            or "none"))
     for mode, r in results.items():
         if r.breakdown:
             print(f"\n{mode}: where the GPU time goes\n{breakdown_table(r.breakdown)}")

@@ -7,6 +7,7 @@ the run; wall / floor says how far from the hardware the engine is.
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -34,6 +35,7 @@ class RunResult:
     cpu_ms_per_step: float
     gpu_ms_per_step: float | None
     breakdown: list[dict] = field(default_factory=list)  # `step_breakdown`
+    gc_pauses: dict = field(default_factory=dict)  # `GcPauses.summary`
 
     def row(self) -> str:
         ga = f"{100 * self.gpu_active:.1f}%" if self.gpu_active is not None else "-"
@@ -160,6 +162,35 @@ def breakdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+class GcPauses:
+    """Python's garbage-collector pauses while active: count, total and longest, per
+    generation (a full collection stops the CPU that feeds the GPU)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._start))
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict:
+        out = {}
+        for gen in sorted({g for g, _ in self.pauses}):
+            times = [t for g, t in self.pauses if g == gen]
+            out[f"gen{gen}"] = {"count": len(times), "total_ms": 1e3 * sum(times), "max_ms": 1e3 * max(times)}
+        return out
+
+
 def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_BANDWIDTH,
                  rate: float = MATMUL_RATE) -> tuple[RunResult, Timeline, list]:
     """Run every request of `workload` to completion in `mode` ("sync" or "async")."""
@@ -169,13 +200,14 @@ def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_
     engine.loop.timeline = timeline
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
-    for prompt, params in zip(workload.prompts, workload.params):
-        engine.add_request(prompt, params)
-    outputs = engine.run_until_done()
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
-    wall = time.perf_counter() - start
+    with GcPauses() as gc_pauses:
+        start = time.perf_counter()
+        for prompt, params in zip(workload.prompts, workload.params):
+            engine.add_request(prompt, params)
+        outputs = engine.run_until_done()
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
     engine.loop.timeline = None
     tokens = sum(len(o.token_ids) for o in outputs)
     steps = len(timeline.batches)
@@ -189,7 +221,7 @@ def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_
         floor_s=floor, wall_over_floor=wall / floor if floor else float("nan"),
         cpu_ms_per_step=1e3 * cpu / max(steps, 1),
         gpu_ms_per_step=1e3 * sum(s.end - s.start for s in compute) / steps if compute else None,
-        breakdown=step_breakdown(timeline, floors) if compute else [])
+        breakdown=step_breakdown(timeline, floors) if compute else [], gc_pauses=gc_pauses.summary())
     return result, timeline, outputs
 
 
