@@ -32,3 +32,14 @@ def tiny_model(tmp_path_factory):
         return made[kind]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_gc():
+    """The CLI and `slipstream bench` freeze the collector's heap after start
+    (`engine.freeze_gc`); tests run them in-process, so thaw it after each test (frozen
+    objects would otherwise outlive the session and its engines)."""
+    yield
+    import gc
+    if gc.get_freeze_count():
+        gc.unfreeze()
