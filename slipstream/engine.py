@@ -6,6 +6,7 @@ the batch it just launched: the same engine, the baseline.
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import itertools
 import random
@@ -254,11 +255,14 @@ def freeze_gc() -> None:
     Python's full collections scan every tracked object. While requests arrive their lists
     trigger such collections, and scanning the startup heap with them stalls the CPU that
     feeds the GPU (docs/benchmarks.md, "Garbage collector"). Frozen objects are never
-    scanned again, and never collected: call it once the engine is built and warmed up, in
-    processes that run one engine (the CLI does; tests, which build many, do not).
+    scanned again, and not collected until the process exits (they are thawed then, so
+    extension modules see their objects released). Call it once the engine is built and
+    warmed up, in processes that run one engine (the CLI and `slipstream bench` do).
     """
     gc.collect()
     gc.freeze()
+    atexit.unregister(gc.unfreeze)  # once, however often this is called
+    atexit.register(gc.unfreeze)
 
 
 class LLM:
