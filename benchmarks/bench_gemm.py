@@ -5,8 +5,9 @@
 
 For each linear of the Llama-3.1-8B and Qwen3-0.6B decoders (qkv, o, gate_up, down,
 lm_head) at M = 32 and 256 rows (decode batches) and 4096 (a prefill chunk): time
-`F.linear` (cuBLAS, and with torch's BLAS preference set to cuBLASLt) and `invariant_linear` (slipstream.ops.triton_gemm, the
-`--batch-invariant` path).  Bandwidth counts weight + a + y bytes ("%copy": over the
+`F.linear` (cuBLAS; with torch's BLAS preference set to cuBLASLt; under TunableOp, which
+times cuBLAS's algorithms for the shape and keeps the fastest) and `invariant_linear`
+(slipstream.ops.triton_gemm, the `--batch-invariant` path).  Bandwidth counts weight + a + y bytes ("%copy": over the
 measured copy bandwidth), TFLOP/s counts 2 M N K.  Each call is timed in a CUDA graph over
 3 rotating weight copies (no L2 reuse), median of 20 replays
 (`slipstream.bench.cuda_timing`), after a check against `F.linear`.
