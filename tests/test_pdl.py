@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slipstream.ops.pdl import gdc_wait, use_pdl
+from slipstream.ops.pdl import gdc_wait, pdl_launch, use_pdl
 
 
 def test_pdl_is_off_off_cuda_and_when_disabled(monkeypatch):
     assert use_pdl(torch.device("cpu")) is False
+    assert pdl_launch(torch.device("cpu")) == {"USE_PDL": False, "launch_pdl": False}
     monkeypatch.setenv("SLIPSTREAM_PDL", "0")
     # decided before any CUDA call: safe without a GPU
     assert use_pdl(torch.device("cuda", 0)) is False
+    assert pdl_launch(torch.device("cuda", 0)) == {"USE_PDL": False, "launch_pdl": False}
 
 
 def test_this_triton_has_the_grid_dependency_ops():
@@ -23,6 +25,7 @@ def test_this_triton_has_the_grid_dependency_ops():
 def test_pdl_is_on_for_hopper():
     major = torch.cuda.get_device_capability()[0]
     assert use_pdl(torch.device("cuda")) is (major >= 9)
+    assert pdl_launch(torch.device("cuda")) == {"USE_PDL": major >= 9, "launch_pdl": major >= 9}
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.pdl import pdl_start, use_pdl
+from slipstream.ops.pdl import pdl_launch, pdl_start
 
 
 def carry_over_ref(input_ids: torch.Tensor, carry_idx: torch.Tensor, prev_tokens: torch.Tensor) -> None:
@@ -33,9 +33,8 @@ def _carry_over_kernel(ids_ptr, carry_ptr, prev_ptr, n, BLOCK: tl.constexpr, USE
 def carry_over_triton(input_ids: torch.Tensor, carry_idx: torch.Tensor, prev_tokens: torch.Tensor) -> None:
     n = input_ids.numel()
     block = 1024
-    pdl = use_pdl(input_ids.device)
     _carry_over_kernel[(triton.cdiv(n, block),)](input_ids, carry_idx, prev_tokens, n, BLOCK=block,
-                                                    USE_PDL=pdl, launch_pdl=pdl)
+                                                    **pdl_launch(input_ids.device))
 
 
 def carry_over(input_ids: torch.Tensor, carry_idx: torch.Tensor, prev_tokens: torch.Tensor) -> None:

@@ -12,6 +12,9 @@ launched normally: they wait for the complete previous kernel.
 
 `use_pdl(device)`: on for CUDA devices of compute capability 9.0+ when this Triton has the
 grid-dependency ops; `SLIPSTREAM_PDL=0` in the environment turns it off (A/B runs).
+`pdl_launch(device)`: the two launch arguments that must agree, the kernel's `USE_PDL` (it
+waits) and Triton's `launch_pdl` (it may start early); a kernel launched early that did not
+wait would read its inputs before they are written.
 """
 from __future__ import annotations
 
@@ -37,6 +40,12 @@ def use_pdl(device: torch.device) -> bool:
     if idx not in _ENABLED:
         _ENABLED[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
     return _ENABLED[idx]
+
+
+def pdl_launch(device: torch.device) -> dict:
+    """Launch arguments of a kernel that calls `pdl_start(USE_PDL)`: `**pdl_launch(device)`."""
+    on = use_pdl(device)
+    return {"USE_PDL": on, "launch_pdl": on}
 
 
 @triton.jit

@@ -46,7 +46,7 @@ import torch
 import triton
 
 from slipstream.ops.device import dot_flags, sm_count
-from slipstream.ops.pdl import use_pdl
+from slipstream.ops.pdl import pdl_launch
 from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel, _prefill_kernel
 
 LOG2E = 1.4426950408889634
@@ -226,7 +226,7 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: 
         part_out = out  # unused
         part_lse = out
     bt = meta.block_table
-    pdl = use_pdl(q.device)
+    pdl = pdl_launch(q.device)
     _decode_kernel[(num_rows, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_out, part_lse,
         meta.query_start_loc, meta.seq_lens, bt, order if order is not None else meta.seq_lens,
@@ -239,8 +239,8 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: 
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
-        MERGE=merge, SINGLE_ONLY=subset, IEEE=ieee, UPCAST=upcast, USE_PDL=pdl, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, launch_pdl=pdl)
+        MERGE=merge, SINGLE_ONLY=subset, IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl)
     if split and not merge:
         assert not subset, "a row subset needs split_counters (the reduce pass runs over every row)"
         _decode_reduce_kernel[(num_seqs, num_kv_heads)](
@@ -248,7 +248,7 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: 
             out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1),
             GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n,
-            MIN_CHUNK=cfg.min_chunk, USE_PDL=pdl, num_warps=4, launch_pdl=pdl)
+            MIN_CHUNK=cfg.min_chunk, num_warps=4, **pdl)
 
 
 def _prefill(q, k_cache, v_cache, meta, scale, out, cfg: PrefillConfig, skip_single: bool = False) -> None:
@@ -263,7 +263,6 @@ def _prefill(q, k_cache, v_cache, meta, scale, out, cfg: PrefillConfig, skip_sin
     ieee, upcast = dot_flags(q.dtype, q.device)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     bt = meta.block_table
-    pdl = use_pdl(q.device)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, bt,
         scale * LOG2E, num_seqs, num_tokens,
@@ -273,8 +272,8 @@ def _prefill(q, k_cache, v_cache, meta, scale, out, cfg: PrefillConfig, skip_sin
         bt.stride(0),
         GROUP=group, GROUP_P=group_p, BLOCK_M=cfg.block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SEQ_CHUNK=128, SKIP_SINGLE=skip_single,
-        IEEE=ieee, UPCAST=upcast, USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        launch_pdl=pdl)
+        IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_launch(q.device))
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta,

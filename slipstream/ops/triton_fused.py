@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.pdl import pdl_start, use_pdl
+from slipstream.ops.pdl import pdl_launch, pdl_start
 
 __all__ = [
     "rms_norm_triton",
@@ -102,15 +102,14 @@ def _launch_rms_norm(x2, r2, w, o2, ro2, eps: float) -> None:
     block_m, block_n, num_warps = _norm_launch_params(n_cols)
     grid = (triton.cdiv(n_rows, block_m),)
     has_res = r2 is not None
-    pdl = use_pdl(x2.device)
     _rms_norm_kernel[grid](
         x2, r2 if has_res else x2, w, o2, ro2 if has_res else o2,
         n_rows, n_cols,
         x2.stride(0), r2.stride(0) if has_res else 0,
         o2.stride(0), ro2.stride(0) if has_res else 0,
         float(eps),
-        HAS_RESIDUAL=has_res, BLOCK_M=block_m, BLOCK_N=block_n, USE_PDL=pdl, num_warps=num_warps,
-        launch_pdl=pdl,
+        HAS_RESIDUAL=has_res, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        **pdl_launch(x2.device),
     )
 
 
@@ -221,7 +220,6 @@ def silu_and_mul_triton(x: torch.Tensor, *, out: torch.Tensor | None = None) -> 
     block = min(1024, triton.next_power_of_2(inter))
     num_warps = 4 if block >= 1024 else (2 if block >= 256 else 1)
     grid = (n_rows, triton.cdiv(inter, block))
-    pdl = use_pdl(x.device)
     _silu_and_mul_kernel[grid](x2, o2, inter, x2.stride(0), o2.stride(0),
-                               BLOCK=block, USE_PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
+                               BLOCK=block, num_warps=num_warps, **pdl_launch(x.device))
     return out

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.pdl import pdl_start, use_pdl
+from slipstream.ops.pdl import pdl_launch, pdl_start
 
 __all__ = ["qkv_epilogue_triton"]
 
@@ -239,7 +239,6 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     if num_warps is None:
         num_warps = max(1, min(8, bh * D // 512))
     grid = (num_tokens, triton.cdiv(num_heads, bh) + 2 * triton.cdiv(num_kv_heads, bh))
-    pdl = use_pdl(qkv.device)
     _qkv_epilogue_kernel[grid](
         qkv, pos, cs, k_cache, v_cache, slots,
         q_norm_weight if q_norm else qkv, k_norm_weight if k_norm else qkv, out,
@@ -249,7 +248,7 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
         num_heads, num_kv_heads, float(eps),
         HALF=D // 2, BLOCK_H=bh, BLOCK_SIZE=block_size,
         Q_NORM=q_norm, K_NORM=k_norm, Q_MID_FP32=q_mid_fp32, K_MID_FP32=k_mid_fp32,
-        USE_PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
+        num_warps=num_warps, **pdl_launch(qkv.device),
         # no FMA contraction: the products and sums are rounded like the torch reference's
         enable_fp_fusion=False,
     )

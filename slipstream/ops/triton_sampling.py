@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.device import sm_count
-from slipstream.ops.pdl import pdl_start, use_pdl
+from slipstream.ops.pdl import pdl_launch, pdl_start
 
 __all__ = ["sample_tokens_triton", "gumbel_noise_triton", "random_bits_triton"]
 
@@ -227,19 +227,19 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
         part_idx = torch.empty(B, num_splits, dtype=torch.int32, device=logits.device)
     has_cutoff = cutoff is not None
     num_warps = 8 if block_v >= 2048 else 4
-    pdl = use_pdl(logits.device)
+    pdl = pdl_launch(logits.device)
     _sample_kernel[(B, num_splits)](
         logits, logits.stride(0), V, span,
         temperature, inv_t, cutoff if has_cutoff else inv_t, log_min_p, seed, token_index,
         part_val, part_idx, out,
         num_splits,
-        HAS_CUTOFF=has_cutoff, SINGLE=single, BLOCK_V=block_v, USE_PDL=pdl, num_warps=num_warps,
-        launch_pdl=pdl,
+        HAS_CUTOFF=has_cutoff, SINGLE=single, BLOCK_V=block_v, num_warps=num_warps,
+        **pdl,
     )
     if not single:
         _reduce_splits_kernel[(B,)](part_val, part_idx, out, num_splits,
-                                    BLOCK_S=triton.next_power_of_2(num_splits), USE_PDL=pdl,
-                                    num_warps=1, launch_pdl=pdl)
+                                    BLOCK_S=triton.next_power_of_2(num_splits),
+                                    num_warps=1, **pdl)
     return out
 
 
