@@ -8,7 +8,8 @@ pure-torch references are the oracle of everything here).
 Kernels
 -------
 * Decode (`meta.max_query_len == 1`), "flash-decoding":
-  `_decode_kernel`, grid (num_seqs, num_kv_heads, num_splits).  A program handles the
+  `_decode_kernel`, one flat grid of num_seqs x num_kv_heads x num_splits programs
+  (the split fastest, then the KV head, then the row).  A program handles the
   query heads that share one KV head together (GQA packing: a [BLOCK_G >= 16, D] q tile,
   so scores and P·V are `tl.dot`s) over one contiguous chunk of its sequence.  The chunk
   length is computed in the kernel from the row's real seq_len,
@@ -227,10 +228,10 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: 
         part_lse = out
     bt = meta.block_table
     pdl = pdl_launch(q.device)
-    _decode_kernel[(num_rows, num_kv_heads, num_splits)](
+    _decode_kernel[(num_rows * num_kv_heads * num_splits,)](
         q, k_cache, v_cache, out, part_out, part_lse,
         meta.query_start_loc, meta.seq_lens, bt, order if order is not None else meta.seq_lens,
-        counters if merge else meta.seq_lens, scale * LOG2E, num_seqs, num_tokens,
+        counters if merge else meta.seq_lens, scale * LOG2E, num_seqs, num_tokens, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -239,7 +240,8 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: 
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
-        MERGE=merge, SINGLE_ONLY=subset, IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps,
+        MERGE=merge, SINGLE_ONLY=subset, NUM_KV_HEADS=num_kv_heads, IEEE=ieee, UPCAST=upcast,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl)
     if split and not merge:
         assert not subset, "a row subset needs split_counters (the reduce pass runs over every row)"

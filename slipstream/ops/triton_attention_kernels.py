@@ -136,22 +136,26 @@ def _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_vali
     tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
-@triton.jit(do_not_specialize=["num_seqs", "num_tokens"])  # vary per step: no recompiles
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_splits"])  # no recompiles per step
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                    qsl_ptr, seq_lens_ptr, bt_ptr, order_ptr, counter_ptr, qk_scale, num_seqs,
-                   num_tokens, stride_qt, stride_qh, stride_ot, stride_oh,
+                   num_tokens, num_splits, stride_qt, stride_qh, stride_ot, stride_oh,
                    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
                    stride_bt, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
                    SPLIT: tl.constexpr, HAS_ORDER: tl.constexpr, MERGE: tl.constexpr,
-                   SINGLE_ONLY: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                   USE_PDL: tl.constexpr):
+                   SINGLE_ONLY: tl.constexpr, NUM_KV_HEADS: tl.constexpr, IEEE: tl.constexpr,
+                   UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_start(USE_PDL)
-    pid = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    num_splits = tl.num_programs(2)
+    # One flat grid, (row, KV head, split) with the split fastest: the hardware starts
+    # programs in id order, so with rows longest first every KV head of the longest row
+    # starts first and the whole grid runs longest-work-first (a grid with the KV head as
+    # its own axis would start the last head's long rows near the end).
+    prog = tl.program_id(0)
+    split = prog % num_splits
+    kvh = (prog // num_splits) % NUM_KV_HEADS
+    pid = prog // (num_splits * NUM_KV_HEADS)
     head0 = kvh * GROUP
     if pid == 0:
         if split == 0:
@@ -213,7 +217,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
             # Barrier: every thread's partial is stored before the release; the counter is
             # reset by that last program, ready for the next layer / step.
             tl.debug_barrier()
-            cnt = counter_ptr + seq * tl.num_programs(1) + kvh
+            cnt = counter_ptr + seq * NUM_KV_HEADS + kvh
             done = tl.atomic_add(cnt, 1, sem="acq_rel")
             n_valid = tl.cdiv(seq_len, chunk)
             if done == n_valid - 1:
