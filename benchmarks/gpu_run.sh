@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
-#         profile-cpu overlap attn-small attn-ragged attn-cfg gemm-small sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
+#         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf wheel), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.
@@ -87,9 +87,11 @@ for stage in "$@"; do
     profile-small) run profile-small 300 python3 benchmarks/profile_workload.py --workload small-256 --out "$RES" ;;
     profile-cpu) run profile-cpu 300 python3 benchmarks/profile_cpu.py --workload small-256 --prefill-only --top 40 ;;
     overlap) run overlap 240 python3 benchmarks/bench_overlap.py --out "$RES" ;;
-    # small-256's decode batches, one layer's attention: the baseline tree's kernel, then this one's
-    attn-small) run attn-small-base 240 python3 benchmarks/bench_decode_small256.py --tree "${BASELINE:-.baseline}" --label base --out "$RES"
-                run attn-small-new 240 python3 benchmarks/bench_decode_small256.py --label new --out "$RES" ;;
+    # attention on small-256's own decode and prefill-phase batches: this tree's kernels and
+    # config variants (attn-small), or the baseline tree's against this one's (attn-small-ab)
+    attn-small) run attn-small 300 python3 benchmarks/bench_attention_small256.py --label new --out "$RES" ;;
+    attn-small-ab) run attn-small-base 240 python3 benchmarks/bench_attention_small256.py --tree "${BASELINE:-.baseline}" --label base --no-variants --out "$RES"
+                   run attn-small-new 240 python3 benchmarks/bench_attention_small256.py --label new --no-variants --out "$RES" ;;
     attn-ragged) run attn-ragged 240 python3 benchmarks/bench_attention.py --out "$RES" \
                    --ragged 16:100:2000 --ragged 32:100:2000 --ragged 48:100:2000 --ragged 96:100:2000 \
                    --ragged 160:100:2000 --ragged 256:100:2000 --decode s1:num_splits=1 --decode s2:num_splits=2 \

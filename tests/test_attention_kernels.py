@@ -17,6 +17,7 @@ import torch
 from slipstream.ops.attention import AttentionMetadata, paged_attention, paged_attention_ref
 from slipstream.ops.triton_attention import (DecodeConfig, DecodeSplitPolicy, PrefillConfig,
                                              choose_num_splits, decode_split_options, effective_decode_config,
+                                             effective_prefill_config,
                                              paged_attention_triton, pick_decode_splits)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -166,6 +167,24 @@ def test_split_heuristic():
     # The decode path's effective config: fp32 shrinks tiles; min_chunk is a tile multiple.
     eff = effective_decode_config(DecodeConfig(block_n=64, min_chunk=100), torch.float32, 128)
     assert eff.block_n == 32 and eff.min_chunk == 128 and eff.num_warps >= 8
+    # more than large_batch rows: the large-batch tiles
+    for rows, tiles in ((128, (64, 4)), (129, (32, 2)), (256, (32, 2))):
+        eff = effective_decode_config(DecodeConfig(), torch.bfloat16, 128, num_rows=rows)
+        assert (eff.block_n, eff.num_warps) == tiles and eff.min_chunk == 256
+
+
+def test_prefill_rows_per_program():
+    # 32 query tokens a program by default (64..128 q rows), unless block_m is given
+    rows = {g: effective_prefill_config(PrefillConfig(), torch.bfloat16, 128, g).block_m for g in (1, 2, 3, 4, 8)}
+    assert rows == {1: 64, 2: 64, 3: 128, 4: 128, 8: 128}
+    assert effective_prefill_config(PrefillConfig(block_m=32), torch.bfloat16, 128, 2).block_m == 32
+    assert effective_prefill_config(PrefillConfig(), torch.float32, 128, 4).block_m == 32
+
+
+def test_decode_large_batch_tiles():
+    # the large-batch tiles (here from 3 rows on) give the same results
+    cfg = replace(SMALL_DECODE, large_batch=2, large_block_n=32, large_num_warps=2)
+    check_attention(DECODE_SEQS, 2, 4, 32, 8, torch.float32, seed=15, decode_config=cfg)
 
 
 def test_split_options_and_the_pick_from_row_lengths():
@@ -374,6 +393,9 @@ def compile_for_hopper() -> None:
                                          counters=counters)
             meta = replace(meta, max_query_len=max_q, max_seq_len=8192, num_decode=num_decode)
             ta.paged_attention_triton(q, kc, vc, meta, 0.1)
+    # the large-batch decode tiles (here from 2 rows on)
+    q, kc, vc, meta = make_batch([(8192, 1)] * 2, 8, 4, 128, 16, torch.bfloat16, seed=0)
+    ta.paged_attention_triton(q, kc, vc, meta, 0.1, decode_config=DecodeConfig(large_batch=1))
     ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
     for fn, args, kw in launches:
         kw = dict(kw, UPCAST=False) if "UPCAST" in kw else dict(kw)
@@ -412,7 +434,7 @@ def test_kernels_compile_for_hopper():
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 12, r.stdout
+    assert r.stdout.count("compiled") == 13, r.stdout
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes

@@ -70,12 +70,21 @@ class DecodeConfig:
     longest_first: bool = True  # use meta.decode_order when the batch has one
     fused_merge: bool = True  # merge splits in the last program (needs meta.split_counters)
     num_splits: int | None = None  # force a split count (tests, tuning); None: heuristic
+    # a batch of more than large_batch rows runs these tiles instead (more programs resident
+    # on an SM): on small-256's own batches (0.6B shape, H200) +2-4 points of copy bandwidth
+    # at 149-256 rows, -5 at 76-112 (docs/kernel-notes.md, sixth session)
+    large_batch: int = 128
+    large_block_n: int = 32
+    large_num_warps: int = 2
 
 
 @dataclass(frozen=True)
 class PrefillConfig:
     """Tunables of the prefill / mixed path."""
-    block_m: int = 128  # q rows per program = query tokens x packed heads (power of two)
+    # q rows per program = query tokens x packed heads (power of two); None: 32 query
+    # tokens (64..128 rows), the best on the H200 for 4 heads a KV head (8B, 128 rows) and
+    # for 2 (0.6B, 64 rows: 5-13% faster than 128 on small-256's prefill steps)
+    block_m: int | None = None
     block_n: int = 32  # KV tokens per tile (power of two >= 16); 32/4 warps/3 stages measured
     num_warps: int = 4  # best on the H200 (docs/kernel-notes.md, 2026-11-29)
     num_stages: int = 3
@@ -167,10 +176,14 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int
     return block_size, num_kv_heads, head_dim
 
 
-def effective_decode_config(cfg: DecodeConfig, dtype: torch.dtype, head_dim: int) -> DecodeConfig:
-    """The config the decode kernel really runs with: legal tile sizes, and smaller tiles /
-    more warps for fp32 (its IEEE dot products live in registers)."""
+def effective_decode_config(cfg: DecodeConfig, dtype: torch.dtype, head_dim: int,
+                            num_rows: int = 0) -> DecodeConfig:
+    """The config the decode kernel really runs with for `num_rows` rows: the large-batch
+    tiles above cfg.large_batch rows, legal tile sizes, and smaller tiles / more warps for
+    fp32 (its IEEE dot products live in registers)."""
     block_n, num_warps = cfg.block_n, cfg.num_warps
+    if num_rows > cfg.large_batch:
+        block_n, num_warps = cfg.large_block_n, cfg.large_num_warps
     if dtype == torch.float32:
         block_n, num_warps = min(block_n, 32), max(num_warps, 8)
     block_n = max(16, triton.next_power_of_2(block_n))
@@ -181,6 +194,8 @@ def effective_decode_config(cfg: DecodeConfig, dtype: torch.dtype, head_dim: int
 def effective_prefill_config(cfg: PrefillConfig, dtype: torch.dtype, head_dim: int,
                              group: int) -> PrefillConfig:
     block_m, block_n, num_warps = cfg.block_m, cfg.block_n, cfg.num_warps
+    if block_m is None:
+        block_m = min(128, max(64, 32 * triton.next_power_of_2(group)))
     if dtype == torch.float32:
         block_m, block_n, num_warps = min(block_m, 32), min(block_n, 32), max(num_warps, 8)
     elif head_dim > 128:
@@ -207,7 +222,7 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: 
     subset = num_rows is not None
     num_rows = num_rows if subset else num_seqs
     block_g = max(16, triton.next_power_of_2(group))
-    cfg = effective_decode_config(cfg, q.dtype, head_dim)
+    cfg = effective_decode_config(cfg, q.dtype, head_dim, num_rows)
     num_splits = choose_num_splits(num_rows, num_kv_heads, meta.max_seq_len, cfg, sm_count(q.device))
     ieee, upcast = dot_flags(q.dtype, q.device)
     split = num_splits > 1
