@@ -168,7 +168,7 @@ def test_split_heuristic():
     eff = effective_decode_config(DecodeConfig(block_n=64, min_chunk=100), torch.float32, 128)
     assert eff.block_n == 32 and eff.min_chunk == 128 and eff.num_warps >= 8
     # more than large_batch rows: the large-batch tiles
-    for rows, tiles in ((128, (64, 4)), (129, (32, 2)), (256, (32, 2))):
+    for rows, tiles in ((128, (64, 4)), (129, (32, 1)), (256, (32, 1))):
         eff = effective_decode_config(DecodeConfig(), torch.bfloat16, 128, num_rows=rows)
         assert (eff.block_n, eff.num_warps) == tiles and eff.min_chunk == 256
 

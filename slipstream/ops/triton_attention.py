@@ -72,10 +72,11 @@ class DecodeConfig:
     num_splits: int | None = None  # force a split count (tests, tuning); None: heuristic
     # a batch of more than large_batch rows runs these tiles instead (more programs resident
     # on an SM): on small-256's own batches (0.6B shape, H200) +2-4 points of copy bandwidth
-    # at 149-256 rows, -5 at 76-112 (docs/kernel-notes.md, sixth session)
+    # at 149-256 rows, -5 at 76-112; one warp rather than two: small-256 0.8% faster
+    # (docs/kernel-notes.md, sixth session)
     large_batch: int = 128
     large_block_n: int = 32
-    large_num_warps: int = 2
+    large_num_warps: int = 1
 
 
 @dataclass(frozen=True)
