@@ -63,7 +63,7 @@ DECODE_VARIANTS: dict[str, ta.DecodeConfig] = {
     "s4c1024": ta.DecodeConfig(num_splits=4, min_chunk=1024),
     "s8c512": ta.DecodeConfig(num_splits=8, min_chunk=512),
     "s8c1024": ta.DecodeConfig(num_splits=8, min_chunk=1024),
-    "n128s2": ta.DecodeConfig(block_n=128, num_stages=2),
+    "n128s2": ta.DecodeConfig(block_n=128, num_stages=2, large_batch=1 << 30),  # every batch size
 }
 PREFILL_VARIANTS: dict[str, ta.PrefillConfig] = {
     "default": ta.PrefillConfig(),

@@ -57,7 +57,8 @@ LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tunables of the decode (split-KV) path."""
+    """Tunables of the decode (split-KV) path.  block_n / num_warps apply to batches of up
+    to large_batch rows, large_block_n / large_num_warps to larger ones."""
     block_n: int = 64  # KV tokens per tile (any power of two >= 16; may span many blocks)
     num_warps: int = 4
     num_stages: int = 2  # measured best on the H200 (docs/kernel-notes.md, 2026-11-29)
