@@ -28,7 +28,7 @@ from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.engine import LLMEngine  # noqa: E402
 from slipstream.ops.attention import AttentionMetadata  # noqa: E402
-from slipstream.ops.fused import fused_add_rms_norm  # noqa: E402
+from slipstream.ops.fused import rms_norm  # noqa: E402
 
 
 class Half:
@@ -46,15 +46,14 @@ class Half:
 
 def layer_loop(model, half: Half, kv_caches, wait=None, signal=None):
     """The model's forward, layer by layer; `wait(i)` before layer i, `signal(i)` after it."""
-    x, residual = model.embed_tokens(half.ids), None
+    h = model.embed_tokens(half.ids)
     for i, (layer, kv) in enumerate(zip(model.layers, kv_caches)):
         if wait:
             wait(i)
-        x, residual = layer(x, residual, half.pos, half.meta, kv, model.cos_sin_cache)
+        layer(h, half.pos, half.meta, kv, model.cos_sin_cache)
         if signal:
             signal(i)
-    x, _ = fused_add_rms_norm(x, residual, model.norm.weight, model.config.rms_norm_eps)
-    return model.compute_logits(x)
+    return model.compute_logits(rms_norm(h, model.norm.weight, model.config.rms_norm_eps))
 
 
 def run_case(engine, bs: int, rng) -> dict:

@@ -52,26 +52,33 @@ def main() -> int:
     impls = {"new": triton_sampling}
     if args.old:
         impls["old"] = load_old(args.old)
-    variants = [(None, None), (2, 2048), (4, 2048), (8, 2048), (16, 2048), (8, 4096)]
+    # (splits, block, warps); None = the default's choice
+    variants = [(None, None, None), (8, 2048, None), (16, 2048, None), (None, 2048, 16),
+                (None, 1024, 8), (None, 1024, 4), (16, 1024, 8), (None, 512, 4), (16, 512, 4),
+                (None, 512, 2)]
     rows = []
-    print("| B | temp | impl | splits, block | us | floor us | same tokens as new default |")
+    print("| B | temp | impl | splits, block, warps | us | floor us | same tokens as new default |")
     print("|---|---|---|---|---|---|---|")
     for B, temperature in ((256, 0.6), (128, 0.6), (32, 0.6), (8, 0.6), (256, 0.0), (32, 0.0)):
         x = inputs(B, temperature)
         floor_us = 1e6 * x[0].numel() * 2 / BW
         ref = triton_sampling.sample_tokens_triton(x[0], x[1], x[2], x[3], None, x[4], x[5])
         for name, mod in impls.items():
-            for splits, block in variants:
-                if name == "old" and splits is not None:
+            for splits, block, warps in variants:
+                if name == "old" and block is not None:
                     continue
-                def call(mod=mod, splits=splits, block=block):
-                    return mod.sample_tokens_triton(x[0], x[1], x[2], x[3], None, x[4], x[5],
-                                                    num_splits=splits, block_v=block)
+                kw = dict(num_splits=splits, block_v=block)
+                if warps is not None:
+                    kw["num_warps"] = warps
+
+                def call(mod=mod, kw=kw):
+                    return mod.sample_tokens_triton(x[0], x[1], x[2], x[3], None, x[4], x[5], **kw)
                 same = bool(torch.equal(call(), ref))
                 us = 1e3 * time_graph([call] * 10)
-                label = "default" if splits is None else f"{splits}, {block}"
+                label = "default" if block is None else f"{splits or 'auto'}, {block}, {warps or 'auto'} warps"
                 print(f"| {B} | {temperature} | {name} | {label} | {us:.1f} | {floor_us:.1f} | {same} |")
-                rows.append(dict(B=B, temperature=temperature, impl=name, splits=splits, block=block, us=us,
+                rows.append(dict(B=B, temperature=temperature, impl=name, splits=splits, block=block,
+                                 warps=warps, us=us,
                                  floor_us=floor_us, same=same))
     if args.out:
         write_json(args.out, "bench_sampler.json", rows)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from slipstream.ops import fused
-from slipstream.ops.triton_fused import fused_add_rms_norm_triton, rms_norm_triton, silu_and_mul_triton
+from slipstream.ops.triton_fused import rms_norm_triton, silu_and_mul_triton
 from slipstream.ops.triton_qkv_epilogue import qkv_epilogue_triton
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -20,14 +20,6 @@ DTYPES = [torch.float32, torch.bfloat16]
 def _tol(dtype):
     # fp32: summation order only; bf16: one bf16 rounding step of the result
     return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=1.6e-2)
-
-
-def _sum_tol(dtype):
-    # x + residual rounded to the dtype: bit-exact on GPU (round-to-nearest-even, like torch).
-    # Triton's interpreter truncates fp32 -> bf16 instead, so allow one bf16 ulp there.
-    if dtype == torch.float32 or DEV == "cuda":
-        return dict(atol=0, rtol=0)
-    return dict(atol=1e-6, rtol=2 ** -7)
 
 
 def _gen(seed):
@@ -77,44 +69,19 @@ def test_rms_norm_strided_rows():
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,hidden", [(1, 16), (7, 45), (3, 513)])
-def test_fused_add_rms_norm_into_buffers(dtype, rows, hidden):
-    x = _randn(rows, hidden, dtype=dtype, seed=7, scale=2.0)
-    r = _randn(rows, hidden, dtype=dtype, seed=8, scale=2.0)
-    w = _randn(hidden, dtype=dtype, seed=9)
-    ref_out, ref_res = fused.fused_add_rms_norm_ref(x, r, w, 1e-6)
-    x0, r0 = x.clone(), r.clone()
-    out = torch.full_like(x, float("nan"))
-    res_out = torch.full_like(r, float("nan"))
-    got_out, got_res = fused_add_rms_norm_triton(x, r, w, 1e-6, out=out, residual_out=res_out)
-    assert got_out.data_ptr() == out.data_ptr() and got_res.data_ptr() == res_out.data_ptr()
-    assert not torch.isnan(got_out).any() and not torch.isnan(got_res).any()
-    # the residual sum is exact up to the dtype rounding (same op order as the reference)
-    torch.testing.assert_close(got_res, ref_res, **_sum_tol(dtype))
-    torch.testing.assert_close(got_out, ref_out, **_tol(dtype))
-    # inputs untouched when outputs are given
-    assert torch.equal(x, x0) and torch.equal(r, r0)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_add_rms_norm_inplace(dtype):
-    x = _randn(5, 96, dtype=dtype, seed=10)
-    r = _randn(5, 96, dtype=dtype, seed=11)
-    w = _randn(96, dtype=dtype, seed=12)
-    ref_out, ref_res = fused.fused_add_rms_norm_ref(x, r, w, 1e-6)
-    got_out, got_res = fused_add_rms_norm_triton(x, r, w, 1e-6)
-    # documented default: out written into x, sum into residual
-    assert got_out.data_ptr() == x.data_ptr() and got_res.data_ptr() == r.data_ptr()
-    torch.testing.assert_close(got_res, ref_res, **_sum_tol(dtype))
-    torch.testing.assert_close(got_out, ref_out, **_tol(dtype))
-    # out-of-place on request
-    x2, r2 = ref_res.clone(), ref_out.clone()
-    o, s = fused_add_rms_norm_triton(x2, r2, w, 1e-6, inplace=False)
-    assert o.data_ptr() != x2.data_ptr() and s.data_ptr() != r2.data_ptr()
-    ro, rs = fused.fused_add_rms_norm_ref(ref_res, ref_out, w, 1e-6)
-    torch.testing.assert_close(o, ro, **_tol(dtype))
-    torch.testing.assert_close(s, rs, **_sum_tol(dtype))
+def test_row_rstd_and_scale_rows_ref():
+    # the statistic of a folded norm: rms_norm(h) = h * rstd(h), and the finish of a GEMM
+    # that read h with gamma folded into its weights equals the unfolded computation
+    h = _randn(4, 48, dtype=torch.float32, seed=7, scale=3.0)
+    gamma = _randn(48, dtype=torch.float32, seed=8)
+    w = _randn(20, 48, dtype=torch.float32, seed=9)
+    b = _randn(20, dtype=torch.float32, seed=10)
+    torch.testing.assert_close(h * fused.row_rstd_ref(h, 1e-6), fused.rms_norm_ref(h, torch.ones(48, device=DEV), 1e-6))
+    unfolded = fused.rms_norm_ref(h, gamma, 1e-6) @ w.t() + b
+    folded = fused.scale_rows_ref(h @ (w * gamma[None, :]).t(), h, 1e-6, b)
+    torch.testing.assert_close(folded, unfolded, atol=1e-5, rtol=1e-5)
+    x = _randn(3, 5, dtype=torch.bfloat16, seed=11)
+    assert fused.scale_rows_ref(x, None, 1e-6) is x  # nothing to finish
 
 
 # ------------------------------------------------------------------------- RoPE cache (qkv epilogue)
@@ -137,6 +104,19 @@ def test_silu_and_mul(dtype, rows, inter):
     torch.testing.assert_close(got, ref, **_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,inter,hidden", [(1, 8, 16), (3, 37, 45), (2, 700, 8200)])
+def test_silu_and_mul_row_scale(dtype, rows, inter, hidden):
+    # the folded post-attention norm: gate and up scaled by rstd of the residual row
+    x = _randn(rows, 2 * inter, dtype=dtype, seed=36, scale=4.0)
+    h = _randn(rows, hidden, dtype=dtype, seed=37, scale=5.0)
+    ref = fused.silu_and_mul_ref(x, h, 1e-6)
+    assert not torch.allclose(ref.float(), fused.silu_and_mul_ref(x).float(), atol=1e-3)
+    torch.testing.assert_close(silu_and_mul_triton(x, hidden=h, eps=1e-6), ref, **_tol(dtype))
+    with pytest.raises(ValueError):
+        silu_and_mul_triton(x, hidden=h[:-1] if rows > 1 else h[:, :0].reshape(0, hidden))
+
+
 def test_silu_and_mul_strided_rows():
     buf = _randn(3, 100, dtype=torch.float32, seed=17)
     x = buf[:, :60]
@@ -154,16 +134,11 @@ def test_outputs_into_padded_buffers_leave_padding_alone():
     assert torch.isnan(big[:, I:]).all()
 
     h = _randn(T, H, dtype=torch.float32, seed=33)
-    r = _randn(T, H, dtype=torch.float32, seed=34)
     w = _randn(H, dtype=torch.float32, seed=35)
     o_big = torch.full((T, H + 3), float("nan"), device=DEV)
-    r_big = torch.full((T, H + 7), float("nan"), device=DEV)
-    fused_add_rms_norm_triton(h, r, w, 1e-6, out=o_big[:, 1:H + 1], residual_out=r_big[:, :H])
-    ro, rr = fused.fused_add_rms_norm_ref(h, r, w, 1e-6)
-    torch.testing.assert_close(o_big[:, 1:H + 1], ro, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(r_big[:, :H], rr, atol=0, rtol=0)
+    rms_norm_triton(h, w, 1e-6, out=o_big[:, 1:H + 1])
+    torch.testing.assert_close(o_big[:, 1:H + 1], fused.rms_norm_ref(h, w, 1e-6), atol=1e-5, rtol=1e-5)
     assert torch.isnan(o_big[:, 0]).all() and torch.isnan(o_big[:, H + 1:]).all()
-    assert torch.isnan(r_big[:, H:]).all()
 
 
 # ------------------------------------------------------------------------- dispatch
@@ -171,11 +146,11 @@ def test_outputs_into_padded_buffers_leave_padding_alone():
 @pytest.mark.skipif(DEV == "cpu", reason="dispatch goes to Triton only for CUDA tensors")
 def test_dispatch_uses_triton_on_cuda():
     x = _randn(2, 64, dtype=torch.float32, seed=18)
-    r = _randn(2, 64, dtype=torch.float32, seed=19)
+    h = _randn(2, 40, dtype=torch.float32, seed=19)
     w = _randn(64, dtype=torch.float32, seed=20)
-    ref = fused.fused_add_rms_norm_ref(x, r, w, 1e-6)
-    got = fused.fused_add_rms_norm(x.clone(), r.clone(), w, 1e-6)
-    torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused.rms_norm(x, w, 1e-6), fused.rms_norm_ref(x, w, 1e-6), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused.silu_and_mul(x, h, 1e-6), fused.silu_and_mul_ref(x, h, 1e-6),
+                               atol=1e-5, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------- real sizes (GPU)
@@ -186,40 +161,39 @@ def test_gpu_real_sizes():
     for dtype in DTYPES:
         tol = _tol(dtype)
         x = _randn(T, H, dtype=dtype, seed=21)
-        r = _randn(T, H, dtype=dtype, seed=22)
         w = _randn(H, dtype=dtype, seed=23)
         torch.testing.assert_close(rms_norm_triton(x, w, 1e-5), fused.rms_norm_ref(x, w, 1e-5), **tol)
-        ro, rr = fused.fused_add_rms_norm_ref(x, r, w, 1e-5)
-        go, gr = fused_add_rms_norm_triton(x.clone(), r.clone(), w, 1e-5)
-        torch.testing.assert_close(gr, rr, atol=0, rtol=0)
-        torch.testing.assert_close(go, ro, **tol)
         x8 = _randn(64, 8192, dtype=dtype, seed=24)
         w8 = _randn(8192, dtype=dtype, seed=25)
         torch.testing.assert_close(rms_norm_triton(x8, w8, 1e-5), fused.rms_norm_ref(x8, w8, 1e-5), **tol)
 
         g = _randn(T, 2 * I, dtype=dtype, seed=26)
         torch.testing.assert_close(silu_and_mul_triton(g), fused.silu_and_mul_ref(g), **tol)
+        torch.testing.assert_close(silu_and_mul_triton(g, hidden=x, eps=1e-5),
+                                   fused.silu_and_mul_ref(g, x, 1e-5), **tol)
         del g
 
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_capture():
-    T, H = 32, 4096
+    T, H, I = 32, 4096, 1024
     x = _randn(T, H, dtype=torch.bfloat16, seed=29)
-    r = _randn(T, H, dtype=torch.bfloat16, seed=30)
+    g = _randn(T, 2 * I, dtype=torch.bfloat16, seed=30)
     w = _randn(H, dtype=torch.bfloat16, seed=31)
-    xs, rs = x.clone(), r.clone()
-    fused_add_rms_norm_triton(xs.clone(), rs.clone(), w, 1e-5)  # compile outside the graph
+    xs, gs = x.clone(), g.clone()
+    rms_norm_triton(xs, w, 1e-5)  # compile outside the graph
+    silu_and_mul_triton(gs, hidden=xs, eps=1e-5)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        go, gr = fused_add_rms_norm_triton(xs, rs, w, 1e-5, inplace=False)
-    xs.copy_(x)
-    rs.copy_(r)
+        go = rms_norm_triton(xs, w, 1e-5)
+        so = silu_and_mul_triton(gs, hidden=xs, eps=1e-5)
+    xs.copy_(x * 2)
+    gs.copy_(g * 2)
     graph.replay()
     torch.cuda.synchronize()
-    ro, rr = fused.fused_add_rms_norm_ref(x, r, w, 1e-5)
-    torch.testing.assert_close(go, ro, **_tol(torch.bfloat16))
+    torch.testing.assert_close(go, fused.rms_norm_ref(x * 2, w, 1e-5), **_tol(torch.bfloat16))
+    torch.testing.assert_close(so, fused.silu_and_mul_ref(g * 2, x * 2, 1e-5), **_tol(torch.bfloat16))
     assert math.isfinite(go.float().sum().item())
 
 
@@ -228,7 +202,7 @@ def test_gpu_cuda_graph_capture():
 # composed references (qkv_epilogue_ref).
 
 def _epilogue_case(T, hq, hk, D, dtype, qk_norm, seed, num_blocks=8, block_size=4, max_pos=64,
-                   norm_dtype=None):
+                   norm_dtype=None, hidden_size=0, bias=False):
     g = _gen(seed)
     qkv = _randn(T, (hq + 2 * hk) * D, dtype=dtype, seed=seed, scale=2.0)
     positions = torch.randint(0, max_pos, (T,), generator=g).to(DEV)
@@ -241,9 +215,13 @@ def _epilogue_case(T, hq, hk, D, dtype, qk_norm, seed, num_blocks=8, block_size=
     cache_shape = (num_blocks, block_size, hk, D)
     k_cache = torch.full(cache_shape, float("nan"), dtype=dtype, device=DEV)
     v_cache = torch.full(cache_shape, float("nan"), dtype=dtype, device=DEV)
+    # the residual stream of a folded input norm, and the qkv bias (Qwen2)
+    hidden = _randn(T, hidden_size, dtype=dtype, seed=seed + 3, scale=3.0) if hidden_size else None
+    b = _randn(qkv.shape[1], dtype=dtype, seed=seed + 4) if bias else None
     return dict(qkv=qkv, positions=positions, cos_sin_cache=_cache(D, max_pos=max_pos),
                 k_cache=k_cache, v_cache=v_cache, slot_mapping=slots.to(DEV), num_heads=hq,
-                num_kv_heads=hk, head_dim=D, q_norm_weight=qw, k_norm_weight=kw, eps=1e-6)
+                num_kv_heads=hk, head_dim=D, q_norm_weight=qw, k_norm_weight=kw, eps=1e-6,
+                hidden=hidden, bias=b)
 
 
 def _run_epilogue(case, **kw):
@@ -276,10 +254,14 @@ def _check_epilogue(case, ref_q, ref_kc, ref_vc, got_q, got_kc, got_vc, exact_fp
         flat = got_c.view(-1, *got_c.shape[2:])
         assert torch.isnan(flat[~written]).all()
         assert not torch.isnan(flat[written]).any()
-    # v is a copy: bitwise
-    assert torch.equal(got_vc.view(-1, *got_vc.shape[2:])[written], ref_vc.view(-1, *ref_vc.shape[2:])[written])
+    got_v = got_vc.view(-1, *got_vc.shape[2:])[written]
+    ref_v = ref_vc.view(-1, *ref_vc.shape[2:])[written]
+    if case["hidden"] is None and case["bias"] is None:
+        assert torch.equal(got_v, ref_v)  # v is a copy: bitwise
+    else:
+        torch.testing.assert_close(got_v, ref_v, **tol)
     has_norm = case["q_norm_weight"] is not None
-    if dtype == torch.float32 and not has_norm and exact_fp32_rope:
+    if dtype == torch.float32 and not has_norm and exact_fp32_rope and case["hidden"] is None:
         tol = dict(atol=0, rtol=0)  # same fp32 ops in the same order (no FMA contraction)
     torch.testing.assert_close(got_q, ref_q, **tol)
     torch.testing.assert_close(got_kc, ref_kc, equal_nan=True, **tol)
@@ -304,6 +286,26 @@ def test_qkv_epilogue(dtype, hq, hk, D, qk_norm):
     # documented default: q written in place into the q columns of qkv; k, v columns untouched
     assert got_q.data_ptr() == qkv.data_ptr() and got_q.stride() == (qkv.stride(0), D, 1)
     assert torch.equal(qkv[:, hq * D:], qkv0[:, hq * D:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm,hidden_size,bias", [(False, 48, False), (True, 48, False),
+                                                      (False, 0, True), (False, 8200, True)])
+def test_qkv_epilogue_row_scale_and_bias(dtype, qk_norm, hidden_size, bias):
+    # the folded input norm's row scale (8200: wider than one row_rstd block, the loop) and
+    # the qkv bias, applied before the q/k norm and RoPE, and to v
+    case = _epilogue_case(7, 4, 2, 16, dtype, qk_norm, seed=45 + hidden_size, hidden_size=hidden_size,
+                          bias=bias)
+    result = _run_epilogue(case)
+    _check_epilogue(case, *result[:6])
+    # it does change v (q and k too, unless their own norms make them scale-invariant)
+    plain_vc = case["v_cache"].clone()
+    plain_q = fused.qkv_epilogue_ref(**dict(case, hidden=None, bias=None, k_cache=case["k_cache"].clone(),
+                                            v_cache=plain_vc))
+    assert not torch.allclose(plain_vc.nan_to_num(), result[2].nan_to_num(), atol=1e-2)
+    assert qk_norm or not torch.allclose(plain_q.float(), result[0].float(), atol=1e-2)
+    with pytest.raises(ValueError):
+        qkv_epilogue_triton(**dict(case, hidden=_randn(3, 8, dtype=dtype, seed=1)))
 
 
 def test_qkv_epilogue_out_blocking_and_int64_indices():

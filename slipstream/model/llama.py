@@ -8,6 +8,17 @@ q/k/v and gate/up are merged into one weight each, so each is a single matmul.
 The forward pass is CUDA-graph capturable: no host syncs, no branching on tensor values, no
 data-dependent shapes, no state kept between calls other than the caches passed in.
 Parameter names mirror Hugging Face's without the leading "model." (see loader.py).
+
+Folded norms. A layer's two RMSNorms feed one GEMM each (qkv, gate_up), and
+rmsnorm(h) W^T = rstd(h) * (h (W diag(gamma))^T) for a per-row scalar rstd(h). So after
+loading, `fold_norms` multiplies gamma into the columns of W_qkv and W_gate_up, the GEMMs
+read the residual stream h itself, and the kernel after each GEMM (qkv epilogue, SiLU·mul)
+computes rstd(h) per row and scales by it. The residual adds go into the o / down GEMMs
+(`linear_add_`: cuBLAS with beta = 1, h updated in place). A layer is then 4 GEMMs and 3
+small kernels (epilogue, attention, SiLU·mul) with no norm or add kernel of its own; only
+the final norm remains. The rounding differs from transformers' (normalised x rounded to
+bf16, times gamma, rounded; the sum rounded twice) by about one bf16 step: the tests hold
+us to transformers' logits within their tolerances.
 """
 from __future__ import annotations
 
@@ -19,9 +30,8 @@ from torch import nn
 
 from slipstream.model.config import ModelConfig
 from slipstream.ops.attention import AttentionMetadata, paged_attention
-from slipstream.ops.fused import (build_cos_sin_cache, fused_add_rms_norm, qkv_epilogue, rms_norm,
-                                  silu_and_mul)
-from slipstream.ops.linear import linear
+from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue, rms_norm, silu_and_mul
+from slipstream.ops.linear import linear, linear_add_
 
 
 def _empty(shape, dtype, device) -> nn.Parameter:
@@ -39,6 +49,10 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.batch_invariant)
+
+    def add_into(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """out += self(x), in place (the residual add inside the GEMM)."""
+        return linear_add_(out, x, self.weight, self.bias, self.batch_invariant)
 
 
 class Embedding(nn.Module):
@@ -97,30 +111,36 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, dtype, device)
             self.k_norm = RMSNorm(self.head_dim, dtype, device)
 
-    def forward(self, x, positions, meta: AttentionMetadata, kv_cache, cos_sin_cache):
-        num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)
+    def forward(self, h, positions, meta: AttentionMetadata, kv_cache, cos_sin_cache):
+        """Adds attention's output into the residual stream h (in place)."""
+        num_tokens = h.shape[0]
+        # the input norm is folded into the qkv weights; the bias comes after its row scale
+        qkv = linear(h, self.qkv_proj.weight, None, self.qkv_proj.batch_invariant)
         k_cache, v_cache = kv_cache
-        # q/k norm (Qwen3) + RoPE + KV-cache store: one kernel on CUDA (q is then a view
-        # into qkv), the torch reference on CPU
+        # row scale (+ bias), q/k norm (Qwen3), RoPE, KV-cache store: one kernel on CUDA
+        # (q is then a view into qkv), the torch reference on CPU
         q = qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
                          self.num_heads, self.num_kv_heads, self.head_dim,
                          q_norm_weight=self.q_norm.weight if self.qk_norm else None,
                          k_norm_weight=self.k_norm.weight if self.qk_norm else None,
-                         eps=self.eps)
+                         eps=self.eps, hidden=h, bias=self.qkv_proj.bias)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale, batch_invariant=self.batch_invariant)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return self.o_proj.add_into(h, out.reshape(num_tokens, self.q_size))
 
 
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig, dtype, device):
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
+        self.eps = config.rms_norm_eps
         self.gate_up_proj = Linear(hidden, 2 * inter, False, dtype, device)
         self.down_proj = Linear(inter, hidden, False, dtype, device)
 
-    def forward(self, x):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, h):
+        """Adds the MLP's output into the residual stream h (in place); the post-attention
+        norm is folded into the gate_up weights, its row scale applied by SiLU·mul."""
+        act = silu_and_mul(self.gate_up_proj(h), hidden=h, eps=self.eps)
+        return self.down_proj.add_into(h, act)
 
 
 class DecoderLayer(nn.Module):
@@ -132,17 +152,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, dtype, device)
         self.mlp = MLP(config, dtype, device)
 
-    def forward(self, x, residual, positions, meta, kv_cache, cos_sin_cache):
-        # `x` is the previous block's output, `residual` the running sum before it
-        # (None at the first layer); the residual add is fused into the norm.
-        if residual is None:
-            residual = x
-            x = rms_norm(x, self.input_layernorm.weight, self.eps)
-        else:
-            x, residual = fused_add_rms_norm(x, residual, self.input_layernorm.weight, self.eps)
-        x = self.self_attn(x, positions, meta, kv_cache, cos_sin_cache)
-        x, residual = fused_add_rms_norm(x, residual, self.post_attention_layernorm.weight, self.eps)
-        return self.mlp(x), residual
+    def forward(self, h, positions, meta, kv_cache, cos_sin_cache):
+        """Updates the residual stream h in place (norms folded: see the module doc)."""
+        self.self_attn(h, positions, meta, kv_cache, cos_sin_cache)
+        return self.mlp(h)
+
+    def fold_norms(self) -> None:
+        """Multiply each norm's weight into the columns of the GEMM it feeds (once)."""
+        for norm, proj in ((self.input_layernorm, self.self_attn.qkv_proj),
+                           (self.post_attention_layernorm, self.mlp.gate_up_proj)):
+            w = proj.weight
+            w.copy_((w.float() * norm.weight.float()[None, :]).to(w.dtype))
+            norm.weight.fill_(1.0)  # what is left of the norm: its statistic
 
 
 class LlamaForCausalLM(nn.Module):
@@ -155,6 +176,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, dtype, device) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, dtype, device)
         self.batch_invariant = False
+        self.norms_folded = False  # set by fold_norms, which the loader calls
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
         # float32 [max_position, head_dim]: cos | sin, built once (a buffer, not a parameter)
@@ -171,6 +193,16 @@ class LlamaForCausalLM(nn.Module):
             if hasattr(module, "batch_invariant"):
                 module.batch_invariant = enabled
 
+    @torch.no_grad()
+    def fold_norms(self) -> None:
+        """Fold every layer's norm weights into its qkv and gate_up weights (module doc);
+        the forward pass needs it. Called once, after the weights are loaded."""
+        if self.norms_folded:
+            raise RuntimeError("the norms are already folded into the weights")
+        for layer in self.layers:
+            layer.fold_norms()
+        self.norms_folded = True
+
     @property
     def lm_head_weight(self) -> torch.Tensor:
         if self.config.tie_word_embeddings:
@@ -181,12 +213,11 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm, for every token of the batch."""
         assert len(kv_caches) == len(self.layers), "one (k_cache, v_cache) pair per layer"
-        x = self.embed_tokens(input_ids)
-        residual = None
+        assert self.norms_folded, "load weights with slipstream.model.loader (it folds the norms)"
+        h = self.embed_tokens(input_ids)  # the residual stream, updated in place by each layer
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, positions, meta, kv_cache, self.cos_sin_cache)
-        x, _ = fused_add_rms_norm(x, residual, self.norm.weight, self.config.rms_norm_eps)
-        return x
+            layer(h, positions, meta, kv_cache, self.cos_sin_cache)
+        return rms_norm(h, self.norm.weight, self.config.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in the model's dtype from hidden states [N, hidden] (typically one

@@ -134,6 +134,7 @@ def load_model(source: str | os.PathLike | None, load_format: str = "auto", dtyp
             load_weights(model, gguf_file.iter_hf_tensors(config), path)
         else:
             load_weights(model, _iter_safetensors(files, device), path)
+        model.fold_norms()
     return model.eval(), config
 
 

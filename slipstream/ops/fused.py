@@ -1,10 +1,11 @@
-"""Element-wise ops the decoder fuses on the GPU: RMSNorm (+ residual), RoPE, SiLU·mul, and
-the attention prologue after the qkv GEMM (q/k norm + RoPE + KV-cache store, `qkv_epilogue`).
+"""Element-wise ops the decoder fuses on the GPU: RMSNorm, RoPE, SiLU·mul, and the attention
+prologue after the qkv GEMM (row scale + bias, q/k norm + RoPE + KV-cache store, `qkv_epilogue`).
 
 Each has a pure-torch reference (the CPU path and the oracle) and a dispatch that uses
 the Triton kernel of `slipstream.ops.triton_fused` for CUDA tensors.
-Numerics follow Hugging Face's Llama: statistics in float32, results cast back to the
-input dtype; the residual sum is rounded to the input dtype before it is normalised.
+Numerics: statistics in float32, results cast back to the input dtype. The decoder layers'
+RMSNorms are folded into the GEMMs after them (model/llama.py, "Folded norms"): their
+1 / rms statistic is applied by the kernel after the GEMM (`scale_rows_ref`), in float32.
 """
 from __future__ import annotations
 
@@ -17,11 +18,24 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return weight * xf.to(x.dtype)
 
 
-def fused_add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (rms_norm(x + residual) * weight, x + residual)."""
-    residual = (x.float() + residual.float()).to(x.dtype)
-    return rms_norm_ref(residual, weight, eps), residual
+def row_rstd_ref(hidden: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 [T, 1]: 1 / rms of each row of the residual stream (the RMSNorm statistic)."""
+    hf = hidden.float()
+    return torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def scale_rows_ref(x: torch.Tensor, hidden: torch.Tensor | None, eps: float,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The output of a GEMM whose RMSNorm weight was folded into its weights (model/llama.py,
+    "Folded norms"), finished: x * rstd(hidden) (+ bias), rounded once to x's dtype."""
+    if hidden is None and bias is None:
+        return x
+    xf = x.float()
+    if hidden is not None:
+        xf = xf * row_rstd_ref(hidden, eps)
+    if bias is not None:
+        xf = xf + bias.float()
+    return xf.to(x.dtype)
 
 
 def rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
@@ -43,10 +57,18 @@ def rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     return rotate(q), rotate(k)
 
 
-def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
-    """x [T, 2I] = [gate | up] -> silu(gate) * up, [T, I]."""
+def silu_and_mul_ref(x: torch.Tensor, hidden: torch.Tensor | None = None,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """x [T, 2I] = [gate | up] -> silu(gate) * up, [T, I].
+
+    With `hidden` [T, H] (the residual stream the gate_up GEMM read, its norm weight folded
+    into the GEMM's weights), gate and up are first scaled by rstd(hidden) in float32."""
     gate, up = x.chunk(2, dim=-1)
-    return (torch.nn.functional.silu(gate.float()) * up.float()).to(x.dtype)
+    g, u = gate.float(), up.float()
+    if hidden is not None:
+        r = row_rstd_ref(hidden, eps)
+        g, u = g * r, u * r
+    return (torch.nn.functional.silu(g) * u).to(x.dtype)
 
 
 def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tensor:
@@ -61,10 +83,13 @@ def qkv_epilogue_ref(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
                      num_heads: int, num_kv_heads: int, head_dim: int,
                      q_norm_weight: torch.Tensor | None = None,
                      k_norm_weight: torch.Tensor | None = None,
-                     eps: float = 1e-6) -> torch.Tensor:
+                     eps: float = 1e-6, hidden: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """Everything between the qkv GEMM and attention, composed from the references.
 
     qkv [T, (num_heads + 2 * num_kv_heads) * head_dim] = [q heads | k heads | v heads].
+    With `hidden` (the residual stream the GEMM read; the input norm's weight folded into
+    the qkv weights) and / or `bias`, qkv is first finished by `scale_rows_ref`.
     Per token: q and k heads get a per-head RMSNorm when their weights are given (Qwen3's
     q_norm / k_norm, `rms_norm_ref` over head_dim), then neox RoPE (`rope_ref`); k and v are
     written into the paged cache at slot_mapping[t] (-1: skipped; `store_kv_ref`).
@@ -76,6 +101,7 @@ def qkv_epilogue_ref(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
     num_tokens = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     assert qkv.shape[-1] == q_size + 2 * kv_size, "qkv width != (num_heads + 2 * num_kv_heads) * head_dim"
+    qkv = scale_rows_ref(qkv, hidden, eps, bias)
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     if q_norm_weight is not None:
         q = rms_norm_ref(q.reshape(-1, head_dim), q_norm_weight, eps)
@@ -96,24 +122,18 @@ def rms_norm(x, weight, eps):
     return rms_norm_ref(x, weight, eps)
 
 
-def fused_add_rms_norm(x, residual, weight, eps):
-    if x.is_cuda:
-        from slipstream.ops.triton_fused import fused_add_rms_norm_triton
-        return fused_add_rms_norm_triton(x, residual, weight, eps)
-    return fused_add_rms_norm_ref(x, residual, weight, eps)
-
-
-def silu_and_mul(x):
+def silu_and_mul(x, hidden=None, eps=1e-6):
     if x.is_cuda:
         from slipstream.ops.triton_fused import silu_and_mul_triton
-        return silu_and_mul_triton(x)
-    return silu_and_mul_ref(x)
+        return silu_and_mul_triton(x, hidden=hidden, eps=eps)
+    return silu_and_mul_ref(x, hidden, eps)
 
 
 def qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                  num_heads, num_kv_heads, head_dim, q_norm_weight=None, k_norm_weight=None,
-                 eps=1e-6):
-    """q/k norm + RoPE + KV store after the qkv GEMM; returns q [T, num_heads, head_dim].
+                 eps=1e-6, hidden=None, bias=None):
+    """(row scale + bias,) q/k norm + RoPE + KV store after the qkv GEMM; returns q
+    [T, num_heads, head_dim].
 
     CUDA: one Triton kernel that writes q IN PLACE into the q part of `qkv` and returns a
     strided view of it (last dim contiguous); qkv's contents are consumed.  CPU: the
@@ -124,6 +144,7 @@ def qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
         from slipstream.ops.triton_qkv_epilogue import qkv_epilogue_triton
         return qkv_epilogue_triton(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                                    num_heads, num_kv_heads, head_dim, q_norm_weight,
-                                   k_norm_weight, eps)
+                                   k_norm_weight, eps, hidden=hidden, bias=bias)
     return qkv_epilogue_ref(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                            num_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight, eps)
+                            num_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight, eps,
+                            hidden=hidden, bias=bias)

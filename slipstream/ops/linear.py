@@ -1,4 +1,5 @@
 """Linear layers: cuBLAS (`F.linear`) by default, the batch-invariant Triton GEMM on request.
+`linear_add_` adds a linear's output into a residual stream in place (cuBLAS beta = 1).
 
 `batch_invariant=True` (the engine's `--batch-invariant`) makes every row's result
 independent of the batch it is computed in (`slipstream.ops.triton_gemm`); on the CPU the
@@ -16,3 +17,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         from slipstream.ops.triton_gemm import invariant_linear
         return invariant_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def linear_add_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None = None, batch_invariant: bool = False) -> torch.Tensor:
+    """out += x W^T (+ b), in place; returns out.
+
+    cuBLAS reads `out` as C with beta = 1, so the residual add costs no kernel of its own
+    and the sum is rounded once (float32 accumulator + out, then out's dtype)."""
+    if batch_invariant and x.is_cuda:
+        return out.add_(linear(x, weight, bias, batch_invariant=True))
+    out.addmm_(x, weight.t())
+    if bias is not None:
+        out.add_(bias)
+    return out

@@ -1,22 +1,14 @@
-"""Triton kernels for the element-wise ops of the decoder: RMSNorm (+ residual), SiLU·mul.
-(RoPE is fused with the q/k norm and the KV store: `slipstream.ops.triton_qkv_epilogue`.)
+"""Triton kernels for the element-wise ops of the decoder: RMSNorm, SiLU·mul (with the row
+scale of a folded norm), and `row_rstd`, the RMS statistic the kernels after a folded
+norm's GEMM compute. (RoPE is fused with the q/k norm and the KV store:
+`slipstream.ops.triton_qkv_epilogue`.)
 
 Their semantics are those of the pure-torch references in `slipstream.ops.fused`
 (statistics in float32, results rounded to the input dtype at the same points), so the
 two agree up to float32 summation order (fp32: ~1e-6 relative; bf16: one bf16 ulp at most).
-
-Buffers:
-- `rms_norm_triton` writes a new tensor (or `out=`).
-- `fused_add_rms_norm_triton` by default works IN PLACE: the sum x + residual is written
-  into `residual` and the normalised output into `x`, and both are returned. Callers must
-  use the returned tensors and must not rely on the old contents of `x`/`residual`.
-  In place is skipped (fresh tensors are allocated) where it cannot hold: a dtype that
-  differs from the result's, or a buffer whose last dimension is not contiguous.
-  Pass `inplace=False`, or `out=` / `residual_out=`, to write elsewhere.
-- `silu_and_mul_triton` writes a new tensor (or `out=`).
-
-All launches depend only on shapes (no host syncs), so they are CUDA-graph safe. Under
-`TRITON_INTERPRET=1` the same kernels run on CPU tensors (tests).
+Both write a new tensor (or `out=`). All launches depend only on shapes (no host syncs),
+so they are CUDA-graph safe. Under `TRITON_INTERPRET=1` the same kernels run on CPU
+tensors (tests).
 """
 from __future__ import annotations
 
@@ -26,11 +18,33 @@ import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
 
-__all__ = [
-    "rms_norm_triton",
-    "fused_add_rms_norm_triton",
-    "silu_and_mul_triton",
-]
+__all__ = ["rms_norm_triton", "silu_and_mul_triton"]
+
+ROW_BLOCK_MAX = 8192  # residual-stream rows up to this width are summed in one block
+
+
+@triton.jit
+def row_rstd(row_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr):
+    """1 / sqrt(mean(row^2) + eps) of one row of N elements, in float32 (`row_rstd_ref`).
+    Callers issue their own loads first: the kernels after a GEMM are latency-bound at
+    decode sizes, and this load then overlaps theirs."""
+    if BLOCK >= N:  # one block: no loop, so the load is not held behind a loop boundary
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < N, other=0.0).to(tl.float32)
+        ss = tl.sum(x * x, axis=0)
+    else:
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, N, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + offs, mask=offs < N, other=0.0).to(tl.float32)
+            acc += x * x
+        ss = tl.sum(acc, axis=0)
+    return tl.rsqrt(ss / N + eps)
+
+
+def row_block(n: int) -> int:
+    """BLOCK of `row_rstd` for rows of n elements (the whole row up to 8192)."""
+    return min(triton.next_power_of_2(max(n, 1)), ROW_BLOCK_MAX)
 
 
 # ----------------------------------------------------------------------------- RMSNorm
@@ -38,18 +52,17 @@ __all__ = [
 
 @triton.jit(do_not_specialize=["n_rows"])  # varies per step: no recompiles
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+    x_ptr, w_ptr, out_ptr,
     n_rows, n_cols,
-    stride_x, stride_res, stride_out, stride_res_out,
+    stride_x, stride_out,
     eps,
-    HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_start(USE_PDL)
     # One program normalises BLOCK_M whole rows (BLOCK_N >= n_cols): every row is read
-    # completely before anything is written, so out / res_out may alias x / residual.
+    # completely before anything is written, so out may alias x.
     pid = tl.program_id(0)
     rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -58,16 +71,7 @@ def _rms_norm_kernel(
     mask = row_mask[:, None] & col_mask[None, :]
 
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0)
-        # the sum is rounded to the input dtype, then normalised (as the reference does)
-        s = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-        tl.store(res_out_ptr + rows[:, None] * stride_res_out + cols[None, :],
-                 s.to(res_out_ptr.dtype.element_ty), mask=mask)
-        xf = s.to(tl.float32)
-    else:
-        xf = x.to(tl.float32)
-
+    xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=1) / n_cols
     rstd = tl.rsqrt(var + eps)
     # normalised value rounded to the input dtype, then times the weight (reference order)
@@ -85,32 +89,6 @@ def _rows_2d(t: torch.Tensor) -> torch.Tensor:
     if t2.stride(-1) != 1:
         t2 = t2.contiguous()
     return t2
-
-
-def _norm_launch_params(n_cols: int) -> tuple[int, int, int]:
-    block_n = triton.next_power_of_2(max(n_cols, 1))
-    # several rows per program for small hidden sizes, one row for the big ones
-    block_m = max(1, min(16, 2048 // block_n))
-    num_warps = max(1, min(16, (block_m * block_n) // 512))
-    return block_m, block_n, num_warps
-
-
-def _launch_rms_norm(x2, r2, w, o2, ro2, eps: float) -> None:
-    n_rows, n_cols = x2.shape
-    if n_rows == 0:
-        return
-    block_m, block_n, num_warps = _norm_launch_params(n_cols)
-    grid = (triton.cdiv(n_rows, block_m),)
-    has_res = r2 is not None
-    _rms_norm_kernel[grid](
-        x2, r2 if has_res else x2, w, o2, ro2 if has_res else o2,
-        n_rows, n_cols,
-        x2.stride(0), r2.stride(0) if has_res else 0,
-        o2.stride(0), ro2.stride(0) if has_res else 0,
-        float(eps),
-        HAS_RESIDUAL=has_res, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
-        **pdl_launch(x2.device),
-    )
 
 
 def _check_out(out: torch.Tensor, shape, dtype, name: str) -> None:
@@ -135,59 +113,27 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
     else:
         _check_out(out, x.shape, out_dtype, "out")
     x2 = _rows_2d(x)
-    w = weight.contiguous()
-    _launch_rms_norm(x2, None, w, _as_rows_out(out, n, "out"), None, eps)
+    o2 = _as_rows_out(out, n, "out")
+    n_rows = x2.shape[0]
+    if n_rows == 0:
+        return out
+    block_n = triton.next_power_of_2(max(n, 1))
+    # several rows per program for small hidden sizes, one row for the big ones
+    block_m = max(1, min(16, 2048 // block_n))
+    num_warps = max(1, min(16, (block_m * block_n) // 512))
+    _rms_norm_kernel[(triton.cdiv(n_rows, block_m),)](
+        x2, weight.contiguous(), o2, n_rows, n, x2.stride(0), o2.stride(0), float(eps),
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **pdl_launch(x2.device),
+    )
     return out
-
-
-def _can_write_into(buf: torch.Tensor, dtype: torch.dtype) -> bool:
-    if buf.dtype != dtype:
-        return False
-    try:
-        b2 = buf.view(-1, buf.shape[-1])
-    except RuntimeError:
-        return False
-    return b2.stride(-1) == 1
-
-
-def fused_add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                              eps: float, *, inplace: bool = True,
-                              out: torch.Tensor | None = None,
-                              residual_out: torch.Tensor | None = None
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight * rms_norm(x + residual), x + residual) in one pass.
-
-    By default writes the sum into `residual` and the output into `x` (see module doc);
-    use the returned tensors.
-    """
-    if residual.shape != x.shape:
-        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
-    n = x.shape[-1]
-    out_dtype = torch.promote_types(weight.dtype, x.dtype)
-    res_dtype = x.dtype
-    if out is None:
-        out = x if (inplace and _can_write_into(x, out_dtype)) else \
-            torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    else:
-        _check_out(out, x.shape, out_dtype, "out")
-    if residual_out is None:
-        residual_out = residual if (inplace and _can_write_into(residual, res_dtype)) else \
-            torch.empty(x.shape, dtype=res_dtype, device=x.device)
-    else:
-        _check_out(residual_out, x.shape, res_dtype, "residual_out")
-    x2 = _rows_2d(x)
-    r2 = _rows_2d(residual)
-    w = weight.contiguous()
-    _launch_rms_norm(x2, r2, w, _as_rows_out(out, n, "out"),
-                     _as_rows_out(residual_out, n, "residual_out"), eps)
-    return out, residual_out
 
 
 # ----------------------------------------------------------------------------- SiLU * mul
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, n_inter, stride_x, stride_out, BLOCK: tl.constexpr,
+def _silu_and_mul_kernel(x_ptr, h_ptr, out_ptr, n_inter, stride_x, stride_h, stride_out, eps,
+                         N_HIDDEN: tl.constexpr, BLOCK: tl.constexpr, BLOCK_HID: tl.constexpr,
                          USE_PDL: tl.constexpr):
     pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -196,13 +142,22 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, n_inter, stride_x, stride_out, BLOCK: t
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + n_inter + cols, mask=mask, other=0.0)
     g = gate.to(tl.float32)
+    u = up.to(tl.float32)
+    if N_HIDDEN > 0:  # the folded post-attention norm's statistic (silu_and_mul_ref)
+        r = row_rstd(h_ptr + row * stride_h, eps, N_HIDDEN, BLOCK_HID)
+        g = g * r
+        u = u * r
     silu = g / (1.0 + tl.exp(-g))
-    y = silu * up.to(tl.float32)
+    y = silu * u
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul_triton(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., 2I] = [gate | up] -> silu(gate) * up, [..., I] (same dtype as x)."""
+def silu_and_mul_triton(x: torch.Tensor, *, hidden: torch.Tensor | None = None, eps: float = 1e-6,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., 2I] = [gate | up] -> silu(gate) * up, [..., I] (same dtype as x).
+
+    hidden [..., H]: the residual stream the gate_up GEMM read (its norm folded into the
+    GEMM); gate and up are scaled by its rows' rstd first (`silu_and_mul_ref`)."""
     two_i = x.shape[-1]
     if two_i % 2:
         raise ValueError(f"last dim must be even, got {two_i}")
@@ -215,11 +170,17 @@ def silu_and_mul_triton(x: torch.Tensor, *, out: torch.Tensor | None = None) -> 
     x2 = _rows_2d(x)
     o2 = _as_rows_out(out, inter, "out")
     n_rows = x2.shape[0]
+    if hidden is not None and hidden.shape[:-1] != x.shape[:-1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} must have x's rows {tuple(x.shape[:-1])}")
+    h2 = _rows_2d(hidden) if hidden is not None else x2
     if n_rows == 0 or inter == 0:
         return out
+    n_hidden = h2.shape[-1] if hidden is not None else 0  # 0: no row scale
     block = min(1024, triton.next_power_of_2(inter))
     num_warps = 4 if block >= 1024 else (2 if block >= 256 else 1)
     grid = (n_rows, triton.cdiv(inter, block))
-    _silu_and_mul_kernel[grid](x2, o2, inter, x2.stride(0), o2.stride(0),
-                               BLOCK=block, num_warps=num_warps, **pdl_launch(x.device))
+    _silu_and_mul_kernel[grid](x2, h2, o2, inter, x2.stride(0), h2.stride(0), o2.stride(0),
+                               float(eps), N_HIDDEN=n_hidden, BLOCK=block,
+                               BLOCK_HID=row_block(n_hidden),
+                               num_warps=num_warps, **pdl_launch(x.device))
     return out

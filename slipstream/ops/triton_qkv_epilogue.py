@@ -1,6 +1,7 @@
-"""One kernel for everything between the qkv GEMM and attention: per-head RMSNorm of q
-and k (Qwen3, optional), neox RoPE of q and k, and the store of k and v into the paged
-KV cache.  Semantics: `slipstream.ops.fused.qkv_epilogue_ref` (the oracle).
+"""One kernel for everything between the qkv GEMM and attention: the row scale of the
+folded input norm and the qkv bias (optional), per-head RMSNorm of q and k (Qwen3,
+optional), neox RoPE of q and k, and the store of k and v into the paged KV cache.
+Semantics: `slipstream.ops.fused.qkv_epilogue_ref` (the oracle).
 
 `qkv_epilogue_triton` writes the rotated q IN PLACE into the q part of `qkv` by default
 and returns a strided view [T, Hq, D] of it (or writes into `out=`); k and v go to the
@@ -13,6 +14,7 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.triton_fused import row_block, row_rstd
 
 __all__ = ["qkv_epilogue_triton"]
 
@@ -27,18 +29,47 @@ __all__ = ["qkv_epilogue_triton"]
 # heads of one kind, so the branch is uniform per program.  A head is loaded as its two
 # rotary halves [BLOCK_H, D/2] (x1 = d < D/2, x2 = d >= D/2): RoPE pairs (j, j + D/2) are then
 # element-wise, and the RMS statistic is sum(x1^2) + sum(x2^2) -- no shuffles.
-# Rounding follows `qkv_epilogue_ref` step by step: normalised value -> input dtype, times
+# With a folded input norm every program first computes its token's rstd from the residual
+# stream row (2-8 KB, read from L2 by the token's few programs).
+# Rounding follows `qkv_epilogue_ref` step by step: GEMM output * rstd (+ bias) -> input
+# dtype (`scale_rows_ref`), normalised value -> input dtype, times
 # the weight -> the norm's result dtype (promote(weight, input)), RoPE in float32 -> that
 # dtype once, then -> the cache dtype for k (a no-op when they agree).
 
 
 @triton.jit
-def _epi_norm_rope(x_ptrs, mask, w_ptr, cos, sin, eps,
-                   HALF: tl.constexpr, HAS_NORM: tl.constexpr, MID_FP32: tl.constexpr):
-    """Loads [BLOCK_H, HALF] x 2 halves at x_ptrs / x_ptrs + HALF; returns the rotated halves
-    in float32 (not yet rounded to the output dtype) and the input's dtype carrier."""
-    x1 = tl.load(x_ptrs, mask=mask, other=0.0)
-    x2 = tl.load(x_ptrs + HALF, mask=mask, other=0.0)
+def _epi_row_scale(h_row, eps, N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr):
+    """rstd of the token's residual-stream row (folded input norm; N_HIDDEN = 0: none), else 1."""
+    scale = tl.full([], 1.0, tl.float32)
+    if N_HIDDEN > 0:
+        scale = row_rstd(h_row, eps, N_HIDDEN, BLOCK_HID)
+    return scale
+
+
+@triton.jit
+def _epi_finish(x, b_ptrs, mask, scale, PRE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The GEMM output finished (`scale_rows_ref`): x * rstd (+ bias), rounded to x's dtype."""
+    if PRE:
+        xf = x.to(tl.float32) * scale
+        if HAS_BIAS:
+            xf = xf + tl.load(b_ptrs, mask=mask, other=0.0).to(tl.float32)
+        x = xf.to(x.dtype)
+    return x
+
+
+@triton.jit
+def _epi_norm_rope(row, cols, mask, bias_ptr, h_row, w_ptr, cos, sin, eps,
+                   HALF: tl.constexpr, HAS_NORM: tl.constexpr, MID_FP32: tl.constexpr,
+                   PRE: tl.constexpr, HAS_BIAS: tl.constexpr, N_HIDDEN: tl.constexpr,
+                   BLOCK_HID: tl.constexpr):
+    """Loads [BLOCK_H, HALF] x 2 halves at columns cols / cols + HALF of the row; returns the
+    rotated halves in float32 (not yet rounded to the output dtype) and the input's dtype
+    carrier. The row scale (from h_row) is loaded after x, so the two loads overlap."""
+    x1 = tl.load(row + cols, mask=mask, other=0.0)
+    x2 = tl.load(row + cols + HALF, mask=mask, other=0.0)
+    scale = _epi_row_scale(h_row, eps, N_HIDDEN, BLOCK_HID)
+    x1 = _epi_finish(x1, bias_ptr + cols, mask, scale, PRE, HAS_BIAS)
+    x2 = _epi_finish(x2, bias_ptr + cols + HALF, mask, scale, PRE, HAS_BIAS)
     x1f = x1.to(tl.float32)
     x2f = x2.to(tl.float32)
     if HAS_NORM:
@@ -68,16 +99,18 @@ def _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF: tl.constexpr):
 
 
 @triton.jit
-def _epi_q(row, pos_ptr, cs_ptr, w_ptr, out_ptr, t, h0, n_q_heads, eps,
+def _epi_q(row, bias_ptr, h_row, pos_ptr, cs_ptr, w_ptr, out_ptr, t, h0, n_q_heads, eps,
            stride_cs, stride_ot, stride_oh,
            HALF: tl.constexpr, BLOCK_H: tl.constexpr, HAS_NORM: tl.constexpr,
-           MID_FP32: tl.constexpr):
+           MID_FP32: tl.constexpr, PRE: tl.constexpr, HAS_BIAS: tl.constexpr,
+           N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr):
     cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
     h = h0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, HALF)
     mask = (h < n_q_heads)[:, None] & (d < HALF)[None, :]
-    x_ptrs = row + h[:, None] * (2 * HALF) + d[None, :]
-    o1, o2, x1 = _epi_norm_rope(x_ptrs, mask, w_ptr, cos, sin, eps, HALF, HAS_NORM, MID_FP32)
+    cols = h[:, None] * (2 * HALF) + d[None, :]
+    o1, o2, x1 = _epi_norm_rope(row, cols, mask, bias_ptr, h_row, w_ptr, cos, sin, eps,
+                                HALF, HAS_NORM, MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
     # out's dtype is the norm's result dtype (rope_ref rounds to it once)
     o_ptrs = out_ptr + t * stride_ot + h[:, None].to(tl.int64) * stride_oh + d[None, :]
     tl.store(o_ptrs, o1.to(out_ptr.dtype.element_ty), mask=mask)
@@ -85,10 +118,11 @@ def _epi_q(row, pos_ptr, cs_ptr, w_ptr, out_ptr, t, h0, n_q_heads, eps,
 
 
 @triton.jit
-def _epi_k(row, pos_ptr, cs_ptr, w_ptr, slot_ptr, cache_ptr, t, h0, n_q_heads, n_kv_heads, eps,
-           stride_cs, stride_cb, stride_cs_slot, stride_ch,
+def _epi_k(row, bias_ptr, h_row, pos_ptr, cs_ptr, w_ptr, slot_ptr, cache_ptr, t, h0, n_q_heads,
+           n_kv_heads, eps, stride_cs, stride_cb, stride_cs_slot, stride_ch,
            HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-           HAS_NORM: tl.constexpr, MID_FP32: tl.constexpr):
+           HAS_NORM: tl.constexpr, MID_FP32: tl.constexpr, PRE: tl.constexpr,
+           HAS_BIAS: tl.constexpr, N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr):
     slot = tl.load(slot_ptr + t).to(tl.int64)
     cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
     h = h0 + tl.arange(0, BLOCK_H)
@@ -97,8 +131,9 @@ def _epi_k(row, pos_ptr, cs_ptr, w_ptr, slot_ptr, cache_ptr, t, h0, n_q_heads, n
     # into integers, which tl.load rejects as a mask)
     mask = ((h < n_kv_heads) & (h * 0 + slot >= 0))[:, None] & (d < HALF)[None, :]
     slot = tl.maximum(slot, 0)
-    x_ptrs = row + (n_q_heads + h[:, None]) * (2 * HALF) + d[None, :]
-    o1, o2, x1 = _epi_norm_rope(x_ptrs, mask, w_ptr, cos, sin, eps, HALF, HAS_NORM, MID_FP32)
+    cols = (n_q_heads + h[:, None]) * (2 * HALF) + d[None, :]
+    o1, o2, x1 = _epi_norm_rope(row, cols, mask, bias_ptr, h_row, w_ptr, cos, sin, eps,
+                                HALF, HAS_NORM, MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
     if not MID_FP32:  # rope_ref's rounding to the input dtype, then the cache's dtype
         o1 = o1.to(x1.dtype)
         o2 = o2.to(x1.dtype)
@@ -109,16 +144,20 @@ def _epi_k(row, pos_ptr, cs_ptr, w_ptr, slot_ptr, cache_ptr, t, h0, n_q_heads, n
 
 
 @triton.jit
-def _epi_v(row, slot_ptr, cache_ptr, t, h0, n_q_heads, n_kv_heads,
+def _epi_v(row, bias_ptr, h_row, slot_ptr, cache_ptr, t, h0, n_q_heads, n_kv_heads, eps,
            stride_cb, stride_cs_slot, stride_ch,
-           HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+           HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+           PRE: tl.constexpr, HAS_BIAS: tl.constexpr, N_HIDDEN: tl.constexpr,
+           BLOCK_HID: tl.constexpr):
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = h0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, HEAD_DIM)
     mask = ((h < n_kv_heads) & (h * 0 + slot >= 0))[:, None] & (d < HEAD_DIM)[None, :]
     slot = tl.maximum(slot, 0)
-    v = tl.load(row + (n_q_heads + n_kv_heads + h[:, None]) * HEAD_DIM + d[None, :],
-                mask=mask, other=0.0)
+    cols = (n_q_heads + n_kv_heads + h[:, None]) * HEAD_DIM + d[None, :]
+    v = tl.load(row + cols, mask=mask, other=0.0)
+    scale = _epi_row_scale(h_row, eps, N_HIDDEN, BLOCK_HID)
+    v = _epi_finish(v, bias_ptr + cols, mask, scale, PRE, HAS_BIAS)
     c_ptrs = (cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs_slot
               + h[:, None].to(tl.int64) * stride_ch + d[None, :])
     tl.store(c_ptrs, v.to(cache_ptr.dtype.element_ty), mask=mask)
@@ -127,8 +166,9 @@ def _epi_v(row, slot_ptr, cache_ptr, t, h0, n_q_heads, n_kv_heads,
 @triton.jit
 def _qkv_epilogue_kernel(
     qkv_ptr, pos_ptr, cs_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, qw_ptr, kw_ptr, q_out_ptr,
+    h_ptr, bias_ptr,
     stride_t, stride_cs, stride_ot, stride_oh,
-    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_h,
     n_q_heads, n_kv_heads, eps,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -137,6 +177,10 @@ def _qkv_epilogue_kernel(
     K_NORM: tl.constexpr,
     Q_MID_FP32: tl.constexpr,
     K_MID_FP32: tl.constexpr,
+    N_HIDDEN: tl.constexpr,  # residual-stream width of a folded input norm; 0: none
+    HAS_BIAS: tl.constexpr,
+    PRE: tl.constexpr,  # N_HIDDEN > 0 or HAS_BIAS
+    BLOCK_HID: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_start(USE_PDL)
@@ -147,19 +191,20 @@ def _qkv_epilogue_kernel(
     n_qb = tl.cdiv(n_q_heads, BLOCK_H)
     n_kb = tl.cdiv(n_kv_heads, BLOCK_H)
     row = qkv_ptr + t * stride_t
+    h_row = h_ptr + t * stride_h
     if hb < n_qb:
-        _epi_q(row, pos_ptr, cs_ptr, qw_ptr, q_out_ptr, t, hb * BLOCK_H, n_q_heads, eps,
-               stride_cs, stride_ot, stride_oh,
-               HALF, BLOCK_H, Q_NORM, Q_MID_FP32)
+        _epi_q(row, bias_ptr, h_row, pos_ptr, cs_ptr, qw_ptr, q_out_ptr, t, hb * BLOCK_H,
+               n_q_heads, eps, stride_cs, stride_ot, stride_oh,
+               HALF, BLOCK_H, Q_NORM, Q_MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
     elif hb < n_qb + n_kb:
-        _epi_k(row, pos_ptr, cs_ptr, kw_ptr, slot_ptr, k_cache_ptr, t, (hb - n_qb) * BLOCK_H,
-               n_q_heads, n_kv_heads, eps,
+        _epi_k(row, bias_ptr, h_row, pos_ptr, cs_ptr, kw_ptr, slot_ptr, k_cache_ptr, t,
+               (hb - n_qb) * BLOCK_H, n_q_heads, n_kv_heads, eps,
                stride_cs, stride_kcb, stride_kcs, stride_kch,
-               HALF, BLOCK_H, BLOCK_SIZE, K_NORM, K_MID_FP32)
+               HALF, BLOCK_H, BLOCK_SIZE, K_NORM, K_MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
     else:
-        _epi_v(row, slot_ptr, v_cache_ptr, t, (hb - n_qb - n_kb) * BLOCK_H, n_q_heads, n_kv_heads,
-               stride_vcb, stride_vcs, stride_vch,
-               2 * HALF, BLOCK_H, BLOCK_SIZE)
+        _epi_v(row, bias_ptr, h_row, slot_ptr, v_cache_ptr, t, (hb - n_qb - n_kb) * BLOCK_H,
+               n_q_heads, n_kv_heads, eps, stride_vcb, stride_vcs, stride_vch,
+               2 * HALF, BLOCK_H, BLOCK_SIZE, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
 
 
 def _epilogue_block_h(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
@@ -182,6 +227,8 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
                         q_norm_weight: torch.Tensor | None = None,
                         k_norm_weight: torch.Tensor | None = None,
                         eps: float = 1e-6, *,
+                        hidden: torch.Tensor | None = None,
+                        bias: torch.Tensor | None = None,
                         out: torch.Tensor | None = None,
                         block_h: int | None = None,
                         num_warps: int | None = None) -> torch.Tensor:
@@ -193,7 +240,10 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     By default q is written IN PLACE into the q columns of qkv and the returned tensor is a
     view of qkv with strides (qkv.stride(0), D, 1); when the result dtype differs from
     qkv's (a float32 norm weight with half inputs) a new tensor is allocated instead.
-    `out=` ([T, Hq, D], last dim contiguous) writes q there.  `block_h` / `num_warps`
+    `out=` ([T, Hq, D], last dim contiguous) writes q there.
+    hidden [T, H] (last dim contiguous): the residual stream the GEMM read, whose norm weight
+    is folded into the qkv weights; bias [(Hq + 2 Hk) D]: the qkv bias, added after the
+    row scale (`scale_rows_ref`).  `block_h` / `num_warps`
     override the launch heuristic (benchmarks).  No host syncs: CUDA-graph capturable.
     """
     num_tokens = qkv.shape[0]
@@ -232,6 +282,13 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     for w, name in ((q_norm_weight, "q_norm_weight"), (k_norm_weight, "k_norm_weight")):
         if w is not None and (w.shape != (D,) or w.stride(0) != 1):
             raise ValueError(f"{name} must be a contiguous [{D}] tensor")
+    if hidden is not None and (hidden.dim() != 2 or hidden.shape[0] < num_tokens
+                               or hidden.stride(-1) != 1):
+        raise ValueError(f"hidden must be [{num_tokens}, H] with a contiguous last dim, "
+                         f"got {tuple(hidden.shape)}")
+    if bias is not None and (bias.shape != (qkv.shape[1],) or bias.stride(0) != 1):
+        raise ValueError(f"bias must be a contiguous [{qkv.shape[1]}] tensor")
+    n_hidden = hidden.shape[1] if hidden is not None else 0
     cs = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     pos = positions if positions.is_contiguous() else positions.contiguous()
     slots = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
@@ -242,12 +299,16 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     _qkv_epilogue_kernel[grid](
         qkv, pos, cs, k_cache, v_cache, slots,
         q_norm_weight if q_norm else qkv, k_norm_weight if k_norm else qkv, out,
+        hidden if hidden is not None else qkv, bias if bias is not None else qkv,
         qkv.stride(0), cs.stride(0), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        hidden.stride(0) if hidden is not None else 0,
         num_heads, num_kv_heads, float(eps),
         HALF=D // 2, BLOCK_H=bh, BLOCK_SIZE=block_size,
         Q_NORM=q_norm, K_NORM=k_norm, Q_MID_FP32=q_mid_fp32, K_MID_FP32=k_mid_fp32,
+        N_HIDDEN=n_hidden, HAS_BIAS=bias is not None, PRE=n_hidden > 0 or bias is not None,
+        BLOCK_HID=row_block(n_hidden),
         num_warps=num_warps, **pdl_launch(qkv.device),
         # no FMA contraction: the products and sums are rounded like the torch reference's
         enable_fp_fusion=False,

@@ -190,6 +190,7 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
                          log_min_p: torch.Tensor, cutoff: torch.Tensor | None,
                          seed: torch.Tensor, token_index: torch.Tensor, *,
                          num_splits: int | None = None, block_v: int | None = None,
+                         num_warps: int | None = None,
                          out: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token per row; int32 [B].
 
@@ -197,7 +198,8 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
     (inv_t = 1 / temperature, 1 for greedy rows; log_min_p = log(min_p), -inf = off);
     cutoff: float32 [B] threshold on the scaled logits that already folds top-k, top-p
     and min-p (then log_min_p is not read), or None; seed int64 [B]; token_index int32 [B].
-    num_splits / block_v: launch shape (None = chosen from the shapes and the device).
+    num_splits / block_v / num_warps: launch shape (None = chosen from the shapes and the
+    device).
     """
     B, V = logits.shape
     if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -226,7 +228,8 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
         part_val = torch.empty(B, num_splits, dtype=torch.float32, device=logits.device)
         part_idx = torch.empty(B, num_splits, dtype=torch.int32, device=logits.device)
     has_cutoff = cutoff is not None
-    num_warps = 8 if block_v >= 2048 else 4
+    if num_warps is None:
+        num_warps = 8 if block_v >= 2048 else 4
     pdl = pdl_launch(logits.device)
     _sample_kernel[(B, num_splits)](
         logits, logits.stride(0), V, span,
