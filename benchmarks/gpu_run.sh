@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
-#         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
+#         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf wheel), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.
@@ -97,6 +97,7 @@ for stage in "$@"; do
                    --ragged 160:100:2000 --ragged 256:100:2000 --decode s1:num_splits=1 --decode s2:num_splits=2 \
                    --decode s3:num_splits=3 --decode s4:num_splits=4 --decode s5:num_splits=5 --decode s9:num_splits=9 \
                    --only s1 --only s2 --only s3 --only s4 --only s5 --only s9 ;;
+    small-kernels) run small-kernels 240 python3 benchmarks/bench_small_kernels.py --out "$RES" ;;
     residual-gemm) run residual-gemm 240 python3 benchmarks/bench_residual_gemm.py --out "$RES" ;;
     gemm-small) run gemm-small 240 python3 benchmarks/bench_gemm.py --model 0.6b --m 8 --m 32 --m 64 --m 128 --m 256 --out "$RES" ;;
     attn-cfg) run attn-cfg 300 python3 benchmarks/bench_attention.py --out "$RES" \

@@ -153,7 +153,8 @@ def _silu_and_mul_kernel(x_ptr, h_ptr, out_ptr, n_inter, stride_x, stride_h, str
 
 
 def silu_and_mul_triton(x: torch.Tensor, *, hidden: torch.Tensor | None = None, eps: float = 1e-6,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, block: int | None = None,
+                        num_warps: int | None = None) -> torch.Tensor:
     """x [..., 2I] = [gate | up] -> silu(gate) * up, [..., I] (same dtype as x).
 
     hidden [..., H]: the residual stream the gate_up GEMM read (its norm folded into the
@@ -176,8 +177,8 @@ def silu_and_mul_triton(x: torch.Tensor, *, hidden: torch.Tensor | None = None, 
     if n_rows == 0 or inter == 0:
         return out
     n_hidden = h2.shape[-1] if hidden is not None else 0  # 0: no row scale
-    block = min(1024, triton.next_power_of_2(inter))
-    num_warps = 4 if block >= 1024 else (2 if block >= 256 else 1)
+    block = block or min(1024, triton.next_power_of_2(inter))  # block / num_warps: benchmarks
+    num_warps = num_warps or (4 if block >= 1024 else (2 if block >= 256 else 1))
     grid = (n_rows, triton.cdiv(inter, block))
     _silu_and_mul_kernel[grid](x2, h2, o2, inter, x2.stride(0), h2.stride(0), o2.stride(0),
                                float(eps), N_HIDDEN=n_hidden, BLOCK=block,
