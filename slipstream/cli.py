@@ -14,7 +14,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step, the prefill chunk budget (default 16384 on GPUs of "
+                        ">= 70 GiB, else 8192)")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")

@@ -16,7 +16,7 @@ from collections import deque
 import torch
 
 from slipstream.bench.timeline import Timeline
-from slipstream.config import EngineConfig
+from slipstream.config import EngineConfig, default_max_num_batched_tokens
 from slipstream.kv_cache import BlockPool, InFlight
 from slipstream.model.loader import load_model, resolve_model_source
 from slipstream.request import Request, RequestOutput, Status
@@ -53,20 +53,22 @@ class LLMEngine:
         if async_mode is None:
             async_mode = self.device.type == "cuda"
         self.async_scheduling = async_mode
+        tokens = config.max_num_batched_tokens or self._default_batched_tokens()
+        self.max_num_batched_tokens = tokens
         opts = RunnerOptions(
-            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=tokens,
             max_model_len=self.max_model_len, block_size=config.block_size,
             num_kv_blocks=config.num_kv_blocks, gpu_memory_utilization=config.gpu_memory_utilization,
             cpu_kv_cache_gib=config.cpu_kv_cache_gib, use_cuda_graphs=not config.enforce_eager,
             cuda_graph_max_batch=config.cuda_graph_max_batch or config.max_num_seqs,
-            cuda_graph_max_tokens=(config.max_num_batched_tokens if config.cuda_graph_max_tokens is None
+            cuda_graph_max_tokens=(tokens if config.cuda_graph_max_tokens is None
                                    else config.cuda_graph_max_tokens),
             trace=config.trace)
         self.runner = ModelRunner(self.model, self.model_config, opts, self.device, self.dtype)
         self.table = RequestTable(config.max_num_seqs, self.max_model_len, config.block_size)
         self.pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                               InFlight(), debug=config.debug_kv)
-        self.scheduler = Scheduler(self.pool, self.table, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.pool, self.table, config.max_num_seqs, tokens)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids if self.tokenizer else
                                        self.model_config.eos_token_ids)
         self.timeline = Timeline() if config.trace else None
@@ -75,6 +77,13 @@ class LLMEngine:
         self._ended: list[Request] = []  # rejected or aborted, reported by the next step
         self._ids = itertools.count()
         self._seeds = random.Random(config.seed)
+
+    def _default_batched_tokens(self) -> int:
+        if self.device.type != "cuda":
+            return default_max_num_batched_tokens("cpu", max_num_seqs=self.config.max_num_seqs)
+        props = torch.cuda.get_device_properties(self.device)
+        return default_max_num_batched_tokens("cuda", props.total_memory, props.name,
+                                              self.config.max_num_seqs)
 
     def _max_model_len(self) -> int:
         cfg = self.model_config

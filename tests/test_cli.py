@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from slipstream import LLM
 from slipstream.cli import main
-from slipstream.config import EngineConfig
+from slipstream.config import EngineConfig, default_max_num_batched_tokens
 
 
 def test_generate_a_chat_prompt(capsys):
@@ -57,6 +58,22 @@ def test_engine_config_names_the_bad_option():
     assert EngineConfig(cuda_graph_max_tokens=0).cuda_graph_max_tokens == 0  # 0: mixed steps eager
     with pytest.raises(ValueError, match="cuda_graph_max_tokens must be a positive integer"):
         EngineConfig(cuda_graph_max_tokens=1.5)
+
+
+def test_default_tokens_per_step_follow_the_device():
+    # 16384 on 70 GiB+ GPUs (not the A100), 8192 elsewhere, never below max_num_seqs;
+    # a given value is kept and checked
+    h200 = 143 * 2**30
+    assert default_max_num_batched_tokens("cuda", h200, "NVIDIA H200") == 16384
+    assert default_max_num_batched_tokens("cuda", 80 * 2**30, "NVIDIA A100-SXM4-80GB") == 8192
+    assert default_max_num_batched_tokens("cuda", 24 * 2**30, "NVIDIA L4") == 8192
+    assert default_max_num_batched_tokens("cpu") == 8192
+    assert default_max_num_batched_tokens("cpu", max_num_seqs=10000) == 10000
+    assert EngineConfig().max_num_batched_tokens is None
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        EngineConfig(max_num_batched_tokens=0)
+    llm = LLM(device="cpu", max_model_len=128)
+    assert llm.engine.max_num_batched_tokens == llm.engine.scheduler.max_num_batched_tokens == 8192
 
 
 def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypatch, capsys):

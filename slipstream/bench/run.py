@@ -62,7 +62,7 @@ def run_bench(a) -> int:
         results[mode], timelines[mode], outs = run_workload(engine, workload, mode, bandwidth, rate)
         outputs[mode] = {o.request_id: o.token_ids for o in outs}
     summary = {"workload": workload.name, "env": environment(), "engine_init_s": init_s,
-               "engine_options": engine_options,
+               "engine_options": dict(engine_options, max_num_batched_tokens=engine.max_num_batched_tokens),
                "copy_bandwidth": bandwidth, "matmul_rate": rate, "kv_blocks": engine.pool.num_blocks,
                "results": {m: result_dict(r) for m, r in results.items()}}
     if len(modes) == 2:

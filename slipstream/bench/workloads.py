@@ -34,7 +34,7 @@ def seed_8b(new_tokens: int = 8192, name: str = "seed-8b") -> Workload:
     prompts = [[rng.randrange(128000) for _ in range(256)] for _ in range(32)]
     params = [SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)] * 32
     return Workload(name, os.path.join(CONFIGS, "llama-3.1-8b"), prompts, params,
-                    dict(max_num_seqs=32, max_model_len=256 + new_tokens, max_num_batched_tokens=8192))
+                    dict(max_num_seqs=32, max_model_len=256 + new_tokens))
 
 
 def small_256() -> Workload:
@@ -45,7 +45,7 @@ def small_256() -> Workload:
     params = [SamplingParams(max_tokens=m, temperature=0.6, ignore_eos=True, seed=i)
               for i, (_, m) in enumerate(pairs)]
     return Workload("small-256", os.path.join(CONFIGS, "qwen3-0.6b"), prompts, params,
-                    dict(max_num_seqs=256, max_model_len=2048, max_num_batched_tokens=8192))
+                    dict(max_num_seqs=256, max_model_len=2048))
 
 
 def tiny(num_requests: int = 8, new_tokens: int = 16) -> Workload:
