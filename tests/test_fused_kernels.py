@@ -11,7 +11,7 @@ import torch
 
 from slipstream.ops import fused
 from slipstream.ops.triton_fused import rms_norm_triton, silu_and_mul_triton
-from slipstream.ops.triton_qkv_epilogue import qkv_epilogue_triton
+from slipstream.ops.triton_qkv_epilogue import epilogue_launch, qkv_epilogue_triton
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16]
@@ -306,6 +306,18 @@ def test_qkv_epilogue_row_scale_and_bias(dtype, qk_norm, hidden_size, bias):
     assert qk_norm or not torch.allclose(plain_q.float(), result[0].float(), atol=1e-2)
     with pytest.raises(ValueError):
         qkv_epilogue_triton(**dict(case, hidden=_randn(3, 8, dtype=dtype, seed=1)))
+
+
+def test_epilogue_launch_shape():
+    # 1024-element blocks at decode sizes, 2048 at prefill sizes, 4 warps; in batch-invariant
+    # mode one shape at every token count (the rstd and q/k norm reductions keep their order)
+    assert epilogue_launch(211, 16, 8, 128) == (8, 4)
+    assert epilogue_launch(8192, 16, 8, 128) == (16, 4)
+    assert {epilogue_launch(t, 16, 8, 128, batch_invariant=True) for t in (1, 37, 211, 8192)} == {(8, 4)}
+    assert {epilogue_launch(t, 9, 3, 64, batch_invariant=True) for t in (1, 4096)} == {(16, 4)}
+    # the invariant shape runs and agrees with the reference
+    case = _epilogue_case(5, 4, 2, 16, torch.float32, True, seed=46, hidden_size=40)
+    _check_epilogue(case, *_run_epilogue(case, batch_invariant=True)[:6])
 
 
 def test_qkv_epilogue_out_blocking_and_int64_indices():

@@ -123,7 +123,8 @@ class Attention(nn.Module):
                          self.num_heads, self.num_kv_heads, self.head_dim,
                          q_norm_weight=self.q_norm.weight if self.qk_norm else None,
                          k_norm_weight=self.k_norm.weight if self.qk_norm else None,
-                         eps=self.eps, hidden=h, bias=self.qkv_proj.bias)
+                         eps=self.eps, hidden=h, bias=self.qkv_proj.bias,
+                         batch_invariant=self.batch_invariant)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale, batch_invariant=self.batch_invariant)
         return self.o_proj.add_into(h, out.reshape(num_tokens, self.q_size))
 

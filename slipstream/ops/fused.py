@@ -131,7 +131,7 @@ def silu_and_mul(x, hidden=None, eps=1e-6):
 
 def qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                  num_heads, num_kv_heads, head_dim, q_norm_weight=None, k_norm_weight=None,
-                 eps=1e-6, hidden=None, bias=None):
+                 eps=1e-6, hidden=None, bias=None, batch_invariant=False):
     """(row scale + bias,) q/k norm + RoPE + KV store after the qkv GEMM; returns q
     [T, num_heads, head_dim].
 
@@ -144,7 +144,8 @@ def qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
         from slipstream.ops.triton_qkv_epilogue import qkv_epilogue_triton
         return qkv_epilogue_triton(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                                    num_heads, num_kv_heads, head_dim, q_norm_weight,
-                                   k_norm_weight, eps, hidden=hidden, bias=bias)
+                                   k_norm_weight, eps, hidden=hidden, bias=bias,
+                                   batch_invariant=batch_invariant)
     return qkv_epilogue_ref(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                             num_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight, eps,
                             hidden=hidden, bias=bias)

@@ -207,18 +207,24 @@ def _qkv_epilogue_kernel(
                2 * HALF, BLOCK_H, BLOCK_SIZE, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
 
 
-def _epilogue_block_h(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
-    """Heads per program: blocks of up to 2048 elements, shrunk (down to 512 elements) while
-    the grid has fewer than ~1024 programs, so that small decode batches still spread over
-    all SMs and prefill gets programs big enough to amortise their fixed cost."""
+def epilogue_launch(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                    batch_invariant: bool = False) -> tuple[int, int]:
+    """(heads per program, warps). Blocks of up to 2048 elements, shrunk (down to 1024
+    elements) while the grid has fewer than ~1024 programs, so that small decode batches still
+    spread over all SMs and prefill gets programs big enough to amortise their fixed cost;
+    always 4 warps (1024-element blocks with 4 warps were the fastest at 16-256 rows on the
+    0.6B shape: benchmarks/bench_small_kernels.py). batch_invariant: the block of a one-token
+    batch at every size, so that no reduction (the row's rstd, the q/k norms) changes its
+    order with the batch."""
     bh = max(1, min(triton.next_power_of_2(max(num_heads, num_kv_heads)), 2048 // head_dim))
+    tokens = 1 if batch_invariant else num_tokens
 
     def n_programs(b):
-        return num_tokens * (triton.cdiv(num_heads, b) + 2 * triton.cdiv(num_kv_heads, b))
+        return tokens * (triton.cdiv(num_heads, b) + 2 * triton.cdiv(num_kv_heads, b))
 
-    while bh > 1 and bh * head_dim > 512 and n_programs(bh) < 1024:
+    while bh > 1 and bh * head_dim > 1024 and n_programs(bh) < 1024:
         bh //= 2
-    return bh
+    return bh, 4
 
 
 def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
@@ -231,7 +237,8 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
                         bias: torch.Tensor | None = None,
                         out: torch.Tensor | None = None,
                         block_h: int | None = None,
-                        num_warps: int | None = None) -> torch.Tensor:
+                        num_warps: int | None = None,
+                        batch_invariant: bool = False) -> torch.Tensor:
     """`qkv_epilogue_ref` in one kernel launch; returns q [T, num_heads, head_dim].
 
     qkv: [T, (Hq + 2 Hk) * D] with a contiguous last dim (any row stride).
@@ -243,8 +250,9 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     `out=` ([T, Hq, D], last dim contiguous) writes q there.
     hidden [T, H] (last dim contiguous): the residual stream the GEMM read, whose norm weight
     is folded into the qkv weights; bias [(Hq + 2 Hk) D]: the qkv bias, added after the
-    row scale (`scale_rows_ref`).  `block_h` / `num_warps`
-    override the launch heuristic (benchmarks).  No host syncs: CUDA-graph capturable.
+    row scale (`scale_rows_ref`).  `block_h` / `num_warps` override the launch heuristic
+    (benchmarks); batch_invariant: a launch shape that does not depend on T
+    (`epilogue_launch`).  No host syncs: CUDA-graph capturable.
     """
     num_tokens = qkv.shape[0]
     D = head_dim
@@ -292,9 +300,9 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     cs = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     pos = positions if positions.is_contiguous() else positions.contiguous()
     slots = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
-    bh = block_h or _epilogue_block_h(num_tokens, num_heads, num_kv_heads, D)
-    if num_warps is None:
-        num_warps = max(1, min(8, bh * D // 512))
+    auto_bh, auto_warps = epilogue_launch(num_tokens, num_heads, num_kv_heads, D, batch_invariant)
+    bh = block_h or auto_bh
+    num_warps = num_warps or auto_warps
     grid = (num_tokens, triton.cdiv(num_heads, bh) + 2 * triton.cdiv(num_kv_heads, bh))
     _qkv_epilogue_kernel[grid](
         qkv, pos, cs, k_cache, v_cache, slots,
