@@ -88,3 +88,14 @@ def test_set_batch_invariant_reaches_every_linear_and_attention(family):
         assert torch.equal(PagedModelRunner(model).step([(0, prompt)]), before)
     finally:
         model.set_batch_invariant(False)
+
+
+def test_norms_are_folded_once_by_the_loader(family):
+    # the loader folds each layer's norm weights into the qkv / gate_up weights (the forward
+    # pass needs it); folding again would scale the weights twice, so it is refused
+    _, model, _ = family
+    assert model.norms_folded
+    assert all(torch.equal(layer.input_layernorm.weight, torch.ones_like(layer.input_layernorm.weight))
+               for layer in model.layers)
+    with pytest.raises(RuntimeError, match="already folded"):
+        model.fold_norms()

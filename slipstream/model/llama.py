@@ -147,7 +147,6 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, dtype, device):
         super().__init__()
-        self.eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, dtype, device)
         self.self_attn = Attention(config, dtype, device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, dtype, device)
