@@ -396,6 +396,27 @@ def compile_for_hopper() -> None:
     # the large-batch decode tiles (here from 2 rows on)
     q, kc, vc, meta = make_batch([(8192, 1)] * 2, 8, 4, 128, 16, torch.bfloat16, seed=0)
     ta.paged_attention_triton(q, kc, vc, meta, 0.1, decode_config=DecodeConfig(large_batch=1))
+    # the layer's other Triton kernels with the folded norms' row scale (8B shape, bf16):
+    # the qkv epilogue (with q/k norms, and with a qkv bias), SiLU·mul, the final RMSNorm
+    import slipstream.ops.triton_fused as tf
+    import slipstream.ops.triton_qkv_epilogue as te
+    from slipstream.ops.fused import build_cos_sin_cache
+    te._qkv_epilogue_kernel = Capture(te._qkv_epilogue_kernel)
+    tf._silu_and_mul_kernel = Capture(tf._silu_and_mul_kernel)
+    tf._rms_norm_kernel = Capture(tf._rms_norm_kernel)
+    bf = torch.bfloat16
+    T, D, H, inter = 32, 128, 4096, 14336
+    h = torch.zeros(T, H, dtype=bf)
+    cs = build_cos_sin_cache(torch.ones(D // 2), 64)
+    pos, slots = torch.zeros(T, dtype=torch.int32), torch.arange(T, dtype=torch.int32)
+    kc = torch.zeros(4, 16, 8, D, dtype=bf)
+    norm_w = torch.ones(D, dtype=bf)
+    te.qkv_epilogue_triton(torch.zeros(T, 48 * D, dtype=bf), pos, cs, kc, kc.clone(), slots, 32, 8, D,
+                           norm_w, norm_w, 1e-5, hidden=h)
+    te.qkv_epilogue_triton(torch.zeros(T, 48 * D, dtype=bf), pos, cs, kc, kc.clone(), slots, 32, 8, D,
+                           eps=1e-5, hidden=h, bias=torch.zeros(48 * D, dtype=bf))
+    tf.silu_and_mul_triton(torch.zeros(T, 2 * inter, dtype=bf), hidden=h, eps=1e-5)
+    tf.rms_norm_triton(h, torch.ones(H, dtype=bf), 1e-5)
     ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
     for fn, args, kw in launches:
         kw = dict(kw, UPCAST=False) if "UPCAST" in kw else dict(kw)
@@ -403,6 +424,8 @@ def compile_for_hopper() -> None:
         if "USE_PDL" in kw:
             kw["USE_PDL"] = True  # the Hopper path: grid-dependency wait + launch of dependents
         opts = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3), "launch_pdl": True}
+        if "enable_fp_fusion" in kw:  # a compile option, not an argument (the qkv epilogue's)
+            opts["enable_fp_fusion"] = kw.pop("enable_fp_fusion")
         names = [n for n in fn.arg_names if n not in kw]
         assert len(names) == len(args)
         sig, consts, attrs = {}, dict(kw), {}
@@ -434,7 +457,7 @@ def test_kernels_compile_for_hopper():
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 13, r.stdout
+    assert r.stdout.count("compiled") == 17, r.stdout
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes
