@@ -211,7 +211,7 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
     if B == 0:
         return out
     if block_v is None:
-        # chunks of 1024 with 4 warps: 1-18% faster than 2048 with 8 at 8-256 rows, greedy
+        # chunks of 1024 with 4 warps: 1-20% faster than 2048 with 8 at 8-256 rows, greedy
         # and sampled (bench_sampler.py, results/2026-11-29-s7/gemm-sampler/sampler.log)
         block_v = min(1024, triton.next_power_of_2(V))
     n_chunks = triton.cdiv(V, block_v)
@@ -232,7 +232,7 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
         part_idx = torch.empty(B, num_splits, dtype=torch.int32, device=logits.device)
     has_cutoff = cutoff is not None
     if num_warps is None:
-        num_warps = 8 if block_v >= 2048 else 4  # 8 warps for 1024: 2-4% slower
+        num_warps = 8 if block_v >= 2048 else 4  # 8 warps for 1024: 3-5% slower at 32-256 sampled rows
     pdl = pdl_launch(logits.device)
     _sample_kernel[(B, num_splits)](
         logits, logits.stride(0), V, span,
