@@ -26,7 +26,7 @@ from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
-from slipstream.engine import LLMEngine  # noqa: E402
+from slipstream.core.engine_core import EngineCore  # noqa: E402
 from slipstream.ops.attention import AttentionMetadata  # noqa: E402
 from slipstream.ops.fused import rms_norm  # noqa: E402
 
@@ -108,7 +108,7 @@ def main() -> int:
     cfg = EngineConfig(model=os.path.join(CONFIGS, "qwen3-0.6b"), load_format="dummy", device="cuda",
                        max_num_seqs=256, max_model_len=2048, max_num_batched_tokens=2048,
                        enable_prefix_caching=False, enforce_eager=True)
-    engine = LLMEngine(cfg)
+    engine = EngineCore(cfg)
     for k_cache, v_cache in engine.runner.kv_caches:
         k_cache.normal_()
         v_cache.normal_()

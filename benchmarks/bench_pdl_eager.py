@@ -27,7 +27,7 @@ from bench_step import decode_shape, fill_decode  # noqa: E402
 
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
-from slipstream.engine import LLMEngine  # noqa: E402
+from slipstream.core.engine_core import EngineCore  # noqa: E402
 
 
 def main() -> int:
@@ -39,7 +39,7 @@ def main() -> int:
     cfg = EngineConfig(model=os.path.join(CONFIGS, args.model), load_format="dummy", device="cuda",
                        max_num_seqs=args.batch, max_model_len=args.context + 64, enforce_eager=True,
                        enable_prefix_caching=False)
-    runner = LLMEngine(cfg).runner
+    runner = EngineCore(cfg).runner
     slot = runner.slots[0]
     fill_decode(runner, slot, args.batch, args.context)
     shape = decode_shape(runner, args.batch)

@@ -26,7 +26,7 @@ from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.throughput import measure_ceilings  # noqa: E402
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
-from slipstream.engine import LLMEngine  # noqa: E402
+from slipstream.core.engine_core import EngineCore  # noqa: E402
 from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_token_sizes  # noqa: E402
 from slipstream.runner.inputs import StepPad, StepShape, sampling_scalars  # noqa: E402
 from slipstream.sampler import SamplerFlags  # noqa: E402
@@ -103,7 +103,7 @@ def main() -> int:
     cfg = EngineConfig(model=os.path.join(CONFIGS, args.model), load_format="dummy", device="cuda",
                        max_num_seqs=args.batch, max_model_len=args.context + 64, max_num_batched_tokens=16384,
                        enforce_eager=True, enable_prefix_caching=False)
-    engine = LLMEngine(cfg)
+    engine = EngineCore(cfg)
     runner, c = engine.runner, engine.model_config
     res: dict = {"env": environment(), "copy_bandwidth": bw, "matmul_rate": rate}
 

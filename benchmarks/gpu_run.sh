@@ -2,7 +2,9 @@
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
-# Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf wheel), .smolA + .smolB
+#         async-llm bs1 serve-small serve-latency
+# Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf and the server's wheels:
+# fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.
 set -uo pipefail
@@ -12,7 +14,7 @@ RES=/tmp/res
 mkdir -p "$RES" "$OUT"
 LOG="$OUT/log.txt"
 site=/tmp/site
-if [ -d .whl ] && [ ! -d "$site/gguf" ]; then
+if [ -d .whl ] && [ ! -d "$site/fastapi" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
 fi
 # Carried halves (SmolLM2 in .smolA/.smolB, flash-attn-4 in .fa4a/.fa4b) may come in two
@@ -106,6 +108,15 @@ for stage in "$@"; do
                 --decode s3:num_stages=3 --decode n32s3:block_n=32,num_stages=3 \
                 --decode n128w8:block_n=128,num_warps=8 --decode n64w8:num_warps=8 \
                 --only d2 --only n32 --only n128 --only s3 --only n32s3 --only n128w8 --only n64w8 ;;
+    # the engine as a service (docs/serving.md): small-256 through AsyncLLM with the core in its
+    # own process, beside the offline figure of the same call; the server under load
+    async-llm) run async-llm-offline 300 python3 -m slipstream.cli bench --workload small-256 --mode async --out "$RES"
+               run async-llm-process 300 python3 benchmarks/bench_async_llm.py --workload small-256 --core process --out "$RES" ;;
+    bs1) run bs1-seed 200 python3 -m slipstream.cli bench --workload seed-8b-short --num-requests 1 --mode async --out "$RES/bs1" ;;
+    serve-small) run serve-small-si1 300 bash benchmarks/serve_bench.sh small "$RES" 1
+                 run serve-small-si${SI:-8} 300 bash benchmarks/serve_bench.sh small "$RES" "${SI:-8}" ;;
+    serve-latency) run serve-latency-async 300 bash benchmarks/serve_bench.sh latency "$RES"
+                   run serve-latency-sync 300 bash benchmarks/serve_bench.sh latency "$RES" --no-async-scheduling ;;
     sampler) run sampler 240 python3 benchmarks/bench_sampler.py ${SAMPLER_OLD:+--old "$SAMPLER_OLD"} --out "$RES" ;;
     *) echo "unknown stage $stage" | tee -a "$LOG" ;;
   esac

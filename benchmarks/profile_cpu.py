@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from slipstream.bench.workloads import get_workload  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
-from slipstream.engine import LLMEngine  # noqa: E402
+from slipstream.core.engine_core import EngineCore  # noqa: E402
 from slipstream.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def main() -> int:
     args = ap.parse_args()
     w = get_workload(args.workload)
     n = args.num_requests or len(w.prompts)
-    engine = LLMEngine(EngineConfig(model=w.model, load_format="dummy", device=args.device, **w.engine))
+    engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", device=args.device, **w.engine))
     for prompt, p in zip(w.prompts[:n], w.params[:n]):
         engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True))
     engine.run_until_done()

@@ -23,7 +23,7 @@ from bench_step import fill_decode, time_fn  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
-from slipstream.engine import LLMEngine  # noqa: E402
+from slipstream.core.engine_core import EngineCore  # noqa: E402
 from slipstream.runner.inputs import StepPad, StepShape  # noqa: E402
 from slipstream.sampler import SamplerFlags  # noqa: E402
 
@@ -44,7 +44,7 @@ def kind_of(name: str) -> str:
 def profile_case(model: str, batch: int, context: int, reps: int = 5) -> dict:
     cfg = EngineConfig(model=os.path.join(CONFIGS, model), load_format="dummy", device="cuda", max_num_seqs=batch,
                        max_model_len=context + 64, max_num_batched_tokens=max(2048, batch), enable_prefix_caching=False)
-    engine = LLMEngine(cfg)
+    engine = EngineCore(cfg)
     runner = engine.runner
     for k_cache, v_cache in runner.kv_caches:
         k_cache.normal_()

@@ -28,7 +28,7 @@ from slipstream.bench.throughput import COPY_BANDWIDTH, MATMUL_RATE, StepCosts, 
 from slipstream.bench.timeline import Timeline  # noqa: E402
 from slipstream.bench.workloads import get_workload  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
-from slipstream.engine import LLMEngine  # noqa: E402
+from slipstream.core.engine_core import EngineCore  # noqa: E402
 from slipstream.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def kernel_times(prof) -> dict[str, list[float]]:
 def profile_workload(name: str, every: int, device: str = "cuda") -> list[dict]:
     workload = get_workload(name)
     config = EngineConfig(model=workload.model, load_format="dummy", device=device, **workload.engine)
-    engine = LLMEngine(config)
+    engine = EngineCore(config)
     for prompt, p in zip(workload.prompts, workload.params):  # warm-up, as `slipstream bench`
         engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True))
     engine.run_until_done()

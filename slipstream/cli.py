@@ -1,4 +1,4 @@
-"""Command line: `slipstream generate` and `slipstream bench`."""
+"""Command line: `slipstream generate | serve | run-batch | bench | bench serve`."""
 from __future__ import annotations
 
 import argparse
@@ -59,8 +59,6 @@ def _sampling_kwargs(a: argparse.Namespace) -> dict:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from slipstream.batch_job import read_jsonl, run_job, write_jsonl
-    from slipstream.engine import LLM, freeze_gc
     from slipstream.sampling_params import SamplingParams
 
     if a.workload:
@@ -69,23 +67,77 @@ def cmd_generate(a: argparse.Namespace) -> int:
         print("error: give a prompt argument, --input prompts.jsonl or --workload NAME", file=sys.stderr)
         return 2
     defaults = _sampling_kwargs(a)
-    jobs = read_jsonl(a.input, defaults, a.chat) if a.input else None
     SamplingParams(**defaults)  # reject bad flags before the model loads
-    llm = LLM(**_engine_kwargs(a))
-    freeze_gc()
-    if jobs is None:
-        params = SamplingParams(**defaults)
-        prompt = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
-        out = (llm.chat(prompt, params) if a.chat else llm.generate(prompt, params))[0]
-        if out.error:
-            print(f"error: {out.error}", file=sys.stderr)
-            return 1
-        print(out.text)
-        return 0
-    results = run_job(llm, jobs, use_tqdm=not a.quiet)
-    write_jsonl(a.output, results)
-    failed = sum(1 for r in results if r.get("error"))
-    print(f"wrote {len(results)} results to {a.output or 'stdout'}" + (f" ({failed} failed)" if failed else ""),
+    if a.input:
+        return _generate_file(a, defaults)
+    if a.resume:
+        print("error: --resume needs --input and --output", file=sys.stderr)
+        return 2
+    from slipstream.engine_setup import load_llm
+    llm = load_llm(_engine_kwargs(a))
+    params = SamplingParams(**defaults)
+    if a.chat:
+        from slipstream.frontend.prompts import chat_token_ids
+        prompt = chat_token_ids([{"role": "user", "content": a.prompt}], llm.tokenizer)
+    else:
+        prompt = a.prompt
+    llm.add_request(prompt, params)
+    out = None
+    for out in llm.outputs(finished_only=False):  # print the answer as it is generated
+        sys.stdout.write(out.new_text)
+        sys.stdout.flush()
+    if out is not None and out.error:
+        print(f"error: {out.error}", file=sys.stderr)
+        return 1
+    print()
+    return 0
+
+
+def _generate_file(a: argparse.Namespace, defaults: dict) -> int:
+    import json
+    import signal
+
+    from slipstream.batch_job import check_paths, done_ids, read_jsonl, run_job
+    from slipstream.engine_setup import load_llm
+
+    check_paths(a.input, a.output)
+    if a.resume and not a.output:
+        print("error: --resume needs --output", file=sys.stderr)
+        return 2
+    jobs = read_jsonl(a.input, defaults, a.chat)
+    skip = done_ids(a.output) if a.resume else set()
+    llm = load_llm(_engine_kwargs(a))
+    f = open(a.output, "a" if a.resume else "w", encoding="utf-8") if a.output else sys.stdout
+
+    def write(row: dict) -> None:
+        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.flush()
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    bar = None
+    todo = sum(1 for j in jobs if j.id not in skip)
+    if not a.quiet and a.output:
+        from tqdm import tqdm
+        bar = tqdm(total=todo, desc="generating", unit="req")
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        ok, failed = run_job(llm, jobs, write, skip, on_result=bar.update if bar else None)
+    except KeyboardInterrupt:
+        if bar:
+            bar.close()
+        print(f"interrupted: the finished results are in {a.output or 'stdout'}; "
+              f"run again with --resume to finish the rest", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if a.output:
+            f.close()
+    if bar:
+        bar.close()
+    skipped = f", {len(skip & {j.id for j in jobs})} already done" if skip else ""
+    print(f"wrote {ok + failed} results to {a.output or 'stdout'}: {ok} ok, {failed} failed{skipped}",
           file=sys.stderr)
     return 0
 
@@ -95,7 +147,8 @@ def _generate_workload(a: argparse.Namespace) -> int:
     import time
 
     from slipstream.bench.workloads import get_workload
-    from slipstream.engine import LLM, freeze_gc
+    from slipstream.core.engine_core import freeze_gc
+    from slipstream.frontend.llm import LLM
 
     workload = get_workload(a.workload)
     kwargs = _engine_kwargs(a)
@@ -130,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--input", default=None, help="JSONL: {\"prompt\": ...} or {\"messages\": [...]} per line")
     g.add_argument("--output", default=None, help="JSONL results (default: stdout)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--resume", action="store_true",
+                   help="with --input/--output: skip ids already in the output, append the rest")
     g.add_argument("--workload", default=None,
                    help="run a benchmark workload (seed-8b, seed-8b-short, small-256, tiny); "
                         "without --model, on its architecture with dummy weights")
@@ -137,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     _sampling_args(g)
     g.set_defaults(func=cmd_generate)
 
-    b = sub.add_parser("bench", help="run a named workload, sync vs async, and report throughput")
+    b = sub.add_parser("bench", help="run a named workload, sync vs async, and report throughput "
+                                     "(`slipstream bench serve --help`: the serving load generator)")
     b.add_argument("--workload", default="seed-8b-short",
                    help="seed-8b | seed-8b-short | small-256 | tiny")
     b.add_argument("--mode", default="both", choices=["sync", "async", "both"])
@@ -151,6 +207,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="tokens per step (prefill chunk budget); default: the workload's")
     b.set_defaults(func=cmd_bench)
 
+    from slipstream.server.cli import add_run_batch_parser, add_serve_parser
+    add_serve_parser(sub, _engine_args)
+    add_run_batch_parser(sub, _engine_args)
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["bench", "serve"]:  # the serving load generator has flags of its own
+        from slipstream.bench.serve import main as bench_serve
+        return bench_serve(argv[2:])
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -21,20 +21,31 @@ from typing import Callable, Hashable, Sequence
 
 
 class InFlight:
-    """Batches launched but not completed, and the releases waiting for them."""
+    """The one registry of batches launched but not completed (the runner's handle of each,
+    registered once its launch succeeded), and the releases waiting for them."""
 
     def __init__(self) -> None:
-        self.batches: OrderedDict[int, frozenset[int]] = OrderedDict()  # id -> blocks (debug)
+        self.batches: OrderedDict[int, object] = OrderedDict()  # id -> the runner's handle
+        self.blocks: dict[int, frozenset[int]] = {}  # id -> blocks it touches (debug_kv)
         self._waiting: deque[tuple[int, Callable[[], None]]] = deque()
 
-    def launched(self, batch_id: int, blocks: frozenset[int] = frozenset()) -> None:
-        self.batches[batch_id] = blocks
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def launched(self, batch_id: int, handle: object = None, blocks: frozenset[int] = frozenset()) -> None:
+        self.batches[batch_id] = handle
+        if blocks:
+            self.blocks[batch_id] = blocks
+
+    def oldest(self) -> object:
+        return next(iter(self.batches.values()))
 
     def completed(self, batch_id: int) -> None:
         oldest = next(iter(self.batches), None)
         if oldest != batch_id:
             raise RuntimeError(f"batch {batch_id} completed out of order (oldest in flight: {oldest})")
         del self.batches[batch_id]
+        self.blocks.pop(batch_id, None)
         while self._waiting and (not self.batches or self._waiting[0][0] < next(iter(self.batches))):
             self._waiting.popleft()[1]()
 
@@ -54,7 +65,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.in_flight = in_flight or InFlight()
+        self.in_flight = in_flight if in_flight is not None else InFlight()
         self.debug = debug
         self.ref_count = [0] * num_blocks
         self.block_key: list[Hashable | None] = [None] * num_blocks
@@ -62,6 +73,7 @@ class BlockPool:
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.num_freeing = 0  # blocks queued by free() behind in-flight batches
         self.num_hits = 0  # prefix-cache blocks reused (a statistic)
+        self.num_queries = 0  # full prompt blocks looked up at admission (a statistic)
 
     # -- allocation -------------------------------------------------------------------
     @property
@@ -95,7 +107,7 @@ class BlockPool:
         self.num_freeing -= len(blocks)
         for block in reversed(blocks):  # tail blocks first: evicted before the shared prefix
             if self.debug:
-                for batch_id, used in self.in_flight.batches.items():
+                for batch_id, used in self.in_flight.blocks.items():
                     assert block not in used or self.ref_count[block] > 1, (
                         f"block {block} freed while in-flight batch {batch_id} uses it")
             self.ref_count[block] -= 1

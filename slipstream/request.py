@@ -1,4 +1,4 @@
-"""Per-request state, and what a finished or streaming request reports back."""
+"""A request's state inside the engine core (the front ends keep their own: frontend/)."""
 from __future__ import annotations
 
 import enum
@@ -14,19 +14,6 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    logprobs: list[dict[int, float]] | None = None  # per token: {sampled id and top-k ids: logprob}
-    error: str | None = None
-    prompt: str | None = None
-
-
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -34,14 +21,22 @@ class Request:
     params: SamplingParams
     seed: int
     eos_token_ids: frozenset[int] = frozenset()
-    prompt: str | None = None
-    detokenizer: object | None = None  # IncrementalDetokenizer when text is needed while running
+    arrival_time: float = 0.0  # time.time() when the front end sent it
 
     status: Status = Status.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    stop_token: int | None = None  # the token that ended it with "stop"
+    # prompt logprobs (params.prompt_logprobs): entries for prompt tokens 1..len-1, in order
+    prompt_logprobs: list[dict[int, float]] = field(default_factory=list)
+    queue_time: float | None = None  # seconds from arrival to its first scheduled step
+    queue_time_sent: bool = False
+
+    # What the core has reported to the front end so far (output tokens, prompt logprobs).
+    num_emitted: int = 0
+    num_prompt_logprobs_emitted: int = 0
 
     # Scheduling state.  Tokens [0, num_computed) have their KV written (or being written
     # by a launched batch); `num_pending` sampled tokens are still in flight.

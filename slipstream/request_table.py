@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from slipstream.request import Request
+from slipstream.sampling_columns import SAMPLING_COLUMNS
 
 
 class RequestTable:
@@ -21,14 +22,8 @@ class RequestTable:
         # np.zeros maps untouched pages lazily, so wide tables cost only what is used.
         self.token_ids = np.zeros((rows, max_model_len), np.int32)
         self.block_table = np.zeros((rows, self.max_blocks), np.int32)
-        self.temperature = np.zeros(rows, np.float32)
-        self.top_k = np.zeros(rows, np.int32)
-        self.top_p = np.ones(rows, np.float32)
-        self.min_p = np.zeros(rows, np.float32)
-        self.seed = np.zeros(rows, np.int64)
-        self.repetition_penalty = np.ones(rows, np.float32)
-        self.presence_penalty = np.zeros(rows, np.float32)
-        self.frequency_penalty = np.zeros(rows, np.float32)
+        # one array per sampling column (sampling_columns.py), e.g. self.columns["top_p"]
+        self.columns = {c.name: np.full(rows, c.neutral, c.dtype) for c in SAMPLING_COLUMNS}
         self._free_rows = list(range(num_rows - 1, -1, -1))
 
     @property
@@ -39,15 +34,8 @@ class RequestTable:
         row = self._free_rows.pop()
         tokens = req.token_ids()
         self.token_ids[row, :len(tokens)] = tokens
-        p = req.params
-        self.temperature[row] = 0.0 if p.is_greedy else p.temperature
-        self.top_k[row] = p.top_k
-        self.top_p[row] = p.top_p
-        self.min_p[row] = p.min_p
-        self.seed[row] = req.seed
-        self.repetition_penalty[row] = p.repetition_penalty
-        self.presence_penalty[row] = p.presence_penalty
-        self.frequency_penalty[row] = p.frequency_penalty
+        for c in SAMPLING_COLUMNS:
+            self.columns[c.name][row] = c.value(req)
         return row
 
     def release(self, row: int) -> None:

@@ -26,10 +26,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SamplingParams", "MAX_LOGPROBS", "GREEDY_TEMPERATURE_EPS"]
+__all__ = ["SamplingParams", "MAX_LOGPROBS", "MAX_N", "GREEDY_TEMPERATURE_EPS", "completion_seed"]
 
 #: The largest number of top logprobs a request may ask for per sampled token.
 MAX_LOGPROBS = 20
+
+#: The most completions one request may ask for (SamplingParams.n).
+MAX_N = 128
 
 #: Temperatures below this sample greedily (dividing logits by a tiny number
 #: only overflows; the argmax is what the user means).
@@ -106,6 +109,12 @@ class SamplingParams:
                              return with each sampled token; 0 = only the
                              sampled token's own logprob.
     skip_special_tokens [True] drop special tokens from the output text.
+    n [1]                    completions of the prompt (1..MAX_N); the prompt is
+                             computed once (prefix cache), completion i > 0 draws
+                             from its own seed stream (`completion_seed`).
+    prompt_logprobs [None]   None, or k in [0, 20]: the logprob of every prompt
+                             token (the first has none) and the top k at its
+                             position. Such requests skip the prefix cache.
     """
 
     max_tokens: int = 16
@@ -123,6 +132,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    n: int = 1
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self._validate_and_normalise()
@@ -185,6 +196,16 @@ class SamplingParams:
                 )
 
         self.skip_special_tokens = _check_bool("skip_special_tokens", self.skip_special_tokens)
+
+        self.n = _check_int("n", self.n, f"in [1, {MAX_N}]")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs = _check_int("prompt_logprobs", self.prompt_logprobs,
+                                              f"in [0, {MAX_LOGPROBS}] or None")
+            if not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"prompt_logprobs must be None or in [0, {MAX_LOGPROBS}], "
+                                 f"got {self.prompt_logprobs}")
 
     @staticmethod
     def _normalise_stop(stop: Any) -> tuple[str, ...]:
@@ -264,6 +285,11 @@ class SamplingParams:
         return self.seed % _U64
 
     # ------------------------------------------------------------ construction
+    @property
+    def needs_text(self) -> bool:
+        """The front end must detokenize while generating (stop strings)."""
+        return bool(self.stop)
+
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
@@ -310,3 +336,24 @@ class SamplingParams:
     def clone(self, **changes: Any) -> SamplingParams:
         """A validated copy with some fields changed (e.g. ``seed`` picked by the engine)."""
         return dataclasses.replace(self, **changes)
+
+
+_dataclass_init = SamplingParams.__init__
+
+
+def _init_naming_unknown_fields(self, *args, **kwargs) -> None:
+    """Unknown field names raise ValueError (like every bad value), not the dataclass's TypeError."""
+    unknown = sorted(set(kwargs) - set(SamplingParams.field_names()))
+    if unknown:
+        raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}; "
+                         f"allowed: {', '.join(SamplingParams.field_names())}")
+    _dataclass_init(self, *args, **kwargs)
+
+
+SamplingParams.__init__ = _init_naming_unknown_fields
+
+
+def completion_seed(seed: int, index: int) -> int:
+    """The seed of completion `index` of a request seeded with `seed` (n > 1): completion 0
+    keeps the seed, the others get distinct streams (a golden-ratio step, mod 2**63)."""
+    return (seed + index * 0x9E3779B97F4A7C15) % (1 << 63) if index else seed

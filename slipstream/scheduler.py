@@ -13,6 +13,7 @@ request that already finished are dropped; blocks and rows come back late (kv_ca
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -39,6 +40,10 @@ class ScheduledBatch:
     num_logprobs: int = 0  # top-k logprobs to return (max over sampling rows)
     suppress: list[tuple[int, list[int]]] = field(default_factory=list)  # (sample row, token ids) masked for min_tokens
     penalty_resets: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # (row, prompt, outputs)
+    # requests asking for prompt logprobs: (sequence row, first position, positions, top k);
+    # position p's logits give the logprob of prompt token p + 1
+    prompt_logprobs: list[tuple[int, int, int, int]] = field(default_factory=list)
+    blocks: frozenset[int] = frozenset()  # every block it touches (debug_kv only)
 
     @property
     def num_seqs(self) -> int:
@@ -59,6 +64,8 @@ class BatchResult:
     tokens: np.ndarray  # int32 [S]
     logprobs: np.ndarray | None = None  # float32 [S, 1 + k]: sampled token, then top-k
     logprob_ids: np.ndarray | None = None  # int32 [S, k]
+    # per ScheduledBatch.prompt_logprobs entry: (float32 [m, 1 + k] target then top-k, int32 [m, k])
+    prompt_logprobs: list[tuple[np.ndarray, np.ndarray]] | None = None
 
 
 class _BatchBuilder:
@@ -72,6 +79,7 @@ class _BatchBuilder:
         self.token_index: list[int] = []
         self.sampled: list[Request] = []
         self.penalty_resets: list[tuple[int, list[int], list[int]]] = []
+        self.prompt_logprobs: list[tuple[int, int, int, int]] = []
 
 
 class Scheduler:
@@ -175,19 +183,24 @@ class Scheduler:
             tokens = req.token_ids()
             # Leave at least one token to compute: its logits draw the next token.
             keys = self.pool.block_keys(tokens, (len(tokens) - 1) // bs)
-            hits = self.pool.peek(keys)
+            # the logits of cached positions were never computed: prompt logprobs need them
+            hits = self.pool.peek(keys) if req.params.prompt_logprobs is None else []
             computed = len(hits) * bs
             n = min(len(tokens) - computed, budget)
             need = -(-(computed + n) // bs) - len(hits)
             if need + self.pool.num_free_among(hits) > self.pool.num_free:
                 break
             self.pool.take(hits)
+            if req.params.prompt_logprobs is None:
+                self.pool.num_queries += len(keys)
             req.row = self.table.acquire(req)
             req.block_ids = hits + self.pool.allocate(need)
             req.block_keys = keys[:len(hits)]
             self.table.set_blocks(req.row, 0, req.block_ids)
             req.num_computed = computed
             req.status = Status.RUNNING
+            if req.queue_time is None:
+                req.queue_time = max(0.0, time.time() - req.arrival_time) if req.arrival_time else 0.0
             self.waiting.popleft()
             self.running.append(req)
             if req.params.uses_penalties:  # its row of the device-side penalty state is stale
@@ -202,6 +215,8 @@ class Scheduler:
         if start >= req.num_tokens:  # its input is the token batch N-1 is still drawing
             assert n == 1 and req.last_sample[0] == b.batch_id - 1, "carry-over from a non-adjacent batch"
             carry = req.last_sample[1]
+        if req.params.prompt_logprobs is not None:
+            self._add_prompt_logprobs(b, req, start, n)
         b.requests.append(req)
         b.start.append(start)
         b.num_new.append(n)
@@ -214,6 +229,15 @@ class Scheduler:
             req.last_sample = (b.batch_id, len(b.sampled))
             b.sampled.append(req)
             req.num_pending += 1
+
+    @staticmethod
+    def _add_prompt_logprobs(b: _BatchBuilder, req: Request, start: int, n: int) -> None:
+        """Positions of this chunk whose logits score a prompt token not scored yet (a
+        recompute after preemption covers positions already reported)."""
+        first = max(start, len(req.prompt_logprobs))
+        end = min(start + n, len(req.prompt_token_ids) - 1)
+        if end > first:
+            b.prompt_logprobs.append((len(b.requests), first, end - first, req.params.prompt_logprobs))
 
     def _register_blocks(self, req: Request) -> None:
         """Publish full blocks whose tokens are known and whose KV is scheduled."""
@@ -243,14 +267,17 @@ class Scheduler:
                 if stop_ids:
                     batch.suppress.append((j, sorted(stop_ids)))
         batch.penalty_resets = b.penalty_resets
-        blocks = frozenset(x for r in b.requests for x in r.block_ids) if self.pool.debug else frozenset()
-        self.in_flight.launched(b.batch_id, blocks)
+        batch.prompt_logprobs = b.prompt_logprobs
+        if self.pool.debug:
+            batch.blocks = frozenset(x for r in b.requests for x in r.block_ids)
         return batch
 
     # -- results ----------------------------------------------------------------------
     def update(self, batch: ScheduledBatch, result: BatchResult) -> list[Request]:
         """Take a completed batch's tokens; returns the requests that got a token or ended."""
         touched = []
+        if result.prompt_logprobs:
+            touched += self._take_prompt_logprobs(batch, result)
         tokens = result.tokens.tolist()
         for j, req in enumerate(batch.sampled):
             req.num_pending -= 1
@@ -264,9 +291,10 @@ class Scheduler:
                 self._append_logprobs(req, token, result, j)
             reason = self._stop_reason(req, token)
             if reason is not None:
+                if reason == "stop":
+                    req.stop_token = token
                 self.finish(req, reason)
             touched.append(req)
-        self.in_flight.completed(batch.batch_id)
         return touched
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
@@ -275,13 +303,25 @@ class Scheduler:
         if num_out > p.min_tokens or p.min_tokens == 0:
             if token in p.stop_token_ids or (not p.ignore_eos and token in req.eos_token_ids):
                 return "stop"
-        if req.detokenizer is not None:
-            _, hit = req.detokenizer.add_token(token)
-            if hit:  # it looks for stop strings only once min_tokens are out
-                return "stop"
         if num_out >= p.max_tokens:
             return "length"
         return None
+
+    @staticmethod
+    def _take_prompt_logprobs(batch: ScheduledBatch, result: BatchResult) -> list[Request]:
+        touched = []
+        for (j, first, count, k), (lps, ids) in zip(batch.prompt_logprobs, result.prompt_logprobs):
+            req = batch.requests[j]
+            if req.finished or first != len(req.prompt_logprobs):
+                continue
+            targets = req.prompt_token_ids[first + 1:first + 1 + count]
+            for t, lp_row, id_row in zip(targets, lps.tolist(), ids.tolist()):
+                entry = {t: lp_row[0]}
+                for tid, lp in zip(id_row[:k], lp_row[1:1 + k]):
+                    entry.setdefault(tid, lp)
+                req.prompt_logprobs.append(entry)
+            touched.append(req)
+        return touched
 
     @staticmethod
     def _append_logprobs(req: Request, token: int, result: BatchResult, j: int) -> None:

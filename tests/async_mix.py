@@ -76,19 +76,20 @@ def _requests(stops: list[str], sampled: bool = True, n: int = 28) -> list[dict]
 
 
 def run_mix(llm: LLM, reqs: list[dict]) -> dict[str, tuple]:
-    engine = llm.engine
     todo = sorted(reqs, key=lambda r: r["arrival"])
     aborts = {r["id"]: r["abort_after"] for r in reqs if r["abort_after"]}
-    results, step = {}, 0
-    while todo or engine.has_unfinished_requests():
+    results, seen, step = {}, {}, 0
+    while todo or llm.has_unfinished_requests():
         while todo and todo[0]["arrival"] <= step:
             r = todo.pop(0)
-            engine.add_request(r["prompt"], r["params"], request_id=r["id"])
-        for out in engine.step():
-            results[out.request_id] = (out.token_ids, out.text, out.finish_reason)
+            llm.add_request(r["prompt"], r["params"], request_id=r["id"])
+        for out in llm.step():
+            seen[out.request_id] = len(out.token_ids)
+            if out.finished:
+                results[out.request_id] = (out.token_ids, out.text, out.finish_reason)
         for rid, k in aborts.items():
-            req = engine.requests.get(rid)
-            if req is not None and not req.finished and len(req.output_token_ids) >= k:
-                engine.abort_request(rid)
+            if rid not in results and seen.get(rid, 0) >= k:
+                llm.abort_request(rid)
+                seen[rid] = -1 << 30  # once
         step += 1
     return results

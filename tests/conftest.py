@@ -34,6 +34,15 @@ def tiny_model(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def tokenized_tiny(tmp_path_factory):
+    """A tiny random Llama with the SmolLM2 tokenizer (async_mix.make_tokenized_tiny_llama)."""
+    from async_mix import make_tokenized_tiny_llama
+    folder = str(tmp_path_factory.mktemp("tiny-tok"))
+    make_tokenized_tiny_llama(folder)
+    return folder
+
+
 @pytest.fixture(autouse=True)
 def _unfreeze_gc():
     """The CLI and `slipstream bench` freeze the collector's heap after start

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from slipstream.runner.inputs import fill_inputs
+from slipstream.sampling_columns import ALL_COLUMNS
 from slipstream.scheduler import BatchResult
 
 VOCAB = 97
@@ -37,14 +38,11 @@ class FakeRunner:
         self.mixed_decode_rows = 0  # single-token rows of mixed batches seen (tests read it)
         T, S = max_tokens, max_seqs
         i32 = lambda n: np.zeros(n, np.int32)
-        f32 = lambda n: np.zeros(n, np.float32)
         self.host = SimpleNamespace(
             input_ids=i32(T), positions=i32(T), slot_mapping=i32(T), carry_idx=i32(T),
-            query_start_loc=i32(S + 1), seq_lens=i32(S), decode_order=i32(S), logits_indices=i32(S), top_k=i32(S),
-            token_index=i32(S), state_row=i32(S), seed=np.zeros(S, np.int64),
-            block_table=np.zeros((S, max_blocks), np.int32), temperature=f32(S), top_p=f32(S),
-            min_p=f32(S), repetition_penalty=f32(S), presence_penalty=f32(S), frequency_penalty=f32(S),
-            inv_t=f32(S), log_min_p=f32(S))
+            query_start_loc=i32(S + 1), seq_lens=i32(S), decode_order=i32(S), logits_indices=i32(S),
+            token_index=i32(S), state_row=i32(S), block_table=np.zeros((S, max_blocks), np.int32),
+            **{c.name: np.zeros(S, c.dtype) for c in ALL_COLUMNS})
 
     def launch(self, batch):
         shape = fill_inputs(batch, self.host, self.block_size, None, 0)

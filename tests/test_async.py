@@ -2,19 +2,12 @@
 the CPU where streams and events are no-ops but the one-step-ahead control flow runs."""
 import pytest
 import torch
-from async_mix import make_tokenized_tiny_llama, mix, run_mix
+from async_mix import mix, run_mix
 
 import slipstream.runner.model_runner as runner_module
 from slipstream import LLM
 from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_graph_tokens, mixed_token_sizes
 from slipstream.runner.inputs import StepPad
-
-
-@pytest.fixture(scope="module")
-def tokenized_tiny(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("tiny-tok"))
-    make_tokenized_tiny_llama(folder)
-    return folder
 
 
 def test_async_equals_sync_on_a_mixed_workload(tokenized_tiny):

@@ -116,7 +116,7 @@ def test_gc_pauses_records_collections_by_generation():
 def test_freeze_gc_moves_live_objects_out_of_the_collector():
     import gc
 
-    from slipstream.engine import freeze_gc
+    from slipstream.core.engine_core import freeze_gc
 
     try:
         freeze_gc()

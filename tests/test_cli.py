@@ -29,13 +29,14 @@ def test_batch_job_bad_lines_fail_alone(tmp_path):
     # --batch-invariant is accepted everywhere (a no-op on the CPU, whose path is per row)
     assert main(["generate", "--device", "cpu", "--input", str(src), "--output", str(dst), "--quiet",
                  "--max-tokens", "4", "--batch-invariant"]) == 0
-    rows = [json.loads(x) for x in dst.read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["a", "2", "3", "4", "5", "chat"]
-    assert rows[0]["text"] == " Paris.\n\n" and rows[0]["finish_reason"] == "length"
-    assert len(rows[1]["token_ids"]) == 2 and "error" not in rows[1]
-    assert "not valid JSON" in rows[2]["error"] and "exactly one of" in rows[3]["error"]
-    assert rows[4]["error"] == "line 5: temperature must be >= 0, got -1.0"
-    assert rows[5]["num_prompt_tokens"] > 10 and len(rows[5]["token_ids"]) == 4
+    rows = [json.loads(x) for x in dst.read_text().splitlines()]  # in the order they finished
+    by_id = {r["id"]: r for r in rows}
+    assert sorted(by_id) == sorted(["a", "2", "3", "4", "5", "chat"]) and len(rows) == 6
+    assert by_id["a"]["text"] == " Paris.\n\n" and by_id["a"]["finish_reason"] == "length"
+    assert len(by_id["2"]["token_ids"]) == 2 and "error" not in by_id["2"]
+    assert "not valid JSON" in by_id["3"]["error"] and "exactly one of" in by_id["4"]["error"]
+    assert by_id["5"]["error"] == "line 5: temperature must be >= 0, got -1.0"
+    assert by_id["chat"]["num_prompt_tokens"] > 10 and len(by_id["chat"]["token_ids"]) == 4
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -162,7 +162,7 @@ def test_bad_requests_get_their_own_error_and_the_others_go_on(tiny_model):
     assert outs[3].finish_reason == "error" and "999999" in outs[3].error
     assert outs[4].finish_reason == "error" and "id -5 is outside" in outs[4].error
     with pytest.raises(TypeError, match="prompt"):
-        llm.engine.add_request([1, True])  # a bool is not a token id
+        llm.add_request([1, True])  # a bool is not a token id
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate("text needs a tokenizer")
     with pytest.raises(TypeError, match="prompt"):

@@ -41,7 +41,7 @@ def test_debug_mode_catches_a_free_under_an_in_flight_batch():
     flight = InFlight()
     pool = BlockPool(4, 16, in_flight=flight, debug=True)
     blocks = pool.allocate(2)
-    flight.launched(0, frozenset(blocks))
+    flight.launched(0, None, frozenset(blocks))
     # Bypass the late path on purpose: releasing now must trip the check.
     with pytest.raises(AssertionError, match="in-flight batch 0"):
         pool._release(blocks)

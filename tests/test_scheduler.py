@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from slipstream.engine import StepLoop
+from slipstream.core.step_loop import StepLoop
 from slipstream.kv_cache import BlockPool, InFlight
 from slipstream.request import Request
 from slipstream.request_table import RequestTable

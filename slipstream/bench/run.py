@@ -12,7 +12,7 @@ from slipstream.bench.throughput import (COPY_BANDWIDTH, MATMUL_RATE, RunResult,
                                          measure_ceilings, result_dict, run_workload)
 from slipstream.bench.workloads import get_workload
 from slipstream.config import EngineConfig
-from slipstream.engine import LLMEngine, freeze_gc
+from slipstream.core.engine_core import EngineCore, freeze_gc
 from slipstream.sampling_params import SamplingParams
 
 
@@ -42,7 +42,7 @@ def run_bench(a) -> int:
                           enforce_eager=a.enforce_eager, batch_invariant=a.batch_invariant,
                           **engine_options)
     t0 = time.perf_counter()
-    engine = LLMEngine(config)
+    engine = EngineCore(config)
     init_s = time.perf_counter() - t0
     bandwidth, rate = COPY_BANDWIDTH, MATMUL_RATE
     if engine.device.type == "cuda" and not a.no_measure:
@@ -60,13 +60,13 @@ def run_bench(a) -> int:
     timelines, outputs = {}, {}
     for mode in modes:
         results[mode], timelines[mode], outs = run_workload(engine, workload, mode, bandwidth, rate)
-        outputs[mode] = {o.request_id: o.token_ids for o in outs}
+        outputs[mode] = outs
     summary = {"workload": workload.name, "env": environment(), "engine_init_s": init_s,
                "engine_options": dict(engine_options, max_num_batched_tokens=engine.max_num_batched_tokens),
                "copy_bandwidth": bandwidth, "matmul_rate": rate, "kv_blocks": engine.pool.num_blocks,
                "results": {m: result_dict(r) for m, r in results.items()}}
     if len(modes) == 2:
-        same = list(outputs["sync"].values()) == list(outputs["async"].values())
+        same = outputs["sync"] == outputs["async"]
         summary["speedup"] = results["sync"].wall_s / results["async"].wall_s
         summary["identical_outputs"] = same
     print(RunResult.header())

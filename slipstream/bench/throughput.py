@@ -193,7 +193,8 @@ class GcPauses:
 
 def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_BANDWIDTH,
                  rate: float = MATMUL_RATE) -> tuple[RunResult, Timeline, list]:
-    """Run every request of `workload` to completion in `mode` ("sync" or "async")."""
+    """Run every request of `workload` to completion in `mode` ("sync" or "async") on an
+    `EngineCore`; returns the result, the timeline and each request's output token ids."""
     engine.set_async_scheduling(mode == "async")
     engine.reset_prefix_cache()
     timeline = Timeline()
@@ -202,14 +203,15 @@ def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_
         torch.cuda.synchronize()
     with GcPauses() as gc_pauses:
         start = time.perf_counter()
-        for prompt, params in zip(workload.prompts, workload.params):
-            engine.add_request(prompt, params)
-        outputs = engine.run_until_done()
+        for i, (prompt, params) in enumerate(zip(workload.prompts, workload.params)):
+            engine.add_request(prompt, params, request_id=str(i))
+        done = engine.run_until_done()
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
     engine.loop.timeline = None
-    tokens = sum(len(o.token_ids) for o in outputs)
+    outputs = [done[str(i)] for i in range(len(workload.prompts))]  # token ids, in request order
+    tokens = sum(len(o) for o in outputs)
     steps = len(timeline.batches)
     cpu = sum(s.end - s.start for s in timeline.spans if s.lane == "cpu" and s.name != "wait")
     compute = [s for s in timeline.spans if s.lane == "compute"]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slipstream.sampler import GREEDY_EPS, SamplerFlags
+from slipstream.sampling_columns import SAMPLING_COLUMNS
 from slipstream.scheduler import ScheduledBatch
 
 
@@ -83,18 +84,10 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad: StepPad | Non
     host.logits_indices[:S] = qsl[batch.sample_seq + 1] - 1
     host.token_index[:S] = batch.token_index
     host.state_row[:S] = sample_rows
-    host.seed[:S] = t.seed[sample_rows]
-    temperature = t.temperature[sample_rows]
-    top_k, top_p = t.top_k[sample_rows], t.top_p[sample_rows]
-    rep, pres, freq = (t.repetition_penalty[sample_rows], t.presence_penalty[sample_rows],
-                       t.frequency_penalty[sample_rows])
-    host.temperature[:S] = temperature
-    host.top_k[:S] = top_k
-    host.top_p[:S] = top_p
-    host.min_p[:S] = t.min_p[sample_rows]
-    host.repetition_penalty[:S] = rep
-    host.presence_penalty[:S] = pres
-    host.frequency_penalty[:S] = freq
+    for c in SAMPLING_COLUMNS:
+        getattr(host, c.name)[:S] = t.columns[c.name][sample_rows]
+    temperature, top_k, top_p = host.temperature[:S], host.top_k[:S], host.top_p[:S]
+    rep, pres, freq = host.repetition_penalty[:S], host.presence_penalty[:S], host.frequency_penalty[:S]
     sampling = temperature > 0
     flags = SamplerFlags(
         use_top_k_top_p=bool(((top_k[sampling] > 0) | (top_p[sampling] < 1.0)).any()),
@@ -141,14 +134,8 @@ def pad_batch(host, num_tokens: int, num_seqs: int, num_samples: int, pad: StepP
     host.logits_indices[S:P] = np.arange(S, P) if decode else 0
     host.token_index[S:P] = 0
     host.state_row[S:P] = scratch_row
-    host.seed[S:P] = 0
-    host.temperature[S:P] = 0.0
-    host.top_k[S:P] = 0
-    host.top_p[S:P] = 1.0
-    host.min_p[S:P] = 0.0
-    host.repetition_penalty[S:P] = 1.0
-    host.presence_penalty[S:P] = 0.0
-    host.frequency_penalty[S:P] = 0.0
+    for c in SAMPLING_COLUMNS:
+        getattr(host, c.name)[S:P] = c.neutral
     sampling_scalars(host, P)
 
 

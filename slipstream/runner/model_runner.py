@@ -23,6 +23,7 @@ from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
 from slipstream.sampler import PenaltyState, SamplingTensors, sample
+from slipstream.sampling_columns import ALL_COLUMNS
 from slipstream.scheduler import BatchResult, ScheduledBatch
 
 
@@ -33,6 +34,7 @@ class Launched:
     num_samples: int
     num_logprobs: int
     gpu_times: dict | None = None  # filled by wait() when tracing
+    prompt_logprobs: list | None = None  # device (logprobs, ids) per batch.prompt_logprobs entry
 
 
 @dataclass
@@ -106,15 +108,24 @@ class ModelRunner:
         return self.split_policy.pick(host.seq_lens[:num_rows], num_seqs)
 
     # -- the step on the compute stream (eager, or captured into a graph) ---------------
-    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None) -> None:
-        logits = self.forward(slot, shape)
+    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None, prompt_spans=None) -> list | None:
+        """The step's work on the compute stream; with `prompt_spans` (eager only) also the
+        prompt logprobs of those spans, returned as device tensors."""
+        hidden = self.forward_hidden(slot, shape)
+        prompt_lps = self.prompt_logprobs(hidden, prompt_spans) if prompt_spans else None
+        logits = self.logits(slot, shape, hidden)
         if suppress:
             rows = [r for r, ids in suppress for _ in ids]
             cols = [t for _, ids in suppress for t in ids]
             logits[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = float("-inf")
         self.sample(slot, shape, logits)
+        return prompt_lps
 
     def forward(self, slot: IOSlot, shape: StepShape) -> torch.Tensor:
+        """The logits of the step's sampled rows."""
+        return self.logits(slot, shape, self.forward_hidden(slot, shape))
+
+    def forward_hidden(self, slot: IOSlot, shape: StepShape) -> torch.Tensor:
         d = slot.dev
         prev = self.slots[1 - slot.index]
         T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
@@ -124,19 +135,35 @@ class ModelRunner:
                                  d.slot_mapping[:T], shape.max_query_len, shape.max_seq_len,
                                  decode_order=d.decode_order[:B], split_counters=self.split_counters,
                                  num_decode=shape.num_decode, num_splits=shape.decode_splits)
-        hidden = self.model(input_ids, d.positions[:T], meta, self.kv_caches)
+        return self.model(input_ids, d.positions[:T], meta, self.kv_caches)
+
+    def logits(self, slot: IOSlot, shape: StepShape, hidden: torch.Tensor) -> torch.Tensor:
         if not shape.samples_every_token:
-            hidden = hidden.index_select(0, d.logits_indices[:S])
+            hidden = hidden.index_select(0, slot.dev.logits_indices[:shape.num_samples])
         return self.model.compute_logits(hidden)
+
+    def prompt_logprobs(self, hidden: torch.Tensor, spans: list[tuple[int, int, np.ndarray, int]]) -> list:
+        """For each span (first token index in the step, count, the prompt tokens they score,
+        top k): float32 [count, 1 + k] (that token's logprob, then the top k) and int32 ids
+        [count, k]."""
+        out = []
+        for first, count, targets, k in spans:
+            tgt = torch.as_tensor(targets, dtype=torch.long).to(self.device)
+            lps, ids = [], []
+            for a in range(0, count, 512):  # [512, vocab] float32 logits at a time
+                b = min(a + 512, count)
+                lp = torch.log_softmax(self.model.compute_logits(hidden[first + a:first + b]).float(), dim=-1)
+                chosen = lp.gather(1, tgt[a:b, None])
+                top, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+                lps.append(torch.cat([chosen, top], dim=1))
+                ids.append(top_ids.to(torch.int32))
+            out.append((torch.cat(lps), torch.cat(ids)))
+        return out
 
     def sample(self, slot: IOSlot, shape: StepShape, logits: torch.Tensor) -> None:
         d, S, k = slot.dev, shape.num_samples, shape.flags.num_logprobs
-        tensors = SamplingTensors(
-            temperature=d.temperature[:S], top_k=d.top_k[:S], top_p=d.top_p[:S], min_p=d.min_p[:S],
-            seed=d.seed[:S], token_index=d.token_index[:S],
-            repetition_penalty=d.repetition_penalty[:S], presence_penalty=d.presence_penalty[:S],
-            frequency_penalty=d.frequency_penalty[:S], state_row=d.state_row[:S],
-            inv_t=d.inv_t[:S], log_min_p=d.log_min_p[:S])
+        tensors = SamplingTensors(token_index=d.token_index[:S], state_row=d.state_row[:S],
+                                  **{c.name: getattr(d, c.name)[:S] for c in ALL_COLUMNS})
         out = sample(logits, tensors, shape.flags, self.penalties, out=d.tokens[:S])
         if k:
             d.logprobs[:S, :1 + k].copy_(out.logprobs)
@@ -165,7 +192,9 @@ class ModelRunner:
         if shape.is_decode:
             shape = replace(shape, decode_splits=self.decode_splits(slot.host, batch.num_seqs, shape.num_seqs))
         use_graph = (self.graphs is not None and not batch.suppress and not batch.penalty_resets
-                     and self.graphs.can_replay(slot.index, shape))
+                     and not batch.prompt_logprobs and self.graphs.can_replay(slot.index, shape))
+        spans = self._prompt_spans(batch, slot) if batch.prompt_logprobs else None
+        prompt_lps = None
         s = self.streams
         with s.on(s.h2d):
             s.wait(s.h2d, slot.compute_done)  # the slot's previous step has read its inputs
@@ -182,7 +211,7 @@ class ModelRunner:
             else:
                 for row, prompt, outputs in batch.penalty_resets:
                     self.penalties.reset_row(row, prompt, outputs)
-                self.compute_step(slot, shape, batch.suppress)
+                prompt_lps = self.compute_step(slot, shape, batch.suppress, spans)
             slot.compute_done.record()
         num_samples, k = len(batch.sampled), shape.flags.num_logprobs
         with s.on(s.d2h):
@@ -190,7 +219,20 @@ class ModelRunner:
             slot.d2h_start.record()
             slot.download(num_samples, k)
             slot.d2h_done.record()
-        return Launched(batch, slot, num_samples, k)
+        return Launched(batch, slot, num_samples, k, prompt_logprobs=prompt_lps)
+
+    @staticmethod
+    def _prompt_spans(batch: ScheduledBatch, slot: IOSlot) -> list[tuple[int, int, np.ndarray, int]]:
+        """batch.prompt_logprobs as token spans of the step: position p of sequence row j is
+        token qsl[j] + p - start[j]; it scores prompt token p + 1."""
+        qsl = slot.host.query_start_loc
+        spans = []
+        for j, first_pos, count, k in batch.prompt_logprobs:
+            req = batch.requests[j]
+            first = int(qsl[j]) + first_pos - int(batch.start[j])
+            targets = np.asarray(req.prompt_token_ids[first_pos + 1:first_pos + 1 + count], np.int64)
+            spans.append((first, count, targets, k))
+        return spans
 
     def wait(self, launched: Launched) -> BatchResult:
         slot = launched.slot
@@ -200,6 +242,8 @@ class ModelRunner:
         if k:
             result.logprobs = slot.host.logprobs[:S, :1 + k].numpy().copy()
             result.logprob_ids = slot.host.logprob_ids[:S, :k].numpy().copy()
+        if launched.prompt_logprobs is not None:  # (its compute finished before d2h_done)
+            result.prompt_logprobs = [(lp.cpu().numpy(), ids.cpu().numpy()) for lp, ids in launched.prompt_logprobs]
         if self.trace_origin is not None and self.streams.cuda:
             launched.gpu_times = self._gpu_times(slot)
         return result

@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from slipstream.sampling_columns import ALL_COLUMNS, int32_words
+
 MAX_LOGPROBS = 20
 
 
@@ -22,12 +24,13 @@ class IOSlot:
         self.max_blocks = max_blocks
         pin = device.type == "cuda"
         T, S = max_tokens, max_seqs
+        # the sampling columns come from their table (sampling_columns.py); block table last
         ints = [("input_ids", T), ("positions", T), ("slot_mapping", T), ("carry_idx", T),
                 ("query_start_loc", S + 1), ("seq_lens", S), ("decode_order", S), ("logits_indices", S),
-                ("top_k", S), ("token_index", S), ("state_row", S), ("seed", 2 * S),
-                ("block_table", S * max_blocks)]
-        floats = [("temperature", S), ("top_p", S), ("min_p", S), ("repetition_penalty", S),
-                  ("presence_penalty", S), ("frequency_penalty", S), ("inv_t", S), ("log_min_p", S)]
+                ("token_index", S), ("state_row", S)]
+        ints += [(c.name, int32_words(c) * S) for c in ALL_COLUMNS if c.dtype != np.float32]
+        ints.append(("block_table", S * max_blocks))
+        floats = [(c.name, S) for c in ALL_COLUMNS if c.dtype == np.float32]
         self._int_offsets, n_int = _layout(ints)
         self._float_offsets, n_float = _layout(floats)
         self.block_table_offset = self._int_offsets["block_table"][0]
@@ -55,7 +58,9 @@ class IOSlot:
             v[name] = ints[off:off + size]
         for name, (off, size) in self._float_offsets.items():
             v[name] = floats[off:off + size]
-        v["seed"] = v["seed"].view(np.int64 if lib is np else torch.int64)
+        for c in ALL_COLUMNS:
+            if c.dtype == np.int64:
+                v[c.name] = v[c.name].view(np.int64 if lib is np else torch.int64)
         v["block_table"] = v["block_table"].reshape(-1, self.max_blocks)
         return v
 

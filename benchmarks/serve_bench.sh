@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Serving benchmarks on the GPU machine: `slipstream serve` (dummy weights) driven by
+# `slipstream bench serve` on loopback, in one call.
+#   bash benchmarks/serve_bench.sh small OUT [STREAM_INTERVAL]   small-256 at concurrency 256
+#   bash benchmarks/serve_bench.sh latency OUT [--no-async-scheduling]   seed-8b shape, c = 1,8,32,64
+set -uo pipefail
+kind=$1 out=$2; shift 2
+mkdir -p "$out"
+CONFIGS=$(python3 -c "import slipstream.bench.workloads as w; print(w.CONFIGS)")
+PORT=${PORT:-8011}
+
+start_server() {  # start_server LOG ARGS...
+  local log=$1; shift
+  python3 -m slipstream.cli serve --port "$PORT" --load-format dummy "$@" >"$log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 1 240); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" 2>/dev/null && return 0
+    kill -0 $SERVER 2>/dev/null || { echo "server died:"; tail -20 "$log"; return 1; }
+    sleep 0.5
+  done
+  echo "server did not start in 120 s"; tail -20 "$log"; return 1
+}
+
+stop_server() {
+  kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
+}
+
+case $kind in
+  small)
+    si=${1:-1}
+    start_server "$out/server-small-si$si.log" --model "$CONFIGS/qwen3-0.6b" --max-model-len 2048 \
+      --max-num-seqs 256 --stream-interval "$si" || exit 1
+    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
+      --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm --save-result \
+      --result-file "$out/serve-small-si$si.json"
+    python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
+      | grep -E "^slipstream:(generation_tokens|prompt_tokens|request_success)" | head
+    stop_server ;;
+  latency)
+    mode=${1:-}
+    tag=$([ -n "$mode" ] && echo sync || echo async)
+    start_server "$out/server-8b-$tag.log" --model "$CONFIGS/llama-3.1-8b" --max-model-len 2048 \
+      --max-num-seqs 64 $mode || exit 1
+    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset random \
+      --random-input-len 256 --random-output-len 256 --ignore-eos --concurrency 1,8,32,64 \
+      --prompts-per-concurrency 2 --disable-tqdm --save-result --result-file "$out/serve-8b-$tag.json" \
+      --plot "$out/serve-8b-$tag.png"
+    stop_server ;;
+esac

@@ -1,0 +1,165 @@
+"""Start an engine core (a thread of this process, or a process of its own) and talk to it.
+
+Both run the same loop (`service.run_core`) over two ZMQ sockets that this side binds:
+`inproc://` for a thread, `ipc://` in a private folder for a process.  The process is
+started as `python -m slipstream.core` with its config as JSON (no pickles).
+`wait_ready` returns the core's `CoreInfo` or raises its startup error as one line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import zmq
+
+from slipstream.config import EngineConfig
+from slipstream.core.messages import (Abort, Call, CoreInfo, Ready, Shutdown, StartupFailed, encoder,
+                                      from_core_decoder)
+from slipstream.errors import EngineDeadError
+
+CORE_MODES = ("thread", "process")
+_STARTUP_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError, "TypeError": ValueError}
+
+
+class CoreClient:
+    """The front end's end of the two sockets. `send` may be called from any thread."""
+
+    def __init__(self, config: EngineConfig, mode: str = "process") -> None:
+        if mode not in CORE_MODES:
+            raise ValueError(f"core must be one of {list(CORE_MODES)}, got {mode!r}")
+        self.mode = mode
+        self.ctx = zmq.Context()
+        self.in_sock = self.ctx.socket(zmq.PUSH)   # front end -> core
+        self.out_sock = self.ctx.socket(zmq.PULL)  # core -> front end
+        for s in (self.in_sock, self.out_sock):
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 0)
+            s.setsockopt(zmq.RCVHWM, 0)
+        self._send_lock = threading.Lock()
+        self._call_ids = itertools.count()
+        self.info: CoreInfo | None = None
+        self.core = None  # the EngineCore object itself, in thread mode (tests reach it)
+        self.proc: subprocess.Popen | None = None
+        self.thread: threading.Thread | None = None
+        self._dir = None
+        if mode == "thread":
+            tag = f"{os.getpid()}-{id(self)}"
+            in_addr, out_addr = f"inproc://core-in-{tag}", f"inproc://core-out-{tag}"
+        else:
+            self._dir = tempfile.mkdtemp(prefix="slipstream-core-")
+            in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
+        self.in_sock.bind(in_addr)
+        self.out_sock.bind(out_addr)
+        if mode == "thread":
+            self.thread = threading.Thread(target=self._thread_main, args=(config, in_addr, out_addr),
+                                           name="slipstream-core", daemon=True)
+            self.thread.start()
+        else:
+            config_json = json.dumps(dataclasses.asdict(config))
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "slipstream.core", config_json, in_addr, out_addr,
+                 str(os.getpid())], stdin=subprocess.DEVNULL)
+
+    def _thread_main(self, config, in_addr, out_addr) -> None:
+        from slipstream.core.service import run_core
+        in_sock, out_sock = self.ctx.socket(zmq.PULL), self.ctx.socket(zmq.PUSH)
+        for s in (in_sock, out_sock):
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 0)
+            s.setsockopt(zmq.RCVHWM, 0)
+        in_sock.connect(in_addr)
+        out_sock.connect(out_addr)
+        try:
+            run_core(config, in_sock, out_sock, on_ready=lambda core: setattr(self, "core", core))
+        finally:
+            in_sock.close()
+            out_sock.close()
+
+    # -- liveness ---------------------------------------------------------------------
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return self.thread is not None and self.thread.is_alive()
+
+    def exit_description(self) -> str:
+        if self.proc is not None:
+            return f"the engine core process exited (code {self.proc.poll()})"
+        return "the engine core thread ended"
+
+    def wait_ready(self, timeout: float | None = None) -> CoreInfo:
+        """Block until the core is built; raise its startup error (one line) if it failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.out_sock.poll(200):
+            if not self.alive():
+                self.close()
+                raise RuntimeError(self.exit_description() + " while starting")
+            if deadline is not None and time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"the engine core did not start within {timeout:.0f} s")
+        msg = from_core_decoder.decode(self.out_sock.recv())
+        if isinstance(msg, StartupFailed):
+            self.close()
+            raise _STARTUP_ERRORS.get(msg.kind, RuntimeError)(msg.message)
+        assert isinstance(msg, Ready), f"expected Ready, got {type(msg).__name__}"
+        self.info = msg.info
+        return msg.info
+
+    # -- messages ---------------------------------------------------------------------
+    def send(self, msg) -> None:
+        data = encoder.encode(msg)
+        with self._send_lock:
+            self.in_sock.send(data)
+
+    def send_many(self, msgs) -> None:
+        data = [encoder.encode(m) for m in msgs]
+        with self._send_lock:
+            for d in data:
+                self.in_sock.send(d)
+
+    def abort(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.send(Abort(list(request_ids)))
+
+    def new_call(self, method: str, args: list | None = None) -> Call:
+        return Call(next(self._call_ids), method, list(args or []))
+
+    def recv(self, timeout_ms: int):
+        """The next message from the core, or None after `timeout_ms`; raises EngineDeadError
+        when the core is gone without a word."""
+        if self.out_sock.poll(timeout_ms):
+            return from_core_decoder.decode(self.out_sock.recv())
+        if not self.alive():
+            raise EngineDeadError(self.exit_description())
+        return None
+
+    # -- shutdown ---------------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        if self.ctx.closed:
+            return
+        if self.alive():
+            try:
+                self.send(Shutdown())
+            except zmq.ZMQError:
+                pass
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+        self.in_sock.close(0)
+        self.out_sock.close(0)
+        if self.thread is None or not self.thread.is_alive():  # (term waits for every socket)
+            self.ctx.term()
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)

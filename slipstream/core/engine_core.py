@@ -1,0 +1,252 @@
+"""The engine core: the model, the runner, the scheduler and the overlap loop.
+
+It knows token ids only (the front ends tokenize and detokenize).  `add` and `abort` take
+the messages front ends send; `step` runs one turn of the loop and returns, for every
+request that got tokens or ended, a `CoreOutput`.  A request that can never run ends with
+finish_reason "error" and its message, alone.  `service.run_core` drives it from an inbox.
+"""
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import random
+
+import torch
+
+from slipstream.bench.timeline import Timeline
+from slipstream.config import EngineConfig, default_max_num_batched_tokens
+from slipstream.core.admission import admission_error
+from slipstream.core.messages import AddRequest, CoreInfo, CoreOutput
+from slipstream.core.step_loop import StepLoop
+from slipstream.kv_cache import BlockPool, InFlight
+from slipstream.model.loader import load_model, resolve_model_source
+from slipstream.request import Request, Status
+from slipstream.request_table import RequestTable
+from slipstream.runner.model_runner import ModelRunner, RunnerOptions
+from slipstream.sampling_params import SamplingParams
+from slipstream.scheduler import Scheduler
+from slipstream.tokenizer import load_tokenizer
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for, but PyTorch sees no CUDA GPU")
+    return torch.device(name)
+
+
+class EngineCore:
+    UTILITIES = ("stats", "reset_prefix_cache", "set_async_scheduling", "info")
+
+    def __init__(self, config: EngineConfig, tokenizer=None) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.source = resolve_model_source(config.model)
+        try:
+            self.model, self.model_config = load_model(self.source, config.load_format, config.dtype, self.device)
+        except torch.OutOfMemoryError as e:
+            raise RuntimeError(f"the model does not fit: its weights alone exhaust {self.device} memory "
+                               f"({e}); use a smaller model or dtype") from None
+        self.dtype = next(self.model.parameters()).dtype
+        self.model.set_batch_invariant(config.batch_invariant)
+        self.max_model_len = self._max_model_len()
+        async_mode = config.async_scheduling
+        if async_mode is None:
+            async_mode = self.device.type == "cuda"
+        self.async_scheduling = async_mode
+        tokens = config.max_num_batched_tokens or self._default_batched_tokens()
+        self.max_num_batched_tokens = tokens
+        self.runner = ModelRunner(self.model, self.model_config, self._runner_options(tokens), self.device,
+                                  self.dtype)
+        self.table = RequestTable(config.max_num_seqs, self.max_model_len, config.block_size)
+        self.pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
+                              InFlight(), debug=config.debug_kv)
+        self.scheduler = Scheduler(self.pool, self.table, config.max_num_seqs, tokens)
+        # the tokenizer's stop ids (the core needs nothing else of it; the front ends detokenize)
+        if tokenizer is None and config.load_format != "dummy":
+            tokenizer = load_tokenizer(self.source)
+        self.eos_token_ids = frozenset(tokenizer.eos_token_ids if tokenizer else self.model_config.eos_token_ids)
+        self.timeline = Timeline() if config.trace else None
+        self.loop = StepLoop(self.scheduler, self.runner, 2 if async_mode else 1, self.timeline)
+        self.requests: dict[str, Request] = {}
+        self._ended: list[Request] = []  # rejected or aborted, reported by the next step
+        self._seeds = random.Random(config.seed)
+        self.info = CoreInfo(
+            model_name=_display_name(config.model, self.source), max_model_len=self.max_model_len,
+            vocab_size=self.model_config.vocab_size, eos_token_ids=sorted(self.eos_token_ids),
+            num_kv_blocks=self.pool.num_blocks, block_size=config.block_size, device=str(self.device),
+            async_scheduling=async_mode, max_num_batched_tokens=tokens)
+
+    def _runner_options(self, tokens: int) -> RunnerOptions:
+        c = self.config
+        return RunnerOptions(
+            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=tokens,
+            max_model_len=self.max_model_len, block_size=c.block_size,
+            num_kv_blocks=c.num_kv_blocks, gpu_memory_utilization=c.gpu_memory_utilization,
+            cpu_kv_cache_gib=c.cpu_kv_cache_gib, use_cuda_graphs=not c.enforce_eager,
+            cuda_graph_max_batch=c.cuda_graph_max_batch or c.max_num_seqs,
+            cuda_graph_max_tokens=(tokens if c.cuda_graph_max_tokens is None else c.cuda_graph_max_tokens),
+            trace=c.trace)
+
+    def _default_batched_tokens(self) -> int:
+        if self.device.type != "cuda":
+            return default_max_num_batched_tokens("cpu", max_num_seqs=self.config.max_num_seqs)
+        props = torch.cuda.get_device_properties(self.device)
+        return default_max_num_batched_tokens("cuda", props.total_memory, props.name,
+                                              self.config.max_num_seqs)
+
+    def _max_model_len(self) -> int:
+        cfg = self.model_config
+        limit = cfg.max_position_embeddings
+        if cfg.sliding_window:  # attention is exact while the context fits in the window
+            limit = min(limit, cfg.sliding_window)
+        if self.config.max_model_len is None:
+            return limit
+        if self.config.max_model_len > limit:
+            raise ValueError(f"max_model_len={self.config.max_model_len} exceeds what the model supports "
+                             f"({limit} positions)")
+        return self.config.max_model_len
+
+    # -- requests ---------------------------------------------------------------------
+    def add(self, msg: AddRequest) -> None:
+        """Queue a request; one that cannot run (bad parameters, too long) ends at the next
+        step with finish_reason "error", and an id in use is answered the same way."""
+        rid = msg.request_id
+        try:
+            params = SamplingParams.from_dict(msg.params)
+            error = admission_error(msg.prompt_token_ids, params.max_tokens, self.info)
+        except (ValueError, TypeError) as e:
+            params, error = SamplingParams(), str(e)
+        if rid in self.requests:
+            self._ended.append(Request(rid, [], params, 0, status=Status.FINISHED, finish_reason="error",
+                                       error=f"request id {rid!r} is already in use"))
+            return
+        seed = msg.seed if msg.seed is not None else (
+            params.seed if params.seed is not None else self._seeds.getrandbits(63))
+        req = Request(rid, msg.prompt_token_ids, params, seed % (1 << 63), self.eos_token_ids,
+                      arrival_time=msg.arrival_time)
+        self.requests[rid] = req
+        if error:
+            req.status, req.finish_reason, req.error = Status.FINISHED, "error", error
+            self._ended.append(req)
+            return
+        self.scheduler.add(req)
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """`add` for callers in this process (benchmarks, tests): token ids and params."""
+        request_id = request_id if request_id is not None else f"r{len(self.requests)}-{id(prompt_token_ids)}"
+        params = params or SamplingParams()
+        self.add(AddRequest(request_id, list(prompt_token_ids), params.to_dict(), params.seed))
+        return request_id
+
+    def abort(self, request_ids) -> None:
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.finished:
+                continue
+            self.scheduler.finish(req, "abort")
+            self._ended.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.has_unfinished() or self.loop.in_flight or self._ended)
+
+    has_unfinished_requests = has_work
+
+    # -- the loop ---------------------------------------------------------------------
+    def step(self) -> list[CoreOutput]:
+        """One turn of the overlap loop: the news of every request that got tokens or ended."""
+        ended, self._ended = self._ended, []
+        touched = self.loop.step()
+        if self.loop.stuck:  # e.g. blocks held elsewhere; fail the head alone, the rest goes on
+            req = self.scheduler.waiting[0]
+            self.scheduler.finish(req, "error", "the scheduler could not place this request "
+                                                "(it needs more KV blocks or rows than are free)")
+            touched.append(req)
+        return [self._output(r) for r in ended + touched]
+
+    def _output(self, req: Request) -> CoreOutput:
+        new = req.output_token_ids[req.num_emitted:]
+        out = CoreOutput(req.request_id, new)
+        if req.logprobs is not None and new:
+            out.new_logprobs = req.logprobs[req.num_emitted:]
+        req.num_emitted = len(req.output_token_ids)
+        if len(req.prompt_logprobs) > req.num_prompt_logprobs_emitted:
+            out.new_prompt_logprobs = req.prompt_logprobs[req.num_prompt_logprobs_emitted:]
+            req.num_prompt_logprobs_emitted = len(req.prompt_logprobs)
+        if req.queue_time is not None and not req.queue_time_sent:
+            out.queue_time, req.queue_time_sent = req.queue_time, True
+        if req.finished:
+            out.finish_reason, out.error, out.stop_token = req.finish_reason, req.error, req.stop_token
+            self.requests.pop(req.request_id, None)
+        return out
+
+    def fail_all(self, message: str) -> list[CoreOutput]:
+        """The engine died: an error output for every open request (nothing more runs)."""
+        outs = [CoreOutput(rid, [], finish_reason="error", error=message) for rid in self.requests]
+        self.requests.clear()
+        return outs
+
+    def run_until_done(self) -> dict[str, list[int]]:
+        """Step until every request ended; each request's output token ids (benchmarks, tests)."""
+        tokens: dict[str, list[int]] = {}
+        while self.has_work():
+            for out in self.step():
+                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        return tokens
+
+    # -- utilities --------------------------------------------------------------------
+    def stats(self) -> dict:
+        s, pool = self.scheduler, self.pool
+        in_use = len({b for r in s.running for b in r.block_ids})
+        queries = pool.num_queries
+        return dict(num_running=len(s.running), num_waiting=len(s.waiting), kv_blocks_total=pool.num_blocks,
+                    kv_blocks_in_use=in_use, kv_cache_usage=in_use / pool.num_blocks,
+                    num_preemptions=s.num_preemptions, prefix_cache_queries=queries,
+                    prefix_cache_hits=pool.num_hits,
+                    prefix_cache_hit_rate=pool.num_hits / queries if queries else 0.0)
+
+    def set_async_scheduling(self, enabled: bool) -> None:
+        """Switch between the overlap loop (depth 2) and the sync baseline (depth 1)."""
+        if self.loop.in_flight:
+            raise RuntimeError("cannot switch modes while batches are in flight")
+        self.async_scheduling = enabled
+        self.loop.depth = 2 if enabled else 1
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached prefixes (benchmarks run the same prompts twice)."""
+        if self.has_work():
+            raise RuntimeError("cannot reset the prefix cache while requests run")
+        self.pool.reset_prefix_cache()
+
+    def call(self, method: str, args: list):
+        if method not in self.UTILITIES:
+            raise ValueError(f"unknown engine call {method!r}; known: {', '.join(self.UTILITIES)}")
+        if method == "info":
+            return {f: getattr(self.info, f) for f in self.info.__struct_fields__}
+        return getattr(self, method)(*args)
+
+
+def _display_name(model: str | None, source: str) -> str:
+    if model is None:
+        return "SmolLM2-135M-Instruct"
+    return os.path.basename(os.path.normpath(model)) or model
+
+
+def freeze_gc() -> None:
+    """Take everything alive now (model, CUDA graphs, imported modules: hundreds of thousands
+    of objects) out of the garbage collector's reach, for a process that keeps one engine.
+
+    Python's full collections scan every tracked object. While requests arrive their lists
+    trigger such collections, and scanning the startup heap with them stalls the CPU that
+    feeds the GPU (docs/benchmarks.md, "Garbage collector"). Frozen objects are never
+    scanned again, and not collected until the process exits (they are thawed then, so
+    extension modules see their objects released). Call it once the engine is built and
+    warmed up, in processes that run one engine (the CLI, the core process, the bench do).
+    """
+    gc.collect()
+    gc.freeze()
+    atexit.unregister(gc.unfreeze)  # once, however often this is called
+    atexit.register(gc.unfreeze)

@@ -1,0 +1,57 @@
+"""The overlap loop, in one function (`StepLoop.step`)."""
+from __future__ import annotations
+
+import time
+
+from slipstream.bench.timeline import Timeline
+from slipstream.kv_cache import InFlight
+from slipstream.request import Request
+from slipstream.scheduler import Scheduler
+
+
+class StepLoop:
+    """Each step schedules batch N+1 and launches it, then, once `depth` batches are in
+    flight, blocks on the oldest (N) and hands its tokens to the scheduler.  The GPU
+    computes N while the CPU schedules and builds N+1.  depth=1 is the synchronous
+    baseline: launch, wait, process, in turn.
+
+    `in_flight` (the scheduler's, shared with the block pool) is the one registry of
+    launched batches: a batch enters it once the runner's launch returned."""
+
+    def __init__(self, scheduler: Scheduler, runner, depth: int, timeline: Timeline | None = None) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.depth = depth
+        self.timeline = timeline
+        self.in_flight: InFlight = scheduler.in_flight
+        self.num_batches = 0
+        self.stuck = False  # the last step could place no request and had nothing in flight
+
+    def step(self) -> list[Request]:
+        """One turn; returns the requests that got tokens (or prompt logprobs) or ended."""
+        tl = self.timeline
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        if batch is not None:
+            self.in_flight.launched(batch.batch_id, self.runner.launch(batch), batch.blocks)
+            self.num_batches += 1
+            if tl:
+                tl.batch(batch)
+                tl.cpu("schedule", t0, t1, batch.batch_id)
+                tl.cpu("launch", t1, time.perf_counter(), batch.batch_id)
+        self.stuck = batch is None and not self.in_flight and self.scheduler.has_unfinished()
+        if not self.in_flight or (batch is not None and len(self.in_flight) < self.depth):
+            return []
+        done = self.in_flight.oldest()
+        t2 = time.perf_counter()
+        result = self.runner.wait(done)
+        t3 = time.perf_counter()
+        touched = self.scheduler.update(done.batch, result)
+        self.in_flight.completed(done.batch.batch_id)
+        if tl:
+            tl.cpu("wait", t2, t3, done.batch.batch_id)
+            tl.cpu("process", t3, time.perf_counter(), done.batch.batch_id)
+            if getattr(done, "gpu_times", None):
+                tl.gpu(done.batch.batch_id, done.gpu_times)
+        return touched

@@ -1,0 +1,221 @@
+"""`AsyncLLM`: asyncio streaming on an engine core in its own process (or a thread).
+
+`generate` is an async generator of `RequestOutput`s as tokens arrive.  One task per
+AsyncLLM reads the core's messages, runs the output processor (detokenization, stop
+strings) and wakes the streams it touched; a stream that fell behind gets the merged
+deltas in one output.  Leaving a stream early, or cancelling its task, aborts the
+request in the core at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import zmq
+import zmq.asyncio
+
+from slipstream.config import EngineConfig
+from slipstream.core.client import CoreClient
+from slipstream.core.messages import CallResult, CoreDead, StepOutputs, from_core_decoder
+from slipstream.errors import EngineDeadError
+from slipstream.frontend.output_processor import OutputProcessor, RequestState
+from slipstream.frontend.outputs import RequestOutput
+from slipstream.frontend.prompts import check_admission, tokenize_prompt
+from slipstream.model.loader import resolve_model_source
+from slipstream.sampling_params import SamplingParams
+from slipstream.tokenizer import load_tokenizer
+
+
+class AsyncLLM:
+    def __init__(self, model: str | None = None, core: str = "process", **engine_options) -> None:
+        config = EngineConfig.from_kwargs(model=model, **engine_options)
+        source = resolve_model_source(model)  # a missing model fails here, before any process starts
+        self._client = CoreClient(config, core)
+        try:  # (the tokenizer loads while the core builds the engine)
+            self.tokenizer = None if config.load_format == "dummy" else load_tokenizer(source)
+            self.info = self._client.wait_ready()
+        except BaseException:
+            self._client.close()
+            raise
+        self.model_name = self.info.model_name
+        self.max_model_len = self.info.max_model_len
+        self.vocab_size = self.info.vocab_size
+        self.processor = OutputProcessor(self.tokenizer)
+        self.dead_error: str | None = None
+        self._calls: dict[int, asyncio.Future] = {}
+        self._reader: asyncio.Task | None = None
+        self._ids = itertools.count()
+        self._closed = False
+
+    # -- state ------------------------------------------------------------------------
+    @property
+    def is_dead(self) -> bool:
+        return self.dead_error is not None
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.processor)
+
+    @property
+    def core(self):
+        """The EngineCore object when it runs in a thread of this process (tests), else None."""
+        return self._client.core
+
+    # -- requests ---------------------------------------------------------------------
+    def validate(self, prompt, params: SamplingParams | None = None) -> list[int]:
+        """The prompt's token ids; ValueError with a one-line message if it cannot run."""
+        params = params or SamplingParams()
+        try:
+            _, ids = tokenize_prompt(prompt, self.tokenizer)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+        error = check_admission(ids, params, self.info)
+        if error:
+            raise ValueError(error)
+        return ids
+
+    async def generate(self, prompt, sampling_params: SamplingParams | None = None,
+                       request_id: str | None = None):
+        """Yield a RequestOutput as tokens arrive; the last has `finished` set."""
+        self._check_alive()
+        self._start_reader()
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        request_id = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.processor.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        try:
+            text, ids = tokenize_prompt(prompt, self.tokenizer)
+        except (TypeError, ValueError) as e:  # fails alone, as an output
+            state = self.processor.new_request(request_id, None, [], params)
+            self.processor.fail(state, str(e))
+            yield state.output()
+            return
+        state = self.processor.new_request(request_id, text, ids, params)
+        error = check_admission(ids, params, self.info)
+        if error:
+            self.processor.fail(state, error)
+            yield state.output()
+            return
+        state.waiter = asyncio.Event()
+        self._client.send_many(self.processor.add(state))
+        try:
+            while True:
+                await state.waiter.wait()
+                state.waiter.clear()
+                out = state.output()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not state.finished:  # the caller left early, or its task was cancelled
+                self._abort_now(request_id)
+
+    def _abort_now(self, request_id: str) -> None:
+        ids = self.processor.abort(request_id)
+        if ids and not self.is_dead and not self._closed:
+            self._client.abort(ids)
+
+    async def abort(self, request_id: str) -> None:
+        state = self.processor.requests.get(request_id)
+        self._abort_now(request_id)
+        if state is not None and state.waiter is not None:
+            state.waiter.set()
+
+    async def stats(self) -> dict:
+        return await self._call("stats")
+
+    async def reset_prefix_cache(self) -> None:
+        await self._call("reset_prefix_cache")
+
+    async def _call(self, method: str, *args):
+        self._check_alive()
+        self._start_reader()
+        call = self._client.new_call(method, list(args))
+        fut = asyncio.get_running_loop().create_future()
+        self._calls[call.call_id] = fut
+        self._client.send(call)
+        return await fut
+
+    def _check_alive(self) -> None:
+        if self.dead_error is not None:
+            raise EngineDeadError(self.dead_error)
+        if self._closed:
+            raise EngineDeadError("this AsyncLLM was shut down")
+
+    # -- the reader task ----------------------------------------------------------------
+    def _start_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read_outputs())
+
+    async def _read_outputs(self) -> None:
+        sock = zmq.asyncio.Socket.from_socket(self._client.out_sock)
+        try:
+            while True:
+                if not await sock.poll(500):
+                    if not self._client.alive():
+                        return self._die(self._client.exit_description())
+                    continue
+                msg = from_core_decoder.decode(await sock.recv())
+                if isinstance(msg, StepOutputs):
+                    touched, aborts = self.processor.process(msg.outputs)
+                    self._client.abort(aborts)
+                    for state in touched:
+                        if state.waiter is not None:
+                            state.waiter.set()
+                elif isinstance(msg, CallResult):
+                    self._resolve(msg)
+                elif isinstance(msg, CoreDead):
+                    return self._die(msg.message)
+        except (zmq.ZMQError, asyncio.CancelledError):
+            return
+
+    def _resolve(self, msg: CallResult) -> None:
+        fut = self._calls.pop(msg.call_id, None)
+        if fut is None or fut.done():
+            return
+        if msg.error is not None:
+            fut.set_exception(RuntimeError(msg.error))
+        else:
+            fut.set_result(msg.result)
+
+    def _die(self, message: str) -> None:
+        self.dead_error = message
+        for state in self.processor.fail_all(message):
+            if state.waiter is not None:
+                state.waiter.set()
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(EngineDeadError(message))
+        self._calls.clear()
+
+    # -- shutdown ---------------------------------------------------------------------
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for rid in list(self.processor.requests):
+            state = self.processor.requests[rid]
+            self.processor.abort(rid)
+            if state.waiter is not None:
+                state.waiter.set()
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
+        await asyncio.get_running_loop().run_in_executor(None, self._client.close)
+
+    def close(self) -> None:
+        """Shut down from outside an event loop."""
+        if not self._closed:
+            self._closed = True
+            self._client.close()
+
+    async def __aenter__(self) -> "AsyncLLM":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.shutdown()

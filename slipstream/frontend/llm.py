@@ -1,0 +1,233 @@
+"""`LLM`: offline, blocking inference on an engine core.
+
+By default the core runs inline: this thread steps it (no thread hand-offs, no
+serialization: the fastest for one caller; docs/serving.md has the measurement).
+`core="thread"` or `"process"` run the same core behind ZMQ, as `AsyncLLM` does.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from slipstream.config import EngineConfig
+from slipstream.core.engine_core import EngineCore
+from slipstream.core.messages import CoreDead, CoreOutput, StepOutputs
+from slipstream.core.service import dead_message
+from slipstream.errors import EngineDeadError
+from slipstream.frontend.output_processor import OutputProcessor, RequestState
+from slipstream.frontend.outputs import RequestOutput
+from slipstream.frontend.prompts import chat_token_ids, check_admission, tokenize_prompt
+from slipstream.sampling_params import SamplingParams
+from slipstream.tokenizer import load_tokenizer
+
+LLM_CORE_MODES = ("inline", "thread", "process")
+
+
+class _InlineCore:
+    """The core stepped by the caller's thread."""
+
+    def __init__(self, config: EngineConfig, tokenizer) -> None:
+        self.engine = EngineCore(config, tokenizer)
+        self.info = self.engine.info
+
+    def send(self, msgs) -> None:
+        for m in msgs:
+            self.engine.add(m)
+
+    def abort(self, ids) -> None:
+        self.engine.abort(ids)
+
+    def step(self) -> list[CoreOutput]:
+        if not self.engine.has_work():
+            return []
+        try:
+            return self.engine.step()
+        except Exception as e:  # noqa: BLE001 - the engine is dead: end every request
+            raise _Died(dead_message(e), self.engine.fail_all(dead_message(e))) from e
+
+    def close(self) -> None:
+        pass
+
+
+class _RemoteCore:
+    """The core in a thread or process, through `CoreClient`."""
+
+    def __init__(self, config: EngineConfig, mode: str) -> None:
+        from slipstream.core.client import CoreClient
+        self.client = CoreClient(config, mode)
+        self.info = self.client.wait_ready()
+        self.engine = self.client.core  # the EngineCore in thread mode, else None
+
+    def send(self, msgs) -> None:
+        self.client.send_many(msgs)
+
+    def abort(self, ids) -> None:
+        self.client.abort(ids)
+
+    def step(self) -> list[CoreOutput]:
+        while True:
+            try:
+                msg = self.client.recv(1000)
+            except EngineDeadError as e:
+                raise _Died(str(e), []) from None
+            if isinstance(msg, StepOutputs):
+                return msg.outputs
+            if isinstance(msg, CoreDead):
+                raise _Died(msg.message, [])
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _Died(Exception):
+    def __init__(self, message: str, outputs: list[CoreOutput]) -> None:
+        super().__init__(message)
+        self.message, self.outputs = message, outputs
+
+
+class LLM:
+    """Offline batch inference: `LLM(model).generate(prompts, SamplingParams(...))`."""
+
+    def __init__(self, model: str | None = None, core: str = "inline", **engine_options) -> None:
+        if core not in LLM_CORE_MODES:
+            raise ValueError(f"core must be one of {list(LLM_CORE_MODES)}, got {core!r}")
+        config = EngineConfig.from_kwargs(model=model, **engine_options)
+        from slipstream.model.loader import resolve_model_source
+        self.tokenizer = None if config.load_format == "dummy" else load_tokenizer(resolve_model_source(model))
+        self._core = _InlineCore(config, self.tokenizer) if core == "inline" else _RemoteCore(config, core)
+        self.engine: EngineCore | None = self._core.engine  # inline / thread: the core itself
+        self.info = self._core.info
+        self.processor = OutputProcessor(self.tokenizer)
+        self._finished_early: list[RequestState] = []  # never reached the core (admission)
+        self._ids = 0
+        self.dead_error: str | None = None
+
+    # -- requests ---------------------------------------------------------------------
+    def _prepare(self, prompt, params: SamplingParams | None, request_id: str | None) -> RequestState:
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        text, ids = tokenize_prompt(prompt, self.tokenizer)
+        if request_id is None:
+            request_id, self._ids = str(self._ids), self._ids + 1
+        elif request_id in self.processor.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        state = self.processor.new_request(str(request_id), text, ids, params)
+        error = check_admission(ids, params, self.info)
+        if error:
+            self.processor.fail(state, error)
+        return state
+
+    def _submit(self, states: list[RequestState]) -> None:
+        if self.dead_error:
+            raise EngineDeadError(self.dead_error)
+        msgs = []
+        for s in states:
+            if s.finished:
+                self._finished_early.append(s)
+            else:
+                msgs += self.processor.add(s)
+        self._core.send(msgs)
+
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        """Queue one request; TypeError / ValueError for a prompt it cannot take. Its output
+        comes from `outputs()`."""
+        state = self._prepare(prompt, params, request_id)
+        self._submit([state])
+        return state.request_id
+
+    def abort_request(self, request_id: str) -> None:
+        """End a request now; its output (finish_reason "abort") comes with the next step."""
+        state = self.processor.requests.get(request_id)
+        self._core.abort(self.processor.abort(request_id))
+        if state is not None:
+            self._finished_early.append(state)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(len(self.processor) or self._finished_early)
+
+    def outputs(self, finished_only: bool = True) -> Iterator[RequestOutput]:
+        """Step until every queued request ended, yielding each one as it finishes (or, with
+        finished_only=False, every update: new tokens and text as they are generated)."""
+        while self.has_unfinished_requests():
+            yield from self.step(finished_only)
+
+    def step(self, finished_only: bool = False) -> list[RequestOutput]:
+        """One turn of the engine: the outputs of the requests it moved on (finished ones
+        only, with finished_only)."""
+        early, self._finished_early = self._finished_early, []
+        touched = self._step() if len(self.processor) else []
+        return [s.output() for s in early + touched if s.finished or not finished_only]
+
+    def _step(self) -> list[RequestState]:
+        if self.dead_error:
+            raise EngineDeadError(self.dead_error)
+        try:
+            outs = self._core.step()
+        except _Died as died:
+            self.dead_error = died.message
+            self.processor.process(died.outputs)
+            return self.processor.fail_all(died.message)
+        touched, aborts = self.processor.process(outs)
+        if aborts:
+            self._core.abort(aborts)
+        return touched
+
+    # -- the offline API ----------------------------------------------------------------
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        prompts = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(prompts))
+        states = [self._prepare(p, sp, None) for p, sp in zip(prompts, params)]
+        return self._run(states, use_tqdm)
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} dicts) or a list of them."""
+        if messages and isinstance(messages, (list, tuple)) and isinstance(messages[0], dict):
+            messages = [messages]
+        prompts = [chat_token_ids(conv, self.tokenizer) for conv in messages]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run(self, states: list[RequestState], use_tqdm: bool) -> list[RequestOutput]:
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+            bar = tqdm(total=len(states), desc="generating", unit="req")
+        self._submit(states)
+        done: dict[str, RequestOutput] = {}
+        for out in self.outputs():
+            done[out.request_id] = out
+            if bar:
+                bar.update(1)
+        if bar:
+            bar.close()
+        return [done[s.request_id] for s in states]
+
+    def shutdown(self) -> None:
+        self._core.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+        return [list(prompts)]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; "
+                        f"got {type(prompts).__name__}")
+    return list(prompts)
+
+
+def _as_params_list(params, n: int) -> list[SamplingParams]:
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} sampling params for {n} prompts")
+    return params

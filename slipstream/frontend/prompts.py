@@ -1,0 +1,66 @@
+"""Prompts in, token ids out: tokenization, chat messages, and the admission check, done
+in the front end before anything reaches the core (so a bad prompt of a list is rejected
+before any prompt of the call is queued)."""
+from __future__ import annotations
+
+from slipstream.core.admission import admission_error, as_token_ids
+from slipstream.core.messages import CoreInfo
+from slipstream.sampling_params import SamplingParams
+
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def tokenize_prompt(prompt, tokenizer) -> tuple[str | None, list[int]]:
+    """(the prompt's text or None, its token ids); TypeError / ValueError for bad prompts."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer (dummy weights or no tokenizer files): "
+                             "pass prompts as lists of token ids")
+        return prompt, tokenizer.encode(prompt)
+    return None, as_token_ids(prompt)
+
+
+def check_admission(token_ids: list[int], params: SamplingParams, info: CoreInfo) -> str | None:
+    return admission_error(token_ids, params.max_tokens, info)
+
+
+def normalize_messages(messages) -> list[dict]:
+    """Chat messages as the template wants them: a list of {"role", "content": str}; content
+    given as OpenAI text parts ([{"type": "text", "text": ...}]) is joined. ValueError names
+    the first bad message."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("messages must be a non-empty list of {\"role\", \"content\"} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"messages[{i}] must be an object with role and content, got {type(m).__name__}")
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise ValueError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
+        if "content" not in m:
+            raise ValueError(f"messages[{i}] has no content")
+        out.append(dict(m, content=_content_text(content, i)))
+    return out
+
+
+def _content_text(content, i: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"messages[{i}].content[{j}] must be a text part "
+                                 f"{{\"type\": \"text\", \"text\": ...}}, got {kind!r}")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ValueError(f"messages[{i}].content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def chat_token_ids(messages, tokenizer) -> list[int]:
+    if tokenizer is None:
+        raise ValueError("chat needs a tokenizer with a chat template; this model has none")
+    return tokenizer.apply_chat_template(normalize_messages(messages))

@@ -1,0 +1,185 @@
+"""`slipstream serve` and `slipstream run-batch`: parsers and entry points.
+
+The lead's slipstream/cli.py adds them with::
+
+    from slipstream.server.cli import add_run_batch_parser, add_serve_parser
+    add_serve_parser(sub, _engine_args)
+    add_run_batch_parser(sub, _engine_args)
+
+and each sub-command's `func(args)` returns the exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+
+from slipstream.server import DEFAULT_MAX_BODY_BYTES
+
+log = logging.getLogger("slipstream.server")
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) clients send (default: the model's own name); the "
+                        "first is reported in responses")
+
+
+def add_serve_parser(subparsers, engine_args_fn):
+    p = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port (printed when ready)")
+    _server_args(p)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="answer 503 (with Retry-After) when more than N requests would wait "
+                        "for a running slot (default: no limit)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, seconds to let running requests finish before "
+                        "aborting them")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="send one streamed chunk per K tokens (always at the end)")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="largest request body (413 above)")
+    p.add_argument("--log-level", default="warning",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    engine_args_fn(p)
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def add_run_batch_parser(subparsers, engine_args_fn):
+    p = subparsers.add_parser("run-batch", help="run an OpenAI Batch API file (JSONL) offline")
+    p.add_argument("-i", "--input-file", required=True, help="JSONL requests ('-': stdin)")
+    p.add_argument("-o", "--output-file", required=True, help="JSONL results ('-': stdout)")
+    p.add_argument("--max-concurrency", type=int, default=256,
+                   help="requests in flight at once")
+    _server_args(p)
+    engine_args_fn(p)
+    p.set_defaults(func=cmd_run_batch)
+    return p
+
+
+def _check_flags(a: argparse.Namespace) -> None:
+    for name in ("max_waiting", "stream_interval", "max_body_bytes", "max_concurrency"):
+        v = getattr(a, name, None)
+        if v is not None and v < (0 if name == "max_waiting" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= "
+                             f"{0 if name == 'max_waiting' else 1}, got {v}")
+    if getattr(a, "shutdown_timeout", 0) < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0, got {a.shutdown_timeout}")
+
+
+def make_llm(a: argparse.Namespace):
+    from slipstream import AsyncLLM
+    from slipstream.cli import _engine_kwargs
+    return AsyncLLM(core="process", **_engine_kwargs(a))
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    _check_flags(a)
+    logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    return asyncio.run(_serve(a))
+
+
+async def _serve(a: argparse.Namespace) -> int:
+    import uvicorn
+
+    from slipstream.server.app import build_app
+
+    try:
+        llm = make_llm(a)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        await llm.stats()  # the engine answers, and its reader runs (so /health sees a death)
+        app = build_app(llm, a)
+        config = uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level,
+                                lifespan="off", access_log=a.log_level in ("info", "debug"),
+                                timeout_graceful_shutdown=5)
+        server = _Server(config, app.state.serving, a.shutdown_timeout)
+        await server.serve()
+        if not server.started:
+            print(f"error: could not listen on {a.host}:{a.port}", file=sys.stderr)
+            return 1
+    finally:
+        await llm.shutdown()
+    print("slipstream serve: stopped", flush=True)
+    return 0
+
+
+class _Server:
+    """uvicorn's Server with our signal handling: the first SIGTERM/SIGINT starts the drain
+    (503 for new requests, running ones get --shutdown-timeout to finish, the rest are
+    aborted), then uvicorn exits; a second signal aborts everything at once."""
+
+    def __new__(cls, config, state, timeout):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def __init__(self):
+                super().__init__(config)
+                self.state, self.timeout = state, timeout
+                self.drain_task = None
+                self.hurry = asyncio.Event()
+
+            @contextlib.contextmanager
+            def capture_signals(self):
+                loop = asyncio.get_running_loop()
+                sigs = (signal.SIGINT, signal.SIGTERM)
+                for sig in sigs:
+                    loop.add_signal_handler(sig, self.on_signal)
+                try:
+                    yield
+                finally:
+                    for sig in sigs:
+                        loop.remove_signal_handler(sig)
+
+            def on_signal(self):
+                if self.drain_task is None:
+                    self.drain_task = asyncio.ensure_future(self.drain())
+                else:
+                    self.hurry.set()
+
+            async def drain(self):
+                print("slipstream serve: shutting down", flush=True)
+                await drain(self.state, self.timeout, self.hurry)
+                self.should_exit = True
+
+            async def startup(self, sockets=None):
+                await super().startup(sockets)
+                if self.started and not self.should_exit:
+                    port = config.port
+                    for srv in self.servers:
+                        for sock in srv.sockets:
+                            port = sock.getsockname()[1]
+                    print(f"slipstream serve: ready on http://{config.host}:{port}", flush=True)
+
+        return Server()
+
+
+async def drain(state, timeout: float, hurry: asyncio.Event | None = None) -> None:
+    """Refuse new requests (503), give those being answered `timeout` seconds (or until
+    `hurry` is set), abort the engine requests left, and give their answers 2 s to go out."""
+    state.shutting_down = True
+    deadline = time.monotonic() + timeout
+    while state.http_active > 0 and time.monotonic() < deadline:
+        if hurry is not None and hurry.is_set():
+            break
+        await asyncio.sleep(0.05)
+    for t in list(state.tasks):
+        t.cancel()
+    deadline = time.monotonic() + 2.0
+    while state.http_active > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+def cmd_run_batch(a: argparse.Namespace) -> int:
+    _check_flags(a)
+    from slipstream.server.run_batch import run_batch_file
+    return asyncio.run(run_batch_file(a))

@@ -1,0 +1,140 @@
+"""Prometheus metrics of one server (vLLM's names under the ``slipstream:`` prefix).
+
+Each app owns a `CollectorRegistry`; nothing is registered globally. Gauges and the
+engine's cumulative counters (preemptions, prefix-cache queries and hits) are read from
+`llm.stats()` when /metrics is scraped; token counters, finished requests and the latency
+histograms are fed by `RequestTracker` as requests run.
+"""
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class _EngineStatsCollector:
+    """Yields the gauges and cumulative engine counters from the latest stats snapshot."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.stats: dict = {}
+
+    def collect(self):
+        s, labels = self.stats, [self.model_name]
+        for name, key, doc in (
+                ("slipstream:num_requests_running", "num_running", "Requests running in the engine."),
+                ("slipstream:num_requests_waiting", "num_waiting", "Requests waiting in the engine."),
+                ("slipstream:kv_cache_usage_perc", "kv_cache_usage", "KV-cache usage, 0 to 1."),
+                ("slipstream:kv_blocks_in_use", "kv_blocks_in_use", "KV-cache blocks in use."),
+                ("slipstream:kv_blocks_total", "kv_blocks_total", "KV-cache blocks in all.")):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(labels, float(s.get(key) or 0))
+            yield g
+        for name, key, doc in (
+                ("slipstream:num_preemptions", "num_preemptions", "Preemptions in the engine."),
+                ("slipstream:prefix_cache_queries", "prefix_cache_queries",
+                 "Prefix-cache queries, in blocks."),
+                ("slipstream:prefix_cache_hits", "prefix_cache_hits", "Prefix-cache hits, in blocks.")):
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(labels, float(s.get(key) or 0))
+            yield c
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.engine = _EngineStatsCollector(model_name)
+        self.registry.register(self.engine)
+        lab, reg = ["model_name"], self.registry
+        self.prompt_tokens = Counter("slipstream:prompt_tokens", "Prompt tokens processed.",
+                                     lab, registry=reg)
+        self.generation_tokens = Counter("slipstream:generation_tokens", "Tokens generated.",
+                                         lab, registry=reg)
+        self.request_success = Counter("slipstream:request_success",
+                                       "Finished completions, by finish reason.",
+                                       lab + ["finished_reason"], registry=reg)
+        self.ttft = Histogram("slipstream:time_to_first_token_seconds", "Time to first token.",
+                              lab, buckets=_LATENCY_BUCKETS, registry=reg)
+        self.itl = Histogram("slipstream:inter_token_latency_seconds", "Time between tokens.",
+                             lab, buckets=_ITL_BUCKETS, registry=reg)
+        self.e2e = Histogram("slipstream:e2e_request_latency_seconds", "Request latency.",
+                             lab, buckets=_LATENCY_BUCKETS, registry=reg)
+        self.queue = Histogram("slipstream:request_queue_time_seconds",
+                               "Time waiting in the engine before the first step.",
+                               lab, buckets=_LATENCY_BUCKETS, registry=reg)
+
+    def render(self, stats: dict | None) -> bytes:
+        if stats is not None:
+            self.engine.stats = dict(stats)
+        return generate_latest(self.registry)
+
+    def tracker(self) -> RequestTracker:
+        return RequestTracker(self)
+
+
+class RequestTracker:
+    """Follows one engine request's outputs and records it once it ends (or is dropped)."""
+
+    def __init__(self, m: ServerMetrics):
+        self.m = m
+        self.start = time.monotonic()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.ntokens = 0
+        self.out = None
+        self.done = False
+
+    def update(self, out) -> None:
+        now = time.monotonic()
+        n = sum(len(c.new_token_ids) for c in out.outputs)
+        if n:
+            if self.first is None:
+                self.first = now
+            elif self.last is not None:
+                gap = (now - self.last) / n
+                child = self.m.itl.labels(self.m.model_name)
+                for _ in range(n):
+                    child.observe(gap)
+            self.last = now
+            self.ntokens += n
+        self.out = out
+
+    def finish(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        m, name, out = self.m, self.m.model_name, self.out
+        if out is None:
+            return
+        m.prompt_tokens.labels(name).inc(len(out.prompt_token_ids or ()))
+        m.generation_tokens.labels(name).inc(sum(len(c.token_ids) for c in out.outputs))
+        for c in out.outputs:
+            m.request_success.labels(name, c.finish_reason or "abort").inc()
+        now = time.monotonic()
+        met = getattr(out, "metrics", None)
+        ttft = e2e = queue = None
+        if met is not None:
+            if met.first_token_time is not None:
+                ttft = met.first_token_time - met.arrival_time
+            if met.finished_time is not None:
+                e2e = met.finished_time - met.arrival_time
+            queue = met.queue_time_s
+        if ttft is None and self.first is not None:
+            ttft = self.first - self.start
+        if e2e is None:
+            e2e = now - self.start
+        if ttft is not None and ttft >= 0:
+            m.ttft.labels(name).observe(ttft)
+        if e2e >= 0:
+            m.e2e.labels(name).observe(e2e)
+        if queue is not None and queue >= 0:
+            m.queue.labels(name).observe(queue)

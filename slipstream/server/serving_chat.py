@@ -1,0 +1,185 @@
+"""POST /v1/chat/completions: messages through the model's chat template, chat logprobs,
+streaming with the role chunk first. Shared by the server and run-batch."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from slipstream.sampling_params import SamplingParams
+from slipstream.server.errors import APIError, bad_request
+from slipstream.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
+                                        ChatCompletionResponse, ChatLogprobs, ChatMessage,
+                                        ChatMessageOut, ChatStreamChoice, DeltaMessage,
+                                        TokenLogprob, TopLogprob, UsageInfo, random_id)
+from slipstream.server.serving_common import (PromptRun, ServingState, check_common, clean_lp,
+                                              collect, make_params, output_error,
+                                              resolve_max_tokens, sse, validate_prompt)
+
+ROLES = ("system", "developer", "user", "assistant")
+
+
+@dataclass
+class PreparedChat:
+    req: ChatCompletionRequest
+    prompt: list[int]
+    params: SamplingParams
+    top_logprobs: int | None  # None: no logprobs
+    request_id: str
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict]:
+    """Plain {role, content} dicts for the template; text parts are joined by newlines."""
+    if not messages:
+        raise bad_request("messages must not be empty", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
+                              f"{m.role!r}", f"messages[{i}].role")
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or not isinstance(part.text, str):
+                    raise bad_request(f"messages[{i}].content[{j}]: only text parts "
+                                      "({\"type\": \"text\", \"text\": ...}) are supported",
+                                      f"messages[{i}].content")
+                texts.append(part.text)
+            content = "\n".join(texts)
+        elif content is None:
+            if m.role != "assistant":
+                raise bad_request(f"messages[{i}].content is missing", f"messages[{i}].content")
+            content = ""
+        msg = {"role": m.role, "content": content}
+        if m.name is not None:
+            msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def render_prompt(state: ServingState, messages: list[ChatMessage]) -> list[int]:
+    msgs = chat_messages(messages)
+    tok = state.need_tokenizer()
+    if not tok.has_chat_template:
+        raise bad_request("this model's tokenizer has no chat template; use /v1/completions")
+    try:
+        return list(tok.apply_chat_template(msgs))
+    except Exception as e:  # a template may raise on its own rules (role order, ...)
+        raise bad_request(f"the chat template rejected the messages: {e}", "messages") from None
+
+
+def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedChat:
+    state.check_model(req.model)
+    check_common(req)
+    rf = req.response_format
+    if rf is not None and rf.get("type", "text") != "text":
+        raise bad_request(f"response_format {rf.get('type')!r} is not supported (only 'text')",
+                          "response_format")
+    choice = req.tool_choice
+    if (req.tools and choice != "none") or (choice is not None and choice != "none"):
+        raise bad_request("tools are not supported: leave tools out or set tool_choice to 'none'",
+                          "tools" if req.tools else "tool_choice")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    ids = render_prompt(state, req.messages)
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = resolve_max_tokens(state, wanted, len(ids), param)
+    params = make_params(state, req, max_tokens=max_tokens, logprobs=top)
+    return PreparedChat(req, validate_prompt(state, ids, params), params, top,
+                        random_id("chatcmpl"))
+
+
+def _chat_logprobs(state: ServingState, ids: list[int], lps, k: int) -> ChatLogprobs:
+    content = []
+    for pos, tid in enumerate(ids):
+        d = lps[pos] if lps is not None and pos < len(lps) else {}
+        tok = state.token_str(tid)
+        ranked = sorted(d.items(), key=lambda kv: -clean_lp(kv[1]))[:k]
+        top = [TopLogprob(token=state.token_str(t), logprob=clean_lp(v),
+                          bytes=list(state.token_str(t).encode("utf-8"))) for t, v in ranked]
+        lp = d.get(tid)
+        content.append(TokenLogprob(token=tok, logprob=clean_lp(lp if lp is not None else -9999.0),
+                                    bytes=list(tok.encode("utf-8")), top_logprobs=top))
+    return ChatLogprobs(content=content)
+
+
+async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
+    (out,) = await collect(state, [prep.prompt], prep.params, prep.request_id)
+    choices, completion_tokens = [], 0
+    for c in out.outputs:
+        completion_tokens += len(c.token_ids)
+        lp = None
+        if prep.top_logprobs is not None:
+            lp = _chat_logprobs(state, c.token_ids, c.logprobs, prep.top_logprobs)
+        choices.append(ChatChoice(index=c.index, message=ChatMessageOut(content=c.text),
+                                  logprobs=lp, finish_reason=c.finish_reason,
+                                  stop_reason=c.stop_reason))
+    usage = UsageInfo(prompt_tokens=len(prep.prompt), completion_tokens=completion_tokens,
+                      total_tokens=len(prep.prompt) + completion_tokens)
+    return ChatCompletionResponse(id=prep.request_id, model=state.model_name, choices=choices,
+                                  usage=usage).model_dump()
+
+
+async def stream_chat(state: ServingState, prep: PreparedChat, run: PromptRun) -> AsyncIterator[str]:
+    req, created, interval = prep.req, int(time.time()), max(1, state.stream_interval)
+    sent: dict[int, int] = {}  # choice -> tokens sent
+    pending: dict[int, str] = {}
+    done: set[int] = set()  # choices whose finishing chunk was sent
+    completion_tokens = 0
+
+    def chunk(idx, delta, lp=None, finish=None, stop_reason=None) -> str:
+        ch = ChatStreamChoice(index=idx, delta=delta, logprobs=lp, finish_reason=finish,
+                              stop_reason=stop_reason)
+        body = ChatCompletionChunk(id=prep.request_id, created=created, model=state.model_name,
+                                   choices=[ch]).model_dump()
+        body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
+        return sse(body)
+
+    try:
+        for idx in range(req.n):
+            sent[idx], pending[idx] = 0, ""
+            yield chunk(idx, DeltaMessage(role="assistant", content=""))
+        async for _, out in run.events():
+            err = output_error(state, out) if out.finished else None
+            if err is not None:
+                raise err
+            for c in out.outputs:
+                idx = c.index
+                if idx in done:
+                    continue
+                if c.finished:
+                    done.add(idx)
+                pending[idx] += c.new_text
+                end = len(c.token_ids)
+                if not (c.finished or end - sent[idx] >= interval):
+                    continue
+                lp = None
+                if prep.top_logprobs is not None:
+                    lp = _chat_logprobs(state, c.token_ids[sent[idx]:end],
+                                        (c.logprobs or [])[sent[idx]:end], prep.top_logprobs)
+                sent[idx] = end
+                if c.finished:
+                    completion_tokens += end
+                if pending[idx] or c.finished or (lp is not None and lp.content):
+                    yield chunk(idx, DeltaMessage(content=pending[idx]), lp, c.finish_reason,
+                                c.stop_reason)
+                pending[idx] = ""
+        if run.unfinished:
+            raise APIError(503, "the request was aborted (the server is shutting down)")
+        if req.stream_options is not None and req.stream_options.include_usage:
+            n = len(prep.prompt)
+            usage = UsageInfo(prompt_tokens=n, completion_tokens=completion_tokens,
+                              total_tokens=n + completion_tokens)
+            yield sse(ChatCompletionChunk(id=prep.request_id, created=created,
+                                          model=state.model_name, choices=[],
+                                          usage=usage).model_dump())
+    except APIError as e:
+        yield sse(e.body())
+    except Exception as e:  # never leave a stream without its end
+        yield sse(APIError(500, f"internal error: {type(e).__name__}: {e}").body())
+    finally:
+        run.cancel()
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,260 @@
+"""What completions, chat, the tokenizer endpoints and run-batch share.
+
+`ServingState` holds the engine and the server's settings; `PromptRun` submits one
+engine request per prompt and merges their outputs; the helpers turn a request into
+`SamplingParams` (value checks raise `APIError` 400 naming the field) and logprobs into
+token strings.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from slipstream.sampling_params import SamplingParams
+from slipstream.server.errors import APIError, bad_request
+from slipstream.server.metrics import ServerMetrics
+
+MAX_N = 128
+MAX_PROMPTS = 1024
+MAX_CHOICES = 4096
+_END = object()
+
+
+@dataclass
+class ServingState:
+    llm: Any
+    served_names: list[str]
+    max_num_seqs: int = 256
+    max_waiting: int | None = None
+    stream_interval: int = 1
+    metrics: ServerMetrics = None  # type: ignore[assignment]
+    shutting_down: bool = False
+    active_requests: int = 0  # engine requests submitted and not yet ended
+    http_active: int = 0  # HTTP requests being answered (the shutdown waits for them)
+    tasks: set = field(default_factory=set)
+    _token_strs: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.metrics is None:
+            self.metrics = ServerMetrics(self.served_names[0])
+
+    @property
+    def model_name(self) -> str:
+        return self.served_names[0]
+
+    @property
+    def tokenizer(self):
+        return self.llm.tokenizer
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.served_names:
+            raise APIError(404, f"the model '{name}' does not exist; this server serves "
+                                f"{', '.join(repr(n) for n in self.served_names)}", "model")
+
+    def need_tokenizer(self):
+        tok = self.llm.tokenizer
+        if tok is None:
+            raise bad_request("this model has no tokenizer (dummy weights): send token-id prompts")
+        return tok
+
+    def token_str(self, tid: int) -> str:
+        s = self._token_strs.get(tid)
+        if s is None:
+            tok = self.llm.tokenizer
+            s = tok.decode([tid], skip_special_tokens=False) if tok is not None else f"token_id:{tid}"
+            self._token_strs[tid] = s
+        return s
+
+    def admit(self, count: int) -> None:
+        """Refuse (503) when taking `count` more requests would leave more than
+        --max-waiting of them waiting for a running slot."""
+        if self.shutting_down:
+            raise APIError(503, "the server is shutting down", headers={"Retry-After": "5"})
+        if self.llm.is_dead:
+            raise APIError(503, f"the engine is dead: {self.llm.dead_error}")
+        if self.max_waiting is None:
+            return
+        waiting = self.active_requests + count - self.max_num_seqs
+        if waiting > self.max_waiting:
+            raise APIError(503, f"server overloaded: more than {self.max_waiting} requests would "
+                                "wait; retry later", headers={"Retry-After": "1"})
+
+
+def clean_lp(lp: float) -> float:
+    """A logprob JSON can carry (-inf and NaN become -9999.0, as vLLM sends them)."""
+    lp = float(lp)
+    return lp if math.isfinite(lp) and lp > -9999.0 else -9999.0
+
+
+def check_common(req) -> None:
+    """Field combinations both APIs reject."""
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options can only be given when stream is true", "stream_options")
+    if not 1 <= req.n <= MAX_N:
+        raise bad_request(f"n must be in [1, {MAX_N}], got {req.n}", "n")
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported", "logit_bias")
+
+
+def make_params(state: ServingState, req, *, max_tokens: int, logprobs: int | None,
+                prompt_logprobs: int | None = None) -> SamplingParams:
+    vocab = state.llm.vocab_size
+    for i, t in enumerate(req.stop_token_ids or ()):
+        if not 0 <= t < vocab:
+            raise bad_request(f"stop_token_ids[{i}] = {t} is outside the vocabulary [0, {vocab})",
+                              "stop_token_ids")
+    top_k = req.top_k
+    if top_k is not None and top_k > vocab:
+        top_k = vocab
+    kw = dict(n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens,
+              temperature=req.temperature, top_p=req.top_p, top_k=top_k, min_p=req.min_p,
+              seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+              ignore_eos=req.ignore_eos, repetition_penalty=req.repetition_penalty,
+              presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+              logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+              skip_special_tokens=req.skip_special_tokens)
+    try:
+        return SamplingParams.from_dict(kw)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+
+
+def resolve_max_tokens(state: ServingState, requested: int | None, prompt_len: int,
+                       param: str = "max_tokens") -> int:
+    """None: whatever the context leaves; else the value, checked against the context."""
+    limit = state.llm.max_model_len
+    if requested is None:
+        room = limit - prompt_len
+        if room < 1:
+            raise bad_request(f"this model's maximum context length is {limit} tokens; the prompt "
+                              f"has {prompt_len} tokens, which leaves no room to generate", param)
+        return room
+    if requested < 1:
+        raise bad_request(f"{param} must be at least 1, got {requested}", param)
+    if prompt_len + requested > limit:
+        raise bad_request(f"this model's maximum context length is {limit} tokens; you asked for "
+                          f"{prompt_len + requested} tokens ({prompt_len} in the prompt, "
+                          f"{requested} to generate)", param)
+    return requested
+
+
+def validate_prompt(state: ServingState, prompt, params: SamplingParams) -> list[int]:
+    """Prompt token ids; any problem the engine sees (empty, outside the vocabulary,
+    too long, more KV blocks than exist) becomes a 400."""
+    if isinstance(prompt, list):
+        vocab = state.llm.vocab_size
+        if not prompt:
+            raise bad_request("the prompt is empty", "prompt")
+        for i, t in enumerate(prompt):
+            if not 0 <= t < vocab:
+                raise bad_request(f"prompt token {i} = {t} is outside the vocabulary [0, {vocab})",
+                                  "prompt")
+    elif state.llm.tokenizer is None:
+        state.need_tokenizer()
+    try:
+        return list(state.llm.validate(prompt, params))
+    except ValueError as e:
+        raise bad_request(str(e), "prompt") from None
+
+
+def encode(state: ServingState, text: str) -> list[int]:
+    return list(state.need_tokenizer().encode(text))
+
+
+class PromptRun:
+    """One engine request per prompt, submitted at once (admission is checked here, before any
+    response starts); `events()` yields (prompt index, RequestOutput) as outputs arrive.
+    `cancel()` (also run when `events()` is closed) aborts every request still running."""
+
+    def __init__(self, state: ServingState, prompts: list[list[int]],
+                 params: SamplingParams | list[SamplingParams], request_id: str):
+        state.admit(len(prompts))
+        if not isinstance(params, list):
+            params = [params] * len(prompts)
+        self.state = state
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.remaining = len(prompts)
+        self.unfinished = set(range(len(prompts)))  # prompts without a finished output yet
+        state.active_requests += len(prompts)
+        self.tasks = []
+        for i, ids in enumerate(prompts):
+            rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            t = asyncio.ensure_future(self._pump(i, ids, params[i], rid))
+            state.tasks.add(t)
+            t.add_done_callback(state.tasks.discard)
+            self.tasks.append(t)
+
+    async def _pump(self, i: int, ids: list[int], params: SamplingParams, rid: str) -> None:
+        from slipstream.errors import EngineDeadError
+
+        state, queue = self.state, self.queue
+        tracker = state.metrics.tracker()
+        try:
+            async for out in state.llm.generate(ids, params, request_id=rid):
+                tracker.update(out)
+                queue.put_nowait((i, out))
+        except asyncio.CancelledError:
+            raise
+        except EngineDeadError as e:
+            queue.put_nowait((i, APIError(503, f"the engine is dead: {e}")))
+        except ValueError as e:
+            queue.put_nowait((i, bad_request(str(e), "prompt")))
+        except Exception as e:  # an engine failure, not the client's input
+            queue.put_nowait((i, APIError(500, f"engine error: {type(e).__name__}: {e}")))
+        finally:
+            tracker.finish()
+            state.active_requests -= 1
+            queue.put_nowait((i, _END))
+
+    async def events(self) -> AsyncIterator[tuple[int, Any]]:
+        try:
+            while self.remaining:
+                i, item = await self.queue.get()
+                if item is _END:
+                    self.remaining -= 1
+                elif isinstance(item, APIError):
+                    raise item
+                else:
+                    if item.finished:
+                        self.unfinished.discard(i)
+                    yield i, item
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+
+
+def output_error(state: ServingState, out) -> APIError | None:
+    """The error of a finished output the engine could not run, as an APIError."""
+    if out.error or any(c.finish_reason == "error" for c in out.outputs):
+        msg = out.error or "the request failed in the engine"
+        if state.llm.is_dead:
+            return APIError(503, f"the engine is dead: {msg}")
+        return bad_request(f"the request could not run: {msg}")
+    return None
+
+
+async def collect(state: ServingState, prompts: list[list[int]],
+                  params: SamplingParams | list[SamplingParams], request_id: str) -> list[Any]:
+    """Final RequestOutput of every prompt (non-streaming)."""
+    finals: list[Any] = [None] * len(prompts)
+    async for i, out in PromptRun(state, prompts, params, request_id).events():
+        finals[i] = out
+    for out in finals:
+        if out is None or not out.finished:
+            raise APIError(503, "the request was aborted (the server is shutting down)")
+        err = output_error(state, out)
+        if err is not None:
+            raise err
+    return finals
+
+
+def sse(data: Any) -> str:
+    import json
+    if not isinstance(data, str):
+        data = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    return f"data: {data}\n\n"

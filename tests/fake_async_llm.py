@@ -1,0 +1,186 @@
+"""A small in-process stand-in for `slipstream.AsyncLLM` that follows its contract, for fast
+tests of the server's protocol logic (no model, no core process).
+
+Tokens are bytes (id = byte + 3; 0 pad, 1 BOS, 2 EOS). Completion j of a request writes
+`text` from offset j, one token per `token_delay` seconds; at most `max_num_seqs` requests
+run at once, the rest wait. Logprobs are made up but deterministic.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from types import SimpleNamespace
+
+from slipstream.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+SPECIAL = {0: "<pad>", 1: "<s>", 2: "</s>"}
+
+
+class FakeTokenizer:
+    vocab_size = 259
+    eos_token_ids = {2}
+    bos_token_id = 1
+    has_chat_template = True
+
+    def __init__(self):
+        self.hf = SimpleNamespace(eos_token="</s>", eos_token_id=2, bos_token="<s>",
+                                  bos_token_id=1, pad_token="<pad>", unk_token=None,
+                                  chat_template="{fake}", encode=self._hf_encode)
+
+    def _hf_encode(self, text, add_special_tokens=True):
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        return [b + 3 for b in text.encode("utf-8")]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        out, buf = [], bytearray()
+        for t in ids:
+            if t >= 3:
+                buf.append(t - 3)
+                continue
+            out.append(buf.decode("utf-8", "replace"))
+            buf = bytearray()
+            if not skip_special_tokens:
+                out.append(SPECIAL[t])
+        out.append(buf.decode("utf-8", "replace"))
+        return "".join(out)
+
+    def render_chat(self, messages) -> str:
+        for m in messages:
+            if m["role"] == "assistant" and m is messages[0]:
+                raise ValueError("conversations must start with a user or system message")
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+    def apply_chat_template(self, messages) -> list[int]:
+        return self.encode(self.render_chat(messages))
+
+
+class FakeAsyncLLM:
+    def __init__(self, max_model_len: int = 256, max_num_seqs: int = 4,
+                 token_delay: float = 0.002, text: str = "Hello world! The sky is blue. "):
+        self.tokenizer = FakeTokenizer()
+        self.model_name = "fake-model"
+        self.max_model_len = max_model_len
+        self.vocab_size = FakeTokenizer.vocab_size
+        self.dead_error: str | None = None
+        self.token_delay = token_delay
+        self.text = text
+        self.slots = asyncio.Semaphore(max_num_seqs)
+        self.running = self.waiting = 0
+        self.blocks_in_use = 0
+        self.aborted: list[str] = []
+        self.finished: list[str] = []
+        self._ids = itertools.count()
+
+    @property
+    def is_dead(self) -> bool:
+        return self.dead_error is not None
+
+    @property
+    def num_unfinished(self) -> int:
+        return self.running + self.waiting
+
+    def validate(self, prompt, params) -> list[int]:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) is "
+                             f"more than max_model_len ({self.max_model_len})")
+        return ids
+
+    def _lp(self, tid: int, k: int, pos: int) -> dict[int, float]:
+        d = {tid: -0.25 - (pos % 3) * 0.5}
+        for r in range(k):
+            alt = 3 + ord("a") + r
+            d.setdefault(alt, -0.1 * (r + 1))
+        return d
+
+    async def generate(self, prompt, params, request_id=None):
+        ids = self.validate(prompt, params)
+        rid = request_id or f"fake-{next(self._ids)}"
+        metrics = RequestMetrics(arrival_time=time.time())
+        outs = [CompletionOutput(index=j, logprobs=[] if params.logprobs is not None else None)
+                for j in range(params.n)]
+        plp = None
+        if params.prompt_logprobs is not None:
+            plp = [None] + [self._lp(t, params.prompt_logprobs, p) for p, t in enumerate(ids[1:])]
+        blocks = (len(ids) + params.max_tokens + 15) // 16 * params.n
+        self.waiting += 1
+        started = False
+        try:
+            async with self.slots:
+                self.waiting -= 1
+                started = True
+                self.running += 1
+                self.blocks_in_use += blocks
+                metrics.queue_time_s = time.time() - metrics.arrival_time
+                try:
+                    step = 0
+                    while any(o.finish_reason is None for o in outs):
+                        await asyncio.sleep(self.token_delay)
+                        for o in outs:
+                            o.new_text, o.new_token_ids = "", []
+                            if o.finish_reason is not None:
+                                continue
+                            ch = self.text[(step + o.index) % len(self.text)]
+                            tid = ord(ch) + 3
+                            o.token_ids.append(tid)
+                            o.new_token_ids = [tid]
+                            if o.logprobs is not None:
+                                o.logprobs.append(self._lp(tid, params.logprobs, step))
+                            o.text += ch
+                            o.new_text = ch
+                            for s in params.stop:
+                                if s in o.text:
+                                    cut = o.text.index(s)
+                                    o.new_text = o.new_text[:max(0, len(o.new_text) - (len(o.text) - cut))]
+                                    o.text, o.finish_reason, o.stop_reason = o.text[:cut], "stop", s
+                                    break
+                            if o.finish_reason is None and len(o.token_ids) >= params.max_tokens:
+                                o.finish_reason = "length"
+                        step += 1
+                        now = time.time()
+                        metrics.first_token_time = metrics.first_token_time or now
+                        metrics.last_token_time = now
+                        done = all(o.finish_reason is not None for o in outs)
+                        if done:
+                            metrics.finished_time = now
+                        text = prompt if isinstance(prompt, str) else None
+                        yield RequestOutput(request_id=rid, prompt=text, prompt_token_ids=ids,
+                                            outputs=[self._copy(o) for o in outs], finished=done,
+                                            prompt_logprobs=plp, metrics=metrics)
+                    self.finished.append(rid)
+                finally:
+                    self.running -= 1
+                    self.blocks_in_use -= blocks
+        finally:
+            if not started:
+                self.waiting -= 1
+            if rid not in self.finished:
+                self.aborted.append(rid)
+
+    @staticmethod
+    def _copy(o: CompletionOutput) -> CompletionOutput:
+        return CompletionOutput(index=o.index, text=o.text, token_ids=list(o.token_ids),
+                                new_text=o.new_text, new_token_ids=list(o.new_token_ids),
+                                finish_reason=o.finish_reason,
+                                logprobs=None if o.logprobs is None else list(o.logprobs),
+                                stop_reason=o.stop_reason)
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+    async def stats(self) -> dict:
+        return {"num_running": self.running, "num_waiting": self.waiting, "kv_blocks_total": 1000,
+                "kv_blocks_in_use": self.blocks_in_use, "kv_cache_usage": self.blocks_in_use / 1000,
+                "num_preemptions": 0, "prefix_cache_queries": 0, "prefix_cache_hits": 0,
+                "prefix_cache_hit_rate": 0.0}
+
+    async def shutdown(self) -> None:
+        pass
