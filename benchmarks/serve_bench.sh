@@ -2,6 +2,8 @@
 # Serving benchmarks on the GPU machine: `slipstream serve` (dummy weights) driven by
 # `slipstream bench serve` on loopback, in one call.
 #   bash benchmarks/serve_bench.sh small OUT [STREAM_INTERVAL]   small-256 at concurrency 256
+#     (prefix caching off: its random prompts share nothing, and the measured pass repeats
+#     the warm-up's prompts, which the cache would otherwise serve)
 #   bash benchmarks/serve_bench.sh latency OUT [--no-async-scheduling]   seed-8b shape, c = 1,8,32,64
 set -uo pipefail
 kind=$1 out=$2; shift 2
@@ -29,7 +31,10 @@ case $kind in
   small)
     si=${1:-1}
     start_server "$out/server-small-si$si.log" --model "$CONFIGS/qwen3-0.6b" --max-model-len 2048 \
-      --max-num-seqs 256 --stream-interval "$si" || exit 1
+      --max-num-seqs 256 --stream-interval "$si" --no-prefix-caching || exit 1
+    # a first pass warms the kernels (as the offline bench's warm-up does); the second is measured
+    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
+      --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm | grep -E "Output token|duration"
     python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
       --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm --save-result \
       --result-file "$out/serve-small-si$si.json"
@@ -41,6 +46,9 @@ case $kind in
     tag=$([ -n "$mode" ] && echo sync || echo async)
     start_server "$out/server-8b-$tag.log" --model "$CONFIGS/llama-3.1-8b" --max-model-len 2048 \
       --max-num-seqs 64 $mode || exit 1
+    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset random \
+      --random-input-len 256 --random-output-len 64 --num-prompts 64 --max-concurrency 64 --ignore-eos \
+      --disable-tqdm | grep -E "Output token|duration"  # warm-up
     python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset random \
       --random-input-len 256 --random-output-len 256 --ignore-eos --concurrency 1,8,32,64 \
       --prompts-per-concurrency 2 --disable-tqdm --save-result --result-file "$out/serve-8b-$tag.json" \
