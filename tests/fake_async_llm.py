@@ -71,6 +71,7 @@ class FakeAsyncLLM:
         self.running = self.waiting = 0
         self.blocks_in_use = 0
         self.aborted: list[str] = []
+        self._abort_asked: set[str] = set()
         self.finished: list[str] = []
         self._ids = itertools.count()
 
@@ -126,6 +127,8 @@ class FakeAsyncLLM:
                         await asyncio.sleep(self.token_delay)
                         for o in outs:
                             o.new_text, o.new_token_ids = "", []
+                            if o.finish_reason is None and rid in self._abort_asked:
+                                o.finish_reason = "abort"  # as the real one: a last output
                             if o.finish_reason is not None:
                                 continue
                             ch = self.text[(step + o.index) % len(self.text)]
@@ -155,7 +158,8 @@ class FakeAsyncLLM:
                         yield RequestOutput(request_id=rid, prompt=text, prompt_token_ids=ids,
                                             outputs=[self._copy(o) for o in outs], finished=done,
                                             prompt_logprobs=plp, metrics=metrics)
-                    self.finished.append(rid)
+                    if rid not in self._abort_asked:
+                        self.finished.append(rid)
                 finally:
                     self.running -= 1
                     self.blocks_in_use -= blocks
@@ -174,7 +178,7 @@ class FakeAsyncLLM:
                                 stop_reason=o.stop_reason)
 
     async def abort(self, request_id: str) -> None:
-        pass
+        self._abort_asked.add(request_id)
 
     async def stats(self) -> dict:
         return {"num_running": self.running, "num_waiting": self.waiting, "kv_blocks_total": 1000,

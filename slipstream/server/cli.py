@@ -77,7 +77,10 @@ def _check_flags(a: argparse.Namespace) -> None:
 def make_llm(a: argparse.Namespace):
     from slipstream import AsyncLLM
     from slipstream.cli import _engine_kwargs
-    return AsyncLLM(core="process", **_engine_kwargs(a))
+    from slipstream.core.engine_core import freeze_gc
+    llm = AsyncLLM(core="process", **_engine_kwargs(a))
+    freeze_gc()  # a long-lived process: its startup heap need not be scanned again
+    return llm
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
@@ -174,6 +177,8 @@ async def drain(state, timeout: float, hurry: asyncio.Event | None = None) -> No
         await asyncio.sleep(0.05)
     for t in list(state.tasks):
         t.cancel()
+    for run in list(state.runs):
+        run.cancel()
     deadline = time.monotonic() + 2.0
     while state.http_active > 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)

@@ -66,6 +66,7 @@ class ServerMetrics:
                               lab, buckets=_LATENCY_BUCKETS, registry=reg)
         self.itl = Histogram("slipstream:inter_token_latency_seconds", "Time between tokens.",
                              lab, buckets=_ITL_BUCKETS, registry=reg)
+        self.itl_child = self.itl.labels(model_name)  # observed per token: look it up once
         self.e2e = Histogram("slipstream:e2e_request_latency_seconds", "Request latency.",
                              lab, buckets=_LATENCY_BUCKETS, registry=reg)
         self.queue = Histogram("slipstream:request_queue_time_seconds",
@@ -101,7 +102,7 @@ class RequestTracker:
                 self.first = now
             elif self.last is not None:
                 gap = (now - self.last) / n
-                child = self.m.itl.labels(self.m.model_name)
+                child = self.m.itl_child
                 for _ in range(n):
                     child.observe(gap)
             self.last = now

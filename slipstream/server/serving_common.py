@@ -34,6 +34,7 @@ class ServingState:
     active_requests: int = 0  # engine requests submitted and not yet ended
     http_active: int = 0  # HTTP requests being answered (the shutdown waits for them)
     tasks: set = field(default_factory=set)
+    runs: set = field(default_factory=set)  # single-prompt PromptRuns streaming now
     _token_strs: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -179,36 +180,72 @@ class PromptRun:
         self.unfinished = set(range(len(prompts)))  # prompts without a finished output yet
         state.active_requests += len(prompts)
         self.tasks = []
+        self.cancelled = False
+        # One prompt (the common case) streams straight from the engine in the response's
+        # own task: no pump task and queue hop per token. Several prompts get a pump each.
+        self.direct = None
+        if len(prompts) == 1:
+            self.direct = (prompts[0], params[0], request_id)
+            state.runs.add(self)
+            return
         for i, ids in enumerate(prompts):
-            rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            t = asyncio.ensure_future(self._pump(i, ids, params[i], rid))
+            t = asyncio.ensure_future(self._pump(i, ids, params[i], f"{request_id}-{i}"))
             state.tasks.add(t)
             t.add_done_callback(state.tasks.discard)
             self.tasks.append(t)
 
-    async def _pump(self, i: int, ids: list[int], params: SamplingParams, rid: str) -> None:
+    async def _outputs(self, ids: list[int], params: SamplingParams, rid: str):
+        """The engine's outputs of one prompt, then an APIError if it failed."""
         from slipstream.errors import EngineDeadError
 
-        state, queue = self.state, self.queue
+        state = self.state
         tracker = state.metrics.tracker()
+        gen = state.llm.generate(ids, params, request_id=rid)
         try:
-            async for out in state.llm.generate(ids, params, request_id=rid):
+            async for out in gen:
                 tracker.update(out)
-                queue.put_nowait((i, out))
+                yield out
         except asyncio.CancelledError:
             raise
         except EngineDeadError as e:
-            queue.put_nowait((i, APIError(503, f"the engine is dead: {e}")))
+            yield APIError(503, f"the engine is dead: {e}")
         except ValueError as e:
-            queue.put_nowait((i, bad_request(str(e), "prompt")))
+            yield bad_request(str(e), "prompt")
         except Exception as e:  # an engine failure, not the client's input
-            queue.put_nowait((i, APIError(500, f"engine error: {type(e).__name__}: {e}")))
+            yield APIError(500, f"engine error: {type(e).__name__}: {e}")
         finally:
+            await gen.aclose()  # aborts the engine request if it is still running
             tracker.finish()
             state.active_requests -= 1
+
+    async def _pump(self, i: int, ids: list[int], params: SamplingParams, rid: str) -> None:
+        queue = self.queue
+        try:
+            async for item in self._outputs(ids, params, rid):
+                queue.put_nowait((i, item))
+        finally:
             queue.put_nowait((i, _END))
 
+    async def _direct_events(self) -> AsyncIterator[tuple[int, Any]]:
+        gen = self._outputs(*self.direct)
+        try:
+            async for item in gen:
+                if isinstance(item, APIError):
+                    raise item
+                if self.cancelled and item.finished and item.finish_reason == "abort":
+                    return  # cancelled by a shutdown: the stream reports it unfinished
+                if item.finished:
+                    self.unfinished.discard(0)
+                yield 0, item
+        finally:
+            await gen.aclose()
+            self.state.runs.discard(self)
+
     async def events(self) -> AsyncIterator[tuple[int, Any]]:
+        if self.direct is not None:
+            async for ev in self._direct_events():
+                yield ev
+            return
         try:
             while self.remaining:
                 i, item = await self.queue.get()
@@ -226,6 +263,9 @@ class PromptRun:
     def cancel(self) -> None:
         for t in self.tasks:
             t.cancel()
+        if self.direct is not None and self.unfinished and not self.cancelled:
+            self.cancelled = True
+            asyncio.ensure_future(self.state.llm.abort(self.direct[2]))
 
 
 def output_error(state: ServingState, out) -> APIError | None:
