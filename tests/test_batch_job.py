@@ -62,7 +62,7 @@ BAD = {  # id -> (line, words its error must hold)
     "ids_float": ({"id": "ids_float", "prompt_token_ids": [1.5]}, ["prompt_token_ids"]),
     "image": ({"id": "image", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "look"},
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, []),
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, ["image_url"]),
 }
 
 

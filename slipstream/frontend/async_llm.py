@@ -157,17 +157,26 @@ class AsyncLLM:
                     if not self._client.alive():
                         return self._die(self._client.exit_description())
                     continue
-                msg = from_core_decoder.decode(await sock.recv())
-                if isinstance(msg, StepOutputs):
-                    touched, aborts = self.processor.process(msg.outputs)
-                    self._client.abort(aborts)
-                    for state in touched:
-                        if state.waiter is not None:
-                            state.waiter.set()
-                elif isinstance(msg, CallResult):
-                    self._resolve(msg)
-                elif isinstance(msg, CoreDead):
-                    return self._die(msg.message)
+                # Take every message waiting, not one: when the streams fall behind the core,
+                # each wake-up then carries the tokens of several steps in one chunk.
+                frames = [await sock.recv()]
+                while True:
+                    try:
+                        frames.append(self._client.out_sock.recv(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                for frame in frames:
+                    msg = from_core_decoder.decode(frame)
+                    if isinstance(msg, StepOutputs):
+                        touched, aborts = self.processor.process(msg.outputs)
+                        self._client.abort(aborts)
+                        for state in touched:
+                            if state.waiter is not None:
+                                state.waiter.set()
+                    elif isinstance(msg, CallResult):
+                        self._resolve(msg)
+                    elif isinstance(msg, CoreDead):
+                        return self._die(msg.message)
         except (zmq.ZMQError, asyncio.CancelledError):
             return
 
