@@ -108,6 +108,8 @@ def _generate_file(a: argparse.Namespace, defaults: dict) -> int:
     skip = done_ids(a.output) if a.resume else set()
     llm = load_llm(_engine_kwargs(a))
     f = open(a.output, "a" if a.resume else "w", encoding="utf-8") if a.output else sys.stdout
+    if a.resume and a.output and not _ends_with_newline(a.output):
+        f.write("\n")  # a line cut off by a crash stays alone (and its request runs again)
 
     def write(row: dict) -> None:
         f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -140,6 +142,15 @@ def _generate_file(a: argparse.Namespace, defaults: dict) -> int:
     print(f"wrote {ok + failed} results to {a.output or 'stdout'}: {ok} ok, {failed} failed{skipped}",
           file=sys.stderr)
     return 0
+
+
+def _ends_with_newline(path: str) -> bool:
+    with open(path, "rb") as g:
+        g.seek(0, 2)
+        if g.tell() == 0:
+            return True
+        g.seek(-1, 2)
+        return g.read(1) == b"\n"
 
 
 def _generate_workload(a: argparse.Namespace) -> int:
