@@ -23,6 +23,7 @@ import zmq
 from slipstream.config import EngineConfig
 from slipstream.core.messages import (Abort, Call, CoreInfo, Ready, Shutdown, StartupFailed, encoder,
                                       from_core_decoder)
+from slipstream.core.service import new_socket
 from slipstream.errors import EngineDeadError
 
 CORE_MODES = ("thread", "process")
@@ -37,12 +38,8 @@ class CoreClient:
             raise ValueError(f"core must be one of {list(CORE_MODES)}, got {mode!r}")
         self.mode = mode
         self.ctx = zmq.Context()
-        self.in_sock = self.ctx.socket(zmq.PUSH)   # front end -> core
-        self.out_sock = self.ctx.socket(zmq.PULL)  # core -> front end
-        for s in (self.in_sock, self.out_sock):
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.SNDHWM, 0)
-            s.setsockopt(zmq.RCVHWM, 0)
+        self.in_sock = new_socket(self.ctx, zmq.PUSH)   # front end -> core
+        self.out_sock = new_socket(self.ctx, zmq.PULL)  # core -> front end
         self._send_lock = threading.Lock()
         self._call_ids = itertools.count()
         self.info: CoreInfo | None = None
@@ -70,11 +67,7 @@ class CoreClient:
 
     def _thread_main(self, config, in_addr, out_addr) -> None:
         from slipstream.core.service import run_core
-        in_sock, out_sock = self.ctx.socket(zmq.PULL), self.ctx.socket(zmq.PUSH)
-        for s in (in_sock, out_sock):
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.SNDHWM, 0)
-            s.setsockopt(zmq.RCVHWM, 0)
+        in_sock, out_sock = new_socket(self.ctx, zmq.PULL), new_socket(self.ctx, zmq.PUSH)
         in_sock.connect(in_addr)
         out_sock.connect(out_addr)
         try:

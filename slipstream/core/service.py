@@ -23,6 +23,16 @@ from slipstream.core.messages import (Abort, AddRequest, Call, CallResult, CoreD
 IDLE_POLL_MS = 1000  # an idle core wakes this often, only to see whether its parent is alive
 
 
+def new_socket(ctx: zmq.Context, kind: int, linger_ms: int = 0) -> zmq.Socket:
+    """A socket of the core's channels: no high-water mark (a message is never dropped or
+    blocks its sender), and `linger_ms` to deliver what is queued at close."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    return sock
+
+
 class _Inbox:
     def __init__(self, sock: zmq.Socket, parent_pid: int | None) -> None:
         self.sock = sock
@@ -119,11 +129,7 @@ def main(argv: list[str]) -> int:
     config_json, in_addr, out_addr, parent_pid = argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the front end's to handle
     ctx = zmq.Context()
-    in_sock, out_sock = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    for s in (in_sock, out_sock):
-        s.setsockopt(zmq.LINGER, 2000)
-        s.setsockopt(zmq.RCVHWM, 0)
-        s.setsockopt(zmq.SNDHWM, 0)
+    in_sock, out_sock = new_socket(ctx, zmq.PULL, 2000), new_socket(ctx, zmq.PUSH, 2000)
     in_sock.connect(in_addr)
     out_sock.connect(out_addr)
     try:

@@ -18,8 +18,7 @@ from slipstream.config import EngineConfig
 from slipstream.core.client import CoreClient
 from slipstream.core.messages import CallResult, CoreDead, StepOutputs, from_core_decoder
 from slipstream.errors import EngineDeadError
-from slipstream.frontend.output_processor import OutputProcessor, RequestState
-from slipstream.frontend.outputs import RequestOutput
+from slipstream.frontend.output_processor import OutputProcessor
 from slipstream.frontend.prompts import check_admission, tokenize_prompt
 from slipstream.model.loader import resolve_model_source
 from slipstream.sampling_params import SamplingParams

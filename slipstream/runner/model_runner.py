@@ -128,7 +128,7 @@ class ModelRunner:
     def forward_hidden(self, slot: IOSlot, shape: StepShape) -> torch.Tensor:
         d = slot.dev
         prev = self.slots[1 - slot.index]
-        T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
+        T, B = shape.num_tokens, shape.num_seqs
         input_ids = d.input_ids[:T]
         carry_over(input_ids, d.carry_idx[:T], prev.dev.tokens)
         meta = AttentionMetadata(d.query_start_loc[:B + 1], d.seq_lens[:B], d.block_table[:B],

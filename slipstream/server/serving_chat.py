@@ -14,7 +14,7 @@ from slipstream.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCom
                                         TokenLogprob, TopLogprob, UsageInfo, random_id)
 from slipstream.server.serving_common import (PromptRun, ServingState, check_common, clean_lp,
                                               collect, make_params, output_error,
-                                              resolve_max_tokens, sse, validate_prompt)
+                                              resolve_max_tokens, sse, sse_events, validate_prompt)
 
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -123,7 +123,8 @@ async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
                                   usage=usage).model_dump()
 
 
-async def stream_chat(state: ServingState, prep: PreparedChat, run: PromptRun) -> AsyncIterator[str]:
+async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: PromptRun) -> AsyncIterator[str]:
+    """The events of stream_chat; `sse_events` ends them (errors, [DONE])."""
     req, created, interval = prep.req, int(time.time()), max(1, state.stream_interval)
     sent: dict[int, int] = {}  # choice -> tokens sent
     pending: dict[int, str] = {}
@@ -138,48 +139,44 @@ async def stream_chat(state: ServingState, prep: PreparedChat, run: PromptRun) -
         body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
         return sse(body)
 
-    try:
-        for idx in range(req.n):
-            sent[idx], pending[idx] = 0, ""
-            yield chunk(idx, DeltaMessage(role="assistant", content=""))
-        async for _, out in run.events():
-            err = output_error(state, out) if out.finished else None
-            if err is not None:
-                raise err
-            for c in out.outputs:
-                idx = c.index
-                if idx in done:
-                    continue
-                if c.finished:
-                    done.add(idx)
-                pending[idx] += c.new_text
-                end = len(c.token_ids)
-                if not (c.finished or end - sent[idx] >= interval):
-                    continue
-                lp = None
-                if prep.top_logprobs is not None:
-                    lp = _chat_logprobs(state, c.token_ids[sent[idx]:end],
-                                        (c.logprobs or [])[sent[idx]:end], prep.top_logprobs)
-                sent[idx] = end
-                if c.finished:
-                    completion_tokens += end
-                if pending[idx] or c.finished or (lp is not None and lp.content):
-                    yield chunk(idx, DeltaMessage(content=pending[idx]), lp, c.finish_reason,
-                                c.stop_reason)
-                pending[idx] = ""
-        if run.unfinished:
-            raise APIError(503, "the request was aborted (the server is shutting down)")
-        if req.stream_options is not None and req.stream_options.include_usage:
-            n = len(prep.prompt)
-            usage = UsageInfo(prompt_tokens=n, completion_tokens=completion_tokens,
-                              total_tokens=n + completion_tokens)
-            yield sse(ChatCompletionChunk(id=prep.request_id, created=created,
-                                          model=state.model_name, choices=[],
-                                          usage=usage).model_dump())
-    except APIError as e:
-        yield sse(e.body())
-    except Exception as e:  # never leave a stream without its end
-        yield sse(APIError(500, f"internal error: {type(e).__name__}: {e}").body())
-    finally:
-        run.cancel()
-    yield "data: [DONE]\n\n"
+    for idx in range(req.n):
+        sent[idx], pending[idx] = 0, ""
+        yield chunk(idx, DeltaMessage(role="assistant", content=""))
+    async for _, out in run.events():
+        err = output_error(state, out) if out.finished else None
+        if err is not None:
+            raise err
+        for c in out.outputs:
+            idx = c.index
+            if idx in done:
+                continue
+            if c.finished:
+                done.add(idx)
+            pending[idx] += c.new_text
+            end = len(c.token_ids)
+            if not (c.finished or end - sent[idx] >= interval):
+                continue
+            lp = None
+            if prep.top_logprobs is not None:
+                lp = _chat_logprobs(state, c.token_ids[sent[idx]:end],
+                                    (c.logprobs or [])[sent[idx]:end], prep.top_logprobs)
+            sent[idx] = end
+            if c.finished:
+                completion_tokens += end
+            if pending[idx] or c.finished or (lp is not None and lp.content):
+                yield chunk(idx, DeltaMessage(content=pending[idx]), lp, c.finish_reason,
+                            c.stop_reason)
+            pending[idx] = ""
+    if run.unfinished:
+        raise APIError(503, "the request was aborted (the server is shutting down)")
+    if req.stream_options is not None and req.stream_options.include_usage:
+        n = len(prep.prompt)
+        usage = UsageInfo(prompt_tokens=n, completion_tokens=completion_tokens,
+                          total_tokens=n + completion_tokens)
+        yield sse(ChatCompletionChunk(id=prep.request_id, created=created,
+                                      model=state.model_name, choices=[],
+                                      usage=usage).model_dump())
+
+
+def stream_chat(state: ServingState, prep: PreparedChat, run: PromptRun) -> AsyncIterator[str]:
+    return sse_events(_stream_chat_events(state, prep, run), run)

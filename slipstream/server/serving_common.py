@@ -293,6 +293,22 @@ async def collect(state: ServingState, prompts: list[list[int]],
     return finals
 
 
+async def sse_events(events: AsyncIterator[str], run: "PromptRun") -> AsyncIterator[str]:
+    """An event stream that always ends well: an error raised by `events` is sent as an
+    error event, the engine requests left are aborted, and `[DONE]` comes last."""
+    try:
+        async for event in events:
+            yield event
+    except APIError as e:
+        yield sse(e.body())
+    except Exception as e:  # never leave a stream without its end
+        yield sse(APIError(500, f"internal error: {type(e).__name__}: {e}").body())
+    finally:
+        run.cancel()
+        await events.aclose()  # its engine streams end now, not when collected
+    yield "data: [DONE]\n\n"
+
+
 def sse(data: Any) -> str:
     import json
     if not isinstance(data, str):

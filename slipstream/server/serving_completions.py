@@ -18,7 +18,7 @@ from slipstream.server.protocol import (CompletionChoice, CompletionChunk, Compl
 from slipstream.server.serving_common import (MAX_CHOICES, MAX_PROMPTS, PromptRun, ServingState,
                                               check_common, clean_lp, collect, encode,
                                               make_params, output_error, resolve_max_tokens,
-                                              sse, validate_prompt)
+                                              sse, sse_events, validate_prompt)
 
 
 @dataclass
@@ -150,8 +150,9 @@ async def complete(state: ServingState, prep: PreparedCompletion) -> dict:
     return body
 
 
-async def stream_completion(state: ServingState, prep: PreparedCompletion,
+async def _stream_completion_events(state: ServingState, prep: PreparedCompletion,
                             run: PromptRun) -> AsyncIterator[str]:
+    """The events of stream_completion; `sse_events` ends them (errors, [DONE])."""
     req, created, interval = prep.req, int(time.time()), max(1, state.stream_interval)
     sent_tokens: dict[int, int] = {}  # choice index -> tokens sent
     offsets: dict[int, int] = {}
@@ -170,58 +171,55 @@ async def stream_completion(state: ServingState, prep: PreparedCompletion,
         return sse({"id": prep.request_id, "object": "text_completion", "created": created,
                     "model": state.model_name, "choices": [ch], "usage": None})
 
-    try:
-        async for i, out in run.events():
-            err = output_error(state, out) if out.finished else None
-            if err is not None:
-                raise err
-            for c in out.outputs:
-                idx = i * req.n + c.index
-                if idx in done:
-                    continue
-                if c.finished:
-                    done.add(idx)
-                if idx not in sent_tokens:  # first event of this choice: the echo
-                    sent_tokens[idx], offsets[idx], pending[idx] = 0, 0, ["", 0]
-                    if req.echo:
-                        text, lp = _echo_part(state, prep, i, out)
-                        offsets[idx] = len("".join(lp.tokens)) if lp else 0
-                        yield chunk(idx, text, lp, "length" if prep.echo_only and c.finished else None)
-                    if prep.echo_only:
-                        continue
+    async for i, out in run.events():
+        err = output_error(state, out) if out.finished else None
+        if err is not None:
+            raise err
+        for c in out.outputs:
+            idx = i * req.n + c.index
+            if idx in done:
+                continue
+            if c.finished:
+                done.add(idx)
+            if idx not in sent_tokens:  # first event of this choice: the echo
+                sent_tokens[idx], offsets[idx], pending[idx] = 0, 0, ["", 0]
+                if req.echo:
+                    text, lp = _echo_part(state, prep, i, out)
+                    offsets[idx] = len("".join(lp.tokens)) if lp else 0
+                    yield chunk(idx, text, lp, "length" if prep.echo_only and c.finished else None)
                 if prep.echo_only:
-                    if c.finished:
-                        yield chunk(idx, "", None, "length")
                     continue
-                buf = pending[idx]
-                buf[0] += c.new_text
-                buf[1] = len(c.token_ids) - sent_tokens[idx]
-                if c.finished or buf[1] >= interval:
-                    start, end = sent_tokens[idx], len(c.token_ids)
-                    lp = None
-                    if req.logprobs is not None:
-                        lp = _legacy_logprobs(state, c.token_ids[start:end],
-                                              (c.logprobs or [])[start:end], offsets[idx])
-                        offsets[idx] += len("".join(lp.tokens))
-                    sent_tokens[idx] = end
-                    if c.finished:
-                        completion_tokens += end
-                    if buf[0] or lp is not None or c.finished or (with_ids and end > start):
-                        yield chunk(idx, buf[0], lp, c.finish_reason, c.stop_reason,
-                                    c.token_ids[start:end] if with_ids else None)
-                    buf[0], buf[1] = "", 0
-        if run.unfinished:
-            raise APIError(503, "the request was aborted (the server is shutting down)")
-        if req.stream_options is not None and req.stream_options.include_usage:
-            prompt_tokens = sum(len(p) for p in prep.prompts)
-            usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                              total_tokens=prompt_tokens + completion_tokens)
-            yield sse(CompletionChunk(id=prep.request_id, created=created, model=state.model_name,
-                                      choices=[], usage=usage).model_dump())
-    except APIError as e:
-        yield sse(e.body())
-    except Exception as e:  # never leave a stream without its end
-        yield sse(APIError(500, f"internal error: {type(e).__name__}: {e}").body())
-    finally:
-        run.cancel()
-    yield "data: [DONE]\n\n"
+            if prep.echo_only:
+                if c.finished:
+                    yield chunk(idx, "", None, "length")
+                continue
+            buf = pending[idx]
+            buf[0] += c.new_text
+            buf[1] = len(c.token_ids) - sent_tokens[idx]
+            if c.finished or buf[1] >= interval:
+                start, end = sent_tokens[idx], len(c.token_ids)
+                lp = None
+                if req.logprobs is not None:
+                    lp = _legacy_logprobs(state, c.token_ids[start:end],
+                                          (c.logprobs or [])[start:end], offsets[idx])
+                    offsets[idx] += len("".join(lp.tokens))
+                sent_tokens[idx] = end
+                if c.finished:
+                    completion_tokens += end
+                if buf[0] or lp is not None or c.finished or (with_ids and end > start):
+                    yield chunk(idx, buf[0], lp, c.finish_reason, c.stop_reason,
+                                c.token_ids[start:end] if with_ids else None)
+                buf[0], buf[1] = "", 0
+    if run.unfinished:
+        raise APIError(503, "the request was aborted (the server is shutting down)")
+    if req.stream_options is not None and req.stream_options.include_usage:
+        prompt_tokens = sum(len(p) for p in prep.prompts)
+        usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                          total_tokens=prompt_tokens + completion_tokens)
+        yield sse(CompletionChunk(id=prep.request_id, created=created, model=state.model_name,
+                                  choices=[], usage=usage).model_dump())
+
+
+def stream_completion(state: ServingState, prep: PreparedCompletion,
+                            run: PromptRun) -> AsyncIterator[str]:
+    return sse_events(_stream_completion_events(state, prep, run), run)
