@@ -282,3 +282,20 @@ def test_idle_core_sleeps_and_exits_when_its_parent_dies(tokenized_tiny):
             pytest.fail("the core process outlived its parent by 10 s")
     finally:
         parent.kill()
+
+
+def test_a_duplicate_request_id_fails_alone_in_the_core(tokenized_tiny):
+    from slipstream.config import EngineConfig
+    from slipstream.core.engine_core import EngineCore
+    core = EngineCore(EngineConfig(model=tokenized_tiny, **COMMON))
+    sp = SamplingParams(max_tokens=5, ignore_eos=True)
+    core.add_request([5, 6, 7], sp, request_id="x")
+    core.add_request([8, 9], sp, request_id="x")
+    outs = {}
+    while core.has_work():
+        for o in core.step():
+            outs.setdefault(o.request_id, []).append(o)
+    errors = [o for o in outs["x"] if o.finish_reason == "error"]
+    assert len(errors) == 1 and "already in use" in errors[0].error
+    assert sum(len(o.new_token_ids) for o in outs["x"]) == 5 and outs["x"][-1].finish_reason == "length"
+    assert not core.requests

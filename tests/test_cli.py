@@ -100,3 +100,26 @@ def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypat
     assert async_run["steps"] >= 5 + max(p.max_tokens for p in params) - 1
     assert async_run["breakdown"] == []  # CPU: no GPU spans to break down
     assert main(["bench", "--workload", "no-such-workload", "--device", "cpu"]) == 2
+
+
+def test_generate_prints_the_answer_as_it_is_generated(tokenized_tiny, monkeypatch):
+    import io
+    import sys
+
+    from slipstream import SamplingParams
+
+    writes = []
+
+    class Recorder(io.StringIO):
+        def write(self, s):
+            writes.append(s)
+            return super().write(s)
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    argv = ["generate", "--model", tokenized_tiny, "--device", "cpu", "--max-model-len", "256",
+            "--max-tokens", "12", "--ignore-eos", "--temperature", "0", "Once upon a time"]
+    assert main(argv) == 0
+    expected = LLM(tokenized_tiny, device="cpu", max_model_len=256).generate(
+        "Once upon a time", SamplingParams(max_tokens=12, ignore_eos=True, temperature=0))[0].text
+    assert "".join(writes) == expected + "\n"
+    assert len([w for w in writes if w]) > 3  # piece by piece, not once at the end

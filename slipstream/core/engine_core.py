@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import itertools
 import os
 import random
 
@@ -73,6 +74,7 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self._ended: list[Request] = []  # rejected or aborted, reported by the next step
         self._seeds = random.Random(config.seed)
+        self._ids = itertools.count()
         self.info = CoreInfo(
             model_name=_display_name(config.model, self.source), max_model_len=self.max_model_len,
             vocab_size=self.model_config.vocab_size, eos_token_ids=sorted(self.eos_token_ids),
@@ -137,7 +139,7 @@ class EngineCore:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """`add` for callers in this process (benchmarks, tests): token ids and params."""
-        request_id = request_id if request_id is not None else f"r{len(self.requests)}-{id(prompt_token_ids)}"
+        request_id = request_id if request_id is not None else f"core-{next(self._ids)}"
         params = params or SamplingParams()
         self.add(AddRequest(request_id, list(prompt_token_ids), params.to_dict(), params.seed))
         return request_id
@@ -180,7 +182,8 @@ class EngineCore:
             out.queue_time, req.queue_time_sent = req.queue_time, True
         if req.finished:
             out.finish_reason, out.error, out.stop_token = req.finish_reason, req.error, req.stop_token
-            self.requests.pop(req.request_id, None)
+            if self.requests.get(req.request_id) is req:  # (not a duplicate id's rejection)
+                del self.requests[req.request_id]
         return out
 
     def fail_all(self, message: str) -> list[CoreOutput]:
