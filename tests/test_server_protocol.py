@@ -329,3 +329,17 @@ def test_null_means_default_but_max_tokens_null_means_the_context():
             "n": None, "stream": None})
         assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
     run(body)
+
+
+def test_return_token_ids_in_completions_and_their_absence_otherwise():
+    async def body(c, llm):
+        r = await c.post("/v1/completions", json={"prompt": "a", "max_tokens": 4, "return_token_ids": True})
+        ch = r.json()["choices"][0]
+        assert len(ch["token_ids"]) == 4 and all(isinstance(t, int) for t in ch["token_ids"])
+        plain = (await c.post("/v1/completions", json={"prompt": "a", "max_tokens": 4})).json()["choices"][0]
+        assert "token_ids" not in plain  # OpenAI's shape unless asked for
+        r = await c.post("/v1/completions", json={"prompt": "a", "max_tokens": 4, "stream": True,
+                                                  "return_token_ids": True})
+        chunks = events(r.text)[:-1]
+        assert sum((e["choices"][0]["token_ids"] for e in chunks), []) == ch["token_ids"]
+    run(body)
