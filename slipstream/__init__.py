@@ -1,10 +1,21 @@
 """slipstream: an LLM inference engine whose continuous batching runs asynchronously."""
 __version__ = "0.1.0"
 
-from slipstream.errors import EngineDeadError  # noqa: E402
-from slipstream.frontend.async_llm import AsyncLLM  # noqa: E402
-from slipstream.frontend.llm import LLM  # noqa: E402
-from slipstream.frontend.outputs import CompletionOutput, RequestOutput  # noqa: E402
-from slipstream.sampling_params import SamplingParams  # noqa: E402
+# The public names load on first use (PEP 562), so tools that need none of them (the
+# serving load generator, `slipstream --help`) start without importing torch.
+_PUBLIC = {
+    "AsyncLLM": "slipstream.frontend.async_llm",
+    "CompletionOutput": "slipstream.frontend.outputs",
+    "EngineDeadError": "slipstream.errors",
+    "LLM": "slipstream.frontend.llm",
+    "RequestOutput": "slipstream.frontend.outputs",
+    "SamplingParams": "slipstream.sampling_params",
+}
+__all__ = sorted(_PUBLIC)
 
-__all__ = ["AsyncLLM", "CompletionOutput", "EngineDeadError", "LLM", "RequestOutput", "SamplingParams"]
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'slipstream' has no attribute {name!r}")

