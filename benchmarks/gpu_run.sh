@@ -2,7 +2,7 @@
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
-#         async-llm bs1 serve-small serve-latency
+#         async-llm bs1 serve-small serve-latency serve-latency-async
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
@@ -112,9 +112,10 @@ for stage in "$@"; do
     # own process, beside the offline figure of the same call; the server under load
     async-llm) run async-llm-offline 300 python3 -m slipstream.cli bench --workload small-256 --mode async --out "$RES"
                run async-llm-process 300 python3 benchmarks/bench_async_llm.py --workload small-256 --core process --out "$RES" ;;
-    bs1) run bs1-seed 200 python3 -m slipstream.cli bench --workload seed-8b-short --num-requests 1 --mode async --out "$RES/bs1" ;;
+    bs1) run bs1-seed 200 python3 -m slipstream.cli bench --workload seed-8b-bs1 --mode async --out "$RES/bs1" ;;
     serve-small) run serve-small-si1 300 bash benchmarks/serve_bench.sh small "$RES" 1
                  run serve-small-si${SI:-8} 300 bash benchmarks/serve_bench.sh small "$RES" "${SI:-8}" ;;
+    serve-latency-async) run serve-latency-async 300 bash benchmarks/serve_bench.sh latency "$RES" ;;
     serve-latency) run serve-latency-async 300 bash benchmarks/serve_bench.sh latency "$RES"
                    run serve-latency-sync 300 bash benchmarks/serve_bench.sh latency "$RES" --no-async-scheduling ;;
     sampler) run sampler 240 python3 benchmarks/bench_sampler.py ${SAMPLER_OLD:+--old "$SAMPLER_OLD"} --out "$RES" ;;

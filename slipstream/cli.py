@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--resume", action="store_true",
                    help="with --input/--output: skip ids already in the output, append the rest")
     g.add_argument("--workload", default=None,
-                   help="run a benchmark workload (seed-8b, seed-8b-short, small-256, tiny); "
+                   help="run a benchmark workload (seed-8b, seed-8b-short, small-256, tiny; latency: "
+                        "seed-8b-bs1, seed-8b-bs8, small-bs1); "
                         "without --model, on its architecture with dummy weights")
     _engine_args(g)
     _sampling_args(g)
@@ -206,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bench", help="run a named workload, sync vs async, and report throughput "
                                      "(`slipstream bench serve --help`: the serving load generator)")
     b.add_argument("--workload", default="seed-8b-short",
-                   help="seed-8b | seed-8b-short | small-256 | tiny")
+                   help="seed-8b | seed-8b-short | small-256 | tiny; latency (also ms per step): "
+                        "seed-8b-bs1 | seed-8b-bs8 | small-bs1")
     b.add_argument("--mode", default="both", choices=["sync", "async", "both"])
     b.add_argument("--out", default=None, help="folder for results JSON, Chrome trace and PNG timeline")
     b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

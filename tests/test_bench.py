@@ -124,3 +124,30 @@ def test_freeze_gc_moves_live_objects_out_of_the_collector():
         assert gc.get_count()[0] < 100  # the young generation starts empty
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("name,parent,n", [("seed-8b-bs1", "seed-8b-short", 1), ("small-bs1", "small-256", 1),
+                                           ("seed-8b-bs8", "seed-8b-short", 8)])
+def test_latency_workloads_are_the_first_requests_of_their_parents(name, parent, n):
+    from slipstream.bench.workloads import get_workload
+    w, p = get_workload(name), get_workload(parent)
+    assert w.name == name and w.latency and not p.latency
+    assert len(w.prompts) == len(w.params) == n
+    assert w.prompts == p.prompts[:n] and w.params == p.params[:n]
+    assert w.model == p.model and w.engine == p.engine and w.engine is not p.engine
+    assert w.num_output_tokens == sum(q.max_tokens for q in p.params[:n])
+
+
+def test_run_result_ms_per_step_adds_a_column_and_a_json_key():
+    from slipstream.bench.throughput import RunResult, result_dict
+    r = RunResult("w", "sync", wall_s=1.5, output_tokens=100, tokens_per_s=66.7, steps=60, gpu_active=None,
+                  floor_s=0.5, wall_over_floor=3.0, cpu_ms_per_step=1.0, gpu_ms_per_step=None)
+    assert r.ms_per_step == pytest.approx(25.0)
+    plain = "| w | sync | 1.50 s | 67 | - | 0.50 s | 3.00 | 1.00 | - | 60 |"
+    assert r.row() == plain and r.row(ms_per_step=True) == plain + " 25.00 |"  # the plain row is unchanged
+    assert RunResult.header().endswith("| steps |\n" + "|---" * 10 + "|")
+    assert RunResult.header(ms_per_step=True).endswith("| steps | ms per step |\n" + "|---" * 11 + "|")
+    d = result_dict(r)
+    assert d["ms_per_step"] == pytest.approx(25.0) and d["wall_s"] == 1.5 and d["steps"] == 60  # keys added, kept
+    empty = RunResult("w", "sync", 0.0, 0, 0.0, 0, None, 0.0, float("nan"), 0.0, None)
+    assert empty.ms_per_step is None and empty.row(ms_per_step=True).endswith("| 0 | - |")

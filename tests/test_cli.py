@@ -79,7 +79,8 @@ def test_default_tokens_per_step_follow_the_device():
 
 def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypatch, capsys):
     # `slipstream bench` end to end on the CPU (the tiny random model as a named workload):
-    # both modes, identical outputs, the breakdown, and the --max-num-batched-tokens override
+    # both modes, identical outputs, the breakdown, the --max-num-batched-tokens override, and
+    # (as a latency workload) the ms-per-step column and JSON key
     from slipstream.bench import workloads
     from slipstream.sampling_params import SamplingParams
 
@@ -87,11 +88,13 @@ def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypat
     prompts = [[(7 * i + j) % 90 + 1 for j in range(5 + 3 * i)] for i in range(6)]
     params = [SamplingParams(max_tokens=4 + i, temperature=0.8 * (i % 2), seed=i, ignore_eos=True) for i in range(6)]
     monkeypatch.setitem(workloads.WORKLOADS, "unit", lambda: workloads.Workload(
-        "unit", folder, prompts, params, dict(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=64)))
+        "unit", folder, prompts, params, dict(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=64),
+        latency=True))
     assert main(["bench", "--workload", "unit", "--device", "cpu", "--max-num-batched-tokens", "16",
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| unit | sync |" in out and "| unit | async |" in out and "identical outputs: True" in out
+    assert "| steps | ms per step |" in out
     summary = json.loads((tmp_path / "unit.json").read_text())
     assert summary["engine_options"]["max_num_batched_tokens"] == 16 and summary["identical_outputs"]
     async_run = summary["results"]["async"]
@@ -99,6 +102,8 @@ def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypat
     # 16 tokens per step: the 75 prompt tokens need at least 5 steps with a prefill chunk
     assert async_run["steps"] >= 5 + max(p.max_tokens for p in params) - 1
     assert async_run["breakdown"] == []  # CPU: no GPU spans to break down
+    assert async_run["ms_per_step"] == pytest.approx(1e3 * async_run["wall_s"] / async_run["steps"])
+    assert f"| {async_run['steps']} | {async_run['ms_per_step']:.2f} |" in out
     assert main(["bench", "--workload", "no-such-workload", "--device", "cpu"]) == 2
 
 

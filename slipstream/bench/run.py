@@ -69,9 +69,9 @@ def run_bench(a) -> int:
         same = outputs["sync"] == outputs["async"]
         summary["speedup"] = results["sync"].wall_s / results["async"].wall_s
         summary["identical_outputs"] = same
-    print(RunResult.header())
+    print(RunResult.header(ms_per_step=workload.latency))  # latency workloads: + ms per step
     for r in results.values():
-        print(r.row())
+        print(r.row(ms_per_step=workload.latency))
     for mode, r in results.items():
         print(f"{mode}: garbage-collector pauses " + (", ".join(
             f"{g} {v['count']} x, {v['total_ms']:.1f} ms, longest {v['max_ms']:.1f} ms" for g, v in r.gc_pauses.items())

@@ -37,16 +37,26 @@ class RunResult:
     breakdown: list[dict] = field(default_factory=list)  # `step_breakdown`
     gc_pauses: dict = field(default_factory=dict)  # `GcPauses.summary`
 
-    def row(self) -> str:
+    @property
+    def ms_per_step(self) -> float | None:
+        """Wall time per step in ms (wall / steps): a latency workload's figure."""
+        return 1e3 * self.wall_s / self.steps if self.steps else None
+
+    def row(self, ms_per_step: bool = False) -> str:
+        """A table row; `ms_per_step` adds a last column, wall ms per step."""
         ga = f"{100 * self.gpu_active:.1f}%" if self.gpu_active is not None else "-"
         gpu = f"{self.gpu_ms_per_step:.2f}" if self.gpu_ms_per_step is not None else "-"
-        return (f"| {self.workload} | {self.mode} | {self.wall_s:.2f} s | {self.tokens_per_s:,.0f} | {ga} | "
-                f"{self.floor_s:.2f} s | {self.wall_over_floor:.2f} | {self.cpu_ms_per_step:.2f} | {gpu} | {self.steps} |")
+        row = (f"| {self.workload} | {self.mode} | {self.wall_s:.2f} s | {self.tokens_per_s:,.0f} | {ga} | "
+               f"{self.floor_s:.2f} s | {self.wall_over_floor:.2f} | {self.cpu_ms_per_step:.2f} | {gpu} | {self.steps} |")
+        if ms_per_step:
+            row += f" {self.ms_per_step:.2f} |" if self.ms_per_step is not None else " - |"
+        return row
 
     @staticmethod
-    def header() -> str:
-        return ("| workload | mode | wall | output tok/s | GPU active | floor | wall/floor | CPU ms/step | "
-                "GPU ms/step | steps |\n|---|---|---|---|---|---|---|---|---|---|")
+    def header(ms_per_step: bool = False) -> str:
+        names = ["workload", "mode", "wall", "output tok/s", "GPU active", "floor", "wall/floor", "CPU ms/step",
+                 "GPU ms/step", "steps"] + (["ms per step"] if ms_per_step else [])
+        return "| " + " | ".join(names) + " |\n|" + "---|" * len(names)
 
 
 def measure_ceilings(device: torch.device) -> tuple[float, float]:
@@ -69,7 +79,7 @@ def measure_ceilings(device: torch.device) -> tuple[float, float]:
 
     bw = 2 * src.numel() / timed(lambda: dst.copy_(src), 20)
     rate = 2 * 8192 ** 3 / timed(lambda: a @ b, 10)
-    del src, dst, a, b
+    src = dst = a = b = None  # free them (a `del` makes pyflakes flag the lambdas)
     torch.cuda.empty_cache()
     return bw, rate
 
@@ -228,4 +238,5 @@ def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_
 
 
 def result_dict(result: RunResult) -> dict:
-    return asdict(result)
+    """The fields of `result`, and `ms_per_step` (wall ms per step)."""
+    return dict(asdict(result), ms_per_step=result.ms_per_step)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slipstream.sampling_params import SamplingParams
 
@@ -22,6 +22,7 @@ class Workload:
     prompts: list[list[int]]
     params: list[SamplingParams]
     engine: dict = field(default_factory=dict)
+    latency: bool = False  # a latency workload: `slipstream bench` also prints ms per step
 
     @property
     def num_output_tokens(self) -> int:
@@ -57,11 +58,26 @@ def tiny(num_requests: int = 8, new_tokens: int = 16) -> Workload:
                     dict(max_num_seqs=16, max_model_len=256, max_num_batched_tokens=256))
 
 
+def seed_8b_short() -> Workload:
+    """seed-8b with 1024 new tokens a request."""
+    return seed_8b(1024, "seed-8b-short")
+
+
+def first_requests(parent: Workload, n: int, name: str) -> Workload:
+    """A latency workload: the first `n` requests of `parent`, under its engine options."""
+    return replace(parent, name=name, prompts=parent.prompts[:n], params=parent.params[:n],
+                   engine=dict(parent.engine), latency=True)
+
+
 WORKLOADS = {
     "seed-8b": seed_8b,
-    "seed-8b-short": lambda: seed_8b(1024, "seed-8b-short"),
+    "seed-8b-short": seed_8b_short,
     "small-256": small_256,
     "tiny": tiny,
+    # latency: one request (batch size 1) or eight of a throughput workload
+    "seed-8b-bs1": lambda: first_requests(seed_8b_short(), 1, "seed-8b-bs1"),
+    "seed-8b-bs8": lambda: first_requests(seed_8b_short(), 8, "seed-8b-bs8"),
+    "small-bs1": lambda: first_requests(small_256(), 1, "small-bs1"),
 }
 
 
