@@ -217,6 +217,7 @@ def test_process_core_gives_the_same_outputs_and_a_killed_core_is_reported(token
             await asyncio.sleep(0.3)
             os.kill(llm._client.proc.pid, signal.SIGKILL)
             dead = await asyncio.wait_for(long, 10)
+            assert llm.is_dead
             with pytest.raises(EngineDeadError, match="exited"):
                 async for _ in llm.generate("more", SamplingParams()):
                     pass
@@ -234,6 +235,17 @@ def test_llm_on_a_process_core_equals_inline(tokenized_tiny, reference):
     with LLM(tokenized_tiny, core="process", **COMMON) as llm:
         outs = llm.generate(prompts(12), [params(i) for i in range(12)])
     assert [(o.text, o.token_ids, o.finish_reason) for o in outs] == expected
+
+
+def test_a_core_killed_before_any_call_is_seen_dead(tokenized_tiny):
+    llm = AsyncLLM(tokenized_tiny, core="process", **COMMON)
+    try:
+        assert not llm.is_dead
+        llm._client.proc.kill()
+        llm._client.proc.wait(10)
+        assert llm.is_dead and "exited" in llm.dead_error
+    finally:
+        llm.close()
 
 
 def test_startup_failure_in_the_core_process_is_one_line(tokenized_tiny):

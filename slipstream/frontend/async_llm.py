@@ -49,6 +49,9 @@ class AsyncLLM:
     # -- state ------------------------------------------------------------------------
     @property
     def is_dead(self) -> bool:
+        """The core died (also seen before any call started the output reader)."""
+        if self.dead_error is None and not self._closed and not self._client.alive():
+            self.dead_error = self._client.exit_description()
         return self.dead_error is not None
 
     @property
