@@ -107,19 +107,27 @@ class CoreClient:
 
     # -- messages ---------------------------------------------------------------------
     def send(self, msg) -> None:
-        data = encoder.encode(msg)
-        with self._send_lock:
-            self.in_sock.send(data)
+        self.send_many([msg])
 
     def send_many(self, msgs) -> None:
+        """Queue messages for the core. Never blocks: with no high-water mark a PUSH socket
+        would block only when no core is connected, i.e. when it is gone."""
         data = [encoder.encode(m) for m in msgs]
         with self._send_lock:
-            for d in data:
-                self.in_sock.send(d)
+            try:
+                for d in data:
+                    self.in_sock.send(d, zmq.NOBLOCK)
+            except zmq.Again:
+                raise EngineDeadError(self.exit_description() if not self.alive()
+                                      else "the engine core is not connected") from None
 
     def abort(self, request_ids: list[str]) -> None:
+        """Abort requests in the core (nothing to do when the core is gone)."""
         if request_ids:
-            self.send(Abort(list(request_ids)))
+            try:
+                self.send(Abort(list(request_ids)))
+            except (EngineDeadError, zmq.ZMQError):
+                pass
 
     def new_call(self, method: str, args: list | None = None) -> Call:
         return Call(next(self._call_ids), method, list(args or []))
@@ -140,8 +148,8 @@ class CoreClient:
         if self.alive():
             try:
                 self.send(Shutdown())
-            except zmq.ZMQError:
-                pass
+            except (EngineDeadError, zmq.ZMQError):
+                pass  # no core connected: it is exiting or gone
         if self.proc is not None:
             try:
                 self.proc.wait(timeout)

@@ -101,7 +101,12 @@ class AsyncLLM:
             yield state.output()
             return
         state.waiter = asyncio.Event()
-        self._client.send_many(self.processor.add(state))
+        try:
+            self._client.send_many(self.processor.add(state))
+        except EngineDeadError as e:
+            self.processor.abort(request_id)
+            self.dead_error = self.dead_error or str(e)
+            raise
         try:
             while True:
                 await state.waiter.wait()
