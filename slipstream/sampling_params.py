@@ -285,11 +285,6 @@ class SamplingParams:
         return self.seed % _U64
 
     # ------------------------------------------------------------ construction
-    @property
-    def needs_text(self) -> bool:
-        """The front end must detokenize while generating (stop strings)."""
-        return bool(self.stop)
-
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))

@@ -316,19 +316,23 @@ class Scheduler:
                 continue
             targets = req.prompt_token_ids[first + 1:first + 1 + count]
             for t, lp_row, id_row in zip(targets, lps.tolist(), ids.tolist()):
-                entry = {t: lp_row[0]}
-                for tid, lp in zip(id_row[:k], lp_row[1:1 + k]):
-                    entry.setdefault(tid, lp)
-                req.prompt_logprobs.append(entry)
+                req.prompt_logprobs.append(_logprob_entry(t, lp_row, id_row, k))
             touched.append(req)
         return touched
 
     @staticmethod
     def _append_logprobs(req: Request, token: int, result: BatchResult, j: int) -> None:
         k = req.params.logprobs
-        entry = {token: float(result.logprobs[j, 0])}
-        for t, lp in zip(result.logprob_ids[j, :k].tolist(), result.logprobs[j, 1:1 + k].tolist()):
-            entry.setdefault(t, lp)
+        entry = _logprob_entry(token, result.logprobs[j, :1 + k].tolist(), result.logprob_ids[j, :k].tolist(), k)
         if req.logprobs is None:
             req.logprobs = []
         req.logprobs.append(entry)
+
+
+def _logprob_entry(token: int, lps: list[float], top_ids: list[int], k: int) -> dict[int, float]:
+    """{token: its logprob, then the top k ids in rank order: theirs}; `lps` holds the
+    token's logprob first, then the top k's."""
+    entry = {token: float(lps[0])}
+    for t, lp in zip(top_ids[:k], lps[1:1 + k]):
+        entry.setdefault(t, lp)
+    return entry
