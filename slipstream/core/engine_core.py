@@ -12,6 +12,7 @@ import gc
 import itertools
 import os
 import random
+import time
 
 import torch
 
@@ -45,12 +46,14 @@ class EngineCore:
         self.config = config
         self.device = resolve_device(config.device)
         self.source = resolve_model_source(config.model)
+        start = time.perf_counter()
         try:
             self.model, self.model_config = load_model(self.source, config.load_format, config.dtype, self.device)
         except torch.OutOfMemoryError as e:
             raise RuntimeError(f"the model does not fit: its weights alone exhaust {self.device} memory "
                                f"({e}); use a smaller model or dtype") from None
         self.dtype = next(self.model.parameters()).dtype
+        weights_s = time.perf_counter() - start
         self.model.set_batch_invariant(config.batch_invariant)
         self.max_model_len = self._max_model_len()
         async_mode = config.async_scheduling
@@ -61,6 +64,7 @@ class EngineCore:
         self.max_num_batched_tokens = tokens
         self.runner = ModelRunner(self.model, self.model_config, self._runner_options(tokens), self.device,
                                   self.dtype)
+        self.startup = self._startup_report(weights_s, time.perf_counter() - start)
         self.table = RequestTable(config.max_num_seqs, self.max_model_len, config.block_size)
         self.pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                               InFlight(), debug=config.debug_kv)
@@ -80,6 +84,16 @@ class EngineCore:
             vocab_size=self.model_config.vocab_size, eos_token_ids=sorted(self.eos_token_ids),
             num_kv_blocks=self.pool.num_blocks, block_size=config.block_size, device=str(self.device),
             async_scheduling=async_mode, max_num_batched_tokens=tokens)
+
+    def _startup_report(self, weights_s: float, total_s: float) -> dict:
+        """Where the engine's start went (seconds): the weights, the CUDA graphs and the
+        rest of the runner's setup (KV sizing and allocation)."""
+        graphs = self.runner.graphs
+        capture_s = graphs.capture_s if graphs else 0.0
+        return {"weights_s": round(weights_s, 3), "graphs_s": round(capture_s, 3),
+                "graph_warmups_s": round(graphs.warmup_s, 3) if graphs else 0.0,
+                "num_graphs": len(graphs.graphs) if graphs else 0,
+                "runner_other_s": round(total_s - weights_s - capture_s, 3), "total_s": round(total_s, 3)}
 
     def _runner_options(self, tokens: int) -> RunnerOptions:
         c = self.config

@@ -205,6 +205,9 @@ class ModelRunner:
             s.wait(s.compute, slot.h2d_done)
             s.wait(s.compute, slot.d2h_done)  # the slot's previous tokens were copied out
             slot.compute_start.record()
+            if (not use_graph and self.graphs is not None and not batch.suppress and not batch.penalty_resets
+                    and not batch.prompt_logprobs):
+                use_graph = self.graphs.capture_if_seen(self, slot, shape)
             if use_graph:
                 self.graphs.replay(slot.index, shape)
                 self.graph_replays["decode" if shape.is_decode else "mixed"][slot.index] += 1
