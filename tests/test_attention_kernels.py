@@ -171,6 +171,9 @@ def test_split_heuristic():
     for rows, tiles in ((128, (64, 4)), (129, (32, 1)), (256, (32, 1))):
         eff = effective_decode_config(DecodeConfig(), torch.bfloat16, 128, num_rows=rows)
         assert (eff.block_n, eff.num_warps) == tiles and eff.min_chunk == 256
+    # at most small_batch rows: shorter chunks (more programs for few rows)
+    for rows, chunk in ((1, 128), (8, 128), (9, 256)):
+        assert effective_decode_config(DecodeConfig(), torch.bfloat16, 128, num_rows=rows).min_chunk == chunk
 
 
 def test_prefill_rows_per_program():

@@ -78,6 +78,13 @@ class DecodeConfig:
     large_batch: int = 128
     large_block_n: int = 32
     large_num_warps: int = 1
+    # a batch of at most small_batch rows splits its rows into chunks of (at most)
+    # small_min_chunk tokens or more: more programs on a GPU that one row's few splits leave idle.  Batch 1,
+    # H200, min_chunk 256 -> 128 (2026-12-01, benchmarks/results/2026-12-01-ff73abe): Qwen3-
+    # 0.6B shape 1.31 -> 1.26 ms a step, Llama-3.1-8B shape 4.53 -> 4.45 (64: 1.29, 4.46);
+    # 128 for every batch size cost small-256 0.2-0.4%, hence only small batches
+    small_batch: int = 8
+    small_min_chunk: int = 128
 
 
 @dataclass(frozen=True)
@@ -181,15 +188,18 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int
 def effective_decode_config(cfg: DecodeConfig, dtype: torch.dtype, head_dim: int,
                             num_rows: int = 0) -> DecodeConfig:
     """The config the decode kernel really runs with for `num_rows` rows: the large-batch
-    tiles above cfg.large_batch rows, legal tile sizes, and smaller tiles / more warps for
+    tiles above cfg.large_batch rows, shorter chunks up to cfg.small_batch, legal tile sizes, and smaller tiles / more warps for
     fp32 (its IEEE dot products live in registers)."""
     block_n, num_warps = cfg.block_n, cfg.num_warps
+    min_chunk = cfg.min_chunk
     if num_rows > cfg.large_batch:
         block_n, num_warps = cfg.large_block_n, cfg.large_num_warps
+    elif 0 < num_rows <= cfg.small_batch:
+        min_chunk = min(min_chunk, cfg.small_min_chunk)
     if dtype == torch.float32:
         block_n, num_warps = min(block_n, 32), max(num_warps, 8)
     block_n = max(16, triton.next_power_of_2(block_n))
-    min_chunk = triton.cdiv(max(cfg.min_chunk, block_n), block_n) * block_n
+    min_chunk = triton.cdiv(max(min_chunk, block_n), block_n) * block_n
     return replace(cfg, block_n=block_n, min_chunk=min_chunk, num_warps=num_warps)
 
 
