@@ -123,7 +123,7 @@ for stage in "$@"; do
     ab-trees) for i in $(seq 1 "${REPS:-2}"); do
                 for w in ${WORKLOADS:-small-bs1}; do
                   for t in ${TREES:-.}; do
-                    (cd "$t" && run "ab-$w-$(basename "$t")-$i" 200 python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure)
+                    (cd "$t" && run "ab-$w-$(basename "$t" | tr -d .)-$i" 200 python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure)
                   done
                 done
               done ;;
