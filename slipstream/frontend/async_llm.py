@@ -63,6 +63,12 @@ class AsyncLLM:
         """The EngineCore object when it runs in a thread of this process (tests), else None."""
         return self._client.core
 
+    @property
+    def core_pid(self) -> int | None:
+        """The engine core process's pid (core="process"; e.g. to read its CPU time), else None."""
+        proc = self._client.proc
+        return proc.pid if proc is not None else None
+
     # -- requests ---------------------------------------------------------------------
     def validate(self, prompt, params: SamplingParams | None = None) -> list[int]:
         """The prompt's token ids; ValueError with a one-line message if it cannot run."""

@@ -224,9 +224,13 @@ def decode_num_splits(meta, num_kv_heads: int, dtype: torch.dtype, head_dim: int
     return choose_num_splits(meta.num_seqs, num_kv_heads, meta.max_seq_len, cfg, sm_count(device))
 
 
-def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: int | None = None) -> None:
-    """The decode kernel over all rows, or over the `num_rows` first rows of
-    meta.decode_order (the single-token rows of a mixed batch)."""
+def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
+                     config: DecodeConfig | None = None, *, num_rows: int | None = None) -> None:
+    """The decode (split-KV) kernel alone, into `out`: over all rows, or over the `num_rows`
+    first rows of meta.decode_order (the single-token rows of a mixed batch; needs
+    meta.split_counters).  `paged_attention_triton` picks this or `prefill_attention` (or
+    both for a mixed batch); benchmarks call them directly to time one kernel."""
+    cfg = config or DEFAULT_DECODE_CONFIG
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -280,8 +284,11 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: 
             MIN_CHUNK=cfg.min_chunk, num_warps=4, **pdl)
 
 
-def _prefill(q, k_cache, v_cache, meta, scale, out, cfg: PrefillConfig, skip_single: bool = False) -> None:
-    """The prefill kernel over every row (`skip_single`: but those with one query token)."""
+def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
+                      config: PrefillConfig | None = None, *, skip_single: bool = False) -> None:
+    """The prefill kernel alone, into `out`, over every row (`skip_single`: but those with
+    one query token, which a mixed batch gives to `decode_attention`)."""
+    cfg = config or DEFAULT_PREFILL_CONFIG
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -339,19 +346,20 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         decode_cfg = replace(decode_cfg, num_splits=num_splits)
     prefill_cfg = prefill_config or DEFAULT_PREFILL_CONFIG
     if meta.max_query_len <= 1 and not batch_invariant:
-        _decode(q, k_cache, v_cache, meta, scale, out, decode_cfg)
+        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg)
     elif meta.num_decode and not batch_invariant and meta.decode_order is not None \
             and meta.split_counters is not None:
         # a mixed batch: its single-token rows read their whole context, which the split-KV
         # decode kernel streams at full bandwidth; the prefill kernel would give each one
         # program per KV head
-        _prefill(q, k_cache, v_cache, meta, scale, out, prefill_cfg, skip_single=True)
-        _decode(q, k_cache, v_cache, meta, scale, out, decode_cfg, num_rows=meta.num_decode)
+        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg, skip_single=True)
+        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, num_rows=meta.num_decode)
     else:
-        _prefill(q, k_cache, v_cache, meta, scale, out, prefill_cfg)
+        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg)
     return out
 
 
 __all__ = ["DecodeConfig", "PrefillConfig", "set_default_configs", "choose_num_splits",
            "decode_split_options", "pick_decode_splits", "DecodeSplitPolicy", "decode_num_splits",
-           "effective_decode_config", "effective_prefill_config", "paged_attention_triton"]
+           "effective_decode_config", "effective_prefill_config", "decode_attention", "prefill_attention",
+           "paged_attention_triton"]
