@@ -53,6 +53,16 @@ def mixed_token_sizes(max_tokens: int, smallest: int = 512) -> list[int]:
     return sorted(set(sizes)) + [max_tokens] if max_tokens > 0 else []
 
 
+def step_graphs(opts, device: torch.device, split_policy=None) -> "StepGraphs | None":
+    """The graphs a runner with options `opts` captures on `device` (None: it runs eagerly),
+    not captured yet; their sizes alone decide how a batch is padded."""
+    if not opts.use_cuda_graphs or device.type != "cuda":
+        return None
+    max_batch = min(opts.cuda_graph_max_batch, opts.max_num_seqs)
+    return StepGraphs(capture_sizes(max_batch), mixed_token_sizes(mixed_graph_tokens(opts)),
+                      opts.max_num_seqs, opts.max_model_len, split_policy.options if split_policy else None)
+
+
 class StepGraphs:
     VARIANTS = (SamplerFlags(False, False, 0), SamplerFlags(True, False, 0))
 
@@ -112,7 +122,7 @@ class StepGraphs:
             if i == 0:
                 with torch.cuda.stream(stream):
                     runner.compute_step(slot, shape)
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(runner.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                 runner.compute_step(slot, shape)
