@@ -167,8 +167,8 @@ class LLM:
             outs = self._core.step()
         except _Died as died:
             self.dead_error = died.message
-            self.processor.process(died.outputs)
-            return self.processor.fail_all(died.message)
+            touched, _ = self.processor.process(died.outputs)  # (the core's error outputs)
+            return touched + self.processor.fail_all(died.message)
         touched, aborts = self.processor.process(outs)
         if aborts:
             self._core.abort(aborts)
