@@ -49,8 +49,12 @@ class IOSlot:
             self.dev_float = torch.zeros(n_float, dtype=torch.float32, device=device)
         # numpy views of the host side (the CPU writes these), torch views of the device side
         self.host = SimpleNamespace(**self._views(self.host_int.numpy(), self.host_float.numpy(), np))
-        self._words = {n: 1 if n in _PER_TOKEN or n in _PER_ROW or n == "query_start_loc" else
-                       next((int32_words(c) for c in ALL_COLUMNS if c.name == n), 1) for n in self._int_offsets}
+        # (offset, what its length counts, words per entry) of every int input but the block table
+        words = {c.name: int32_words(c) for c in ALL_COLUMNS}
+        self._int_fields = [(off, "token" if n in _PER_TOKEN else "row" if n in _PER_ROW else
+                             "qsl" if n == "query_start_loc" else "sample", words.get(n, 1))
+                            for n, (off, _) in self._int_offsets.items() if n != "block_table"]
+        self._float_starts = [off for off, _ in self._float_offsets.values()]
         if host_only:
             return
         self.dev = SimpleNamespace(**self._views(self.dev_int, self.dev_float, torch))
@@ -94,14 +98,8 @@ class IOSlot:
     # -- tensor parallelism: the step's inputs as flat arrays, and back ------------------
     def _used(self, num_tokens: int, num_seqs: int, num_samples: int) -> list[tuple[int, int]]:
         """(offset, words) of every int input a step of these (padded) sizes reads."""
-        out = []
-        for name, (off, _) in self._int_offsets.items():
-            if name == "block_table":
-                continue
-            n = (num_tokens if name in _PER_TOKEN else num_seqs if name in _PER_ROW else
-                 num_seqs + 1 if name == "query_start_loc" else num_samples * self._words[name])
-            out.append((off, n))
-        return out
+        count = {"token": num_tokens, "row": num_seqs, "qsl": num_seqs + 1, "sample": num_samples}
+        return [(off, count[kind] * w) for off, kind, w in self._int_fields]
 
     def pack(self, num_tokens: int, num_seqs: int, num_samples: int, rows: int,
              block_cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -111,7 +109,7 @@ class IOSlot:
         parts = [ints[off:off + n] for off, n in self._used(num_tokens, num_seqs, num_samples)]
         parts.append(self.host.block_table[:rows, :block_cols].ravel())
         floats = self.host_float.numpy()
-        fparts = [floats[off:off + num_samples] for off, _ in self._float_offsets.values()]
+        fparts = [floats[off:off + num_samples] for off in self._float_starts]
         return np.concatenate(parts), np.concatenate(fparts) if fparts else np.zeros(0, np.float32)
 
     def unpack(self, ints_buf, floats_buf, num_tokens: int, num_seqs: int, num_samples: int,
@@ -125,7 +123,7 @@ class IOSlot:
         self.host.block_table[:rows, :block_cols] = src[pos:pos + rows * block_cols].reshape(rows, block_cols)
         fsrc = np.frombuffer(floats_buf, np.float32)
         floats = self.host_float.numpy()
-        for i, (off, _) in enumerate(self._float_offsets.values()):
+        for i, off in enumerate(self._float_starts):
             floats[off:off + num_samples] = fsrc[i * num_samples:(i + 1) * num_samples]
 
 
