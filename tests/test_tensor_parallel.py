@@ -129,3 +129,16 @@ def test_serve_with_two_ranks(tokenized_tiny):
         server.kill()
     assert code == 0
     assert all(_gone(pid) for pid in ranks)
+
+
+def test_two_ranks_on_the_async_mix(tokenized_tiny):
+    """The sync-vs-async mix (stops, seeds, penalties, aborts, preemptions, chunked prefill)
+    on 2 ranks with the pipeline running ahead gives the one-rank sync results."""
+    from async_mix import mix, run_mix
+    reqs = mix(tokenized_tiny)
+    common = dict(device="cpu", max_model_len=256, num_kv_blocks=24, max_num_batched_tokens=64, max_num_seqs=12)
+    with LLM(tokenized_tiny, async_scheduling=False, **common) as one:
+        want = run_mix(one, reqs)
+    with LLM(tokenized_tiny, async_scheduling=True, tensor_parallel_size=2, **common) as two:
+        assert run_mix(two, reqs) == want
+        assert two.engine.scheduler.num_preemptions > 0

@@ -77,8 +77,18 @@ class MultiprocExecutor:
         return sock
 
     def _send_all(self, *frames) -> None:
+        """To every rank. A PUSH socket whose peer is gone would block: never wait blindly."""
         for sock in self.step_socks:
-            sock.send_multipart(frames, copy=False)
+            deadline = time.monotonic() + STEP_DEADLINE_S
+            while True:
+                try:
+                    sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    break
+                except zmq.Again:
+                    self._check_alive()
+                    if time.monotonic() > deadline:
+                        self._fail("a tensor-parallel rank does not take its steps")
+                    time.sleep(0.001)
 
     # -- the runner's face ------------------------------------------------------------
     def launch(self, batch: ScheduledBatch) -> Launched:

@@ -145,6 +145,8 @@ class _Waiter:
 
     def _run(self) -> None:
         try:
+            if self.runner.device.type == "cuda":
+                torch.cuda.set_device(self.runner.device)  # (the current device is per thread)
             while (item := self.queue.get()) is not None:
                 batch_id, launched = item
                 self.sock.send(encoder.encode(done_message(batch_id, self.runner.wait(launched))))
