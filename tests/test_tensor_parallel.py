@@ -142,3 +142,37 @@ def test_two_ranks_on_the_async_mix(tokenized_tiny):
     with LLM(tokenized_tiny, async_scheduling=True, tensor_parallel_size=2, **common) as two:
         assert run_mix(two, reqs) == want
         assert two.engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama3"])
+def test_each_rank_loads_its_shard(tiny_model, tmp_path, kind):
+    """safetensors slices, GGUF tensors narrowed, dummy weights drawn whole and narrowed: each
+    rank's parameters are its slice of the one-rank model's (no process group needed)."""
+    import torch
+
+    from helpers import write_gguf
+    from slipstream.model.loader import load_model
+    from slipstream.model.parallel import TPGroup
+    folder, hf = tiny_model(kind)
+    write_gguf(hf, str(tmp_path / "m.gguf"))
+    for source, fmt in ((folder, "auto"), (str(tmp_path / "m.gguf"), "gguf"), (folder, "dummy")):
+        whole, cfg = load_model(source, fmt)
+        d, a = cfg.head_dim, whole.layers[0].self_attn
+        for rank in range(2):
+            s = TPShard(rank, 2, cfg)
+            part, _ = load_model(source, fmt, tp=TPGroup(s, None))
+            for w, p in zip(whole.layers, part.layers):
+                qkv = w.self_attn.qkv_proj.weight
+                q, k, v = qkv[:a.q_size], qkv[a.q_size:a.q_size + a.kv_size], qkv[a.q_size + a.kv_size:]
+                kv = slice(s.kv_head_start * d, (s.kv_head_start + s.num_kv_heads) * d)
+                heads = slice(rank * s.num_heads * d, (rank + 1) * s.num_heads * d)
+                assert torch.equal(p.self_attn.qkv_proj.weight, torch.cat([q[heads], k[kv], v[kv]]))
+                assert torch.equal(p.self_attn.o_proj.weight, w.self_attn.o_proj.weight[:, heads])
+                i = s.intermediate_size
+                cols = slice(rank * i, (rank + 1) * i)
+                gate, up = w.mlp.gate_up_proj.weight.chunk(2)
+                assert torch.equal(p.mlp.gate_up_proj.weight, torch.cat([gate[cols], up[cols]]))
+                assert torch.equal(p.mlp.down_proj.weight, w.mlp.down_proj.weight[:, cols])
+            rows = slice(s.vocab_start, s.vocab_start + s.vocab_rows())
+            assert torch.equal(part.embed_tokens.weight, whole.embed_tokens.weight[rows])
+            assert torch.equal(part.lm_head_weight, whole.lm_head_weight[rows])

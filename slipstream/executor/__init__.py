@@ -10,3 +10,21 @@ An executor has the runner's face (`launch(batch) -> handle`, `wait(handle) -> B
 
 A Ray executor would replace the worker processes and the transport, not the core.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from slipstream.runner.model_runner import Launched
+    from slipstream.scheduler import BatchResult, ScheduledBatch
+
+
+class Executor(Protocol):
+    """What the step loop drives: ModelRunner (one rank) and MultiprocExecutor have it."""
+    num_blocks: int  # KV blocks per rank (the smallest over the ranks)
+
+    def launch(self, batch: ScheduledBatch) -> Launched:
+        """Start a batch; returns at once."""
+
+    def wait(self, launched: Launched) -> BatchResult:
+        """Block until that batch's tokens are on the host."""
