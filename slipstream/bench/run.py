@@ -52,7 +52,7 @@ def run_bench(a) -> int:
         engine_options["max_num_batched_tokens"] = a.max_num_batched_tokens
     config = EngineConfig(model=workload.model, load_format="dummy", device=a.device, trace=True,
                           enforce_eager=a.enforce_eager, batch_invariant=a.batch_invariant,
-                          **engine_options)
+                          tensor_parallel_size=getattr(a, "tensor_parallel_size", 1), **engine_options)
     t0 = time.perf_counter()
     engine = EngineCore(config)
     init_s = time.perf_counter() - t0
@@ -60,8 +60,10 @@ def run_bench(a) -> int:
     ready = f"; process start to ready {ready_s:.2f} s" if ready_s is not None else ""
     print(f"engine start: {init_s:.2f} s ({', '.join(f'{k} {v}' for k, v in engine.startup.items())}){ready}")
     bandwidth, rate = COPY_BANDWIDTH, MATMUL_RATE
-    if engine.device.type == "cuda" and not a.no_measure:
+    tp = config.tensor_parallel_size
+    if engine.device.type == "cuda" and not a.no_measure and tp == 1:  # (GPU 0 is a rank's under TP)
         bandwidth, rate = measure_ceilings(engine.device)
+    bandwidth, rate = bandwidth * tp, rate * tp  # the floor of a step over tp GPUs (no all-reduce)
     # Warm-up: every prompt, 2 tokens each, so the timed runs meet the same prefill batch
     # shapes with their kernels compiled and cuBLAS plans chosen (otherwise the first mode
     # run pays for it).

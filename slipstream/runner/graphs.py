@@ -61,6 +61,16 @@ def mixed_token_sizes(max_tokens: int, smallest: int = 512) -> list[int]:
     return sorted(set(sizes)) + [max_tokens] if max_tokens > 0 else []
 
 
+def step_graphs(opts, device: torch.device, split_policy=None) -> "StepGraphs | None":
+    """The graphs a runner with options `opts` captures on `device` (None: it runs eagerly),
+    not captured yet; their sizes alone decide how a batch is padded."""
+    if not opts.use_cuda_graphs or device.type != "cuda":
+        return None
+    max_batch = min(opts.cuda_graph_max_batch, opts.max_num_seqs)
+    return StepGraphs(capture_sizes(max_batch), mixed_token_sizes(mixed_graph_tokens(opts)),
+                      opts.max_num_seqs, opts.max_model_len, split_policy.options if split_policy else None)
+
+
 class StepGraphs:
     STARTUP_VARIANTS = (SamplerFlags(False, False, 0),)  # captured at start
     LAZY_VARIANTS = (SamplerFlags(True, False, 0),)  # captured at their second use
@@ -147,7 +157,7 @@ class StepGraphs:
                 start = time.perf_counter()
                 with torch.cuda.stream(stream):
                     runner.compute_step(slot, shape)
-                torch.cuda.synchronize(stream.device)
+                torch.cuda.synchronize(runner.device)
                 self.warmup_s += time.perf_counter() - start
                 self.warmed.add(group)
             self._capture_one(runner, slot, shape)
