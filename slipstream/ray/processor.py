@@ -7,6 +7,7 @@ the batches it held run again on the new one, once.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from slipstream.config import EngineConfig
@@ -33,20 +34,24 @@ class Processor:
     def __call__(self, ds):
         """The Dataset of `ds`'s rows with the generation columns added."""
         ray = require_ray()
+        # several batches per actor at once: they share its engine
         pool = ray.data.ActorPoolStrategy(size=self.replicas,
-                                          max_tasks_in_flight_per_actor=2 * self.max_concurrent_batches)
-        out = ds.map_batches(
-            _replica_class(), batch_format="pyarrow", batch_size=self.batch_size, compute=pool,
-            zero_copy_batch=True,
-            fn_constructor_kwargs=dict(model=self.model, engine_options=self.engine_options,
-                                       defaults=self.sampling_params,
-                                       max_pending_requests=self.max_pending_requests,
-                                       core=self.core),
-            num_gpus=self.gpus_per_replica or None, num_cpus=self.cpus_per_replica,
-            # batches of one actor run at once (they share its engine)
-            max_concurrency=self.max_concurrent_batches,
-            # a dead replica is replaced; the batches it held run once more
-            max_restarts=-1, max_task_retries=1)
+                                          max_tasks_in_flight_per_actor=2 * self.max_concurrent_batches,
+                                          max_concurrent_calls_per_actor=self.max_concurrent_batches)
+        with warnings.catch_warnings():
+            # max_task_retries has no named parameter in Ray 2.60 yet; its default (retry
+            # for ever) would never end a job whose batch kills every replica it runs on
+            warnings.simplefilter("ignore", DeprecationWarning)
+            out = ds.map_batches(
+                _replica_class(), batch_format="pyarrow", batch_size=self.batch_size, compute=pool,
+                zero_copy_batch=True,
+                fn_constructor_kwargs=dict(model=self.model, engine_options=self.engine_options,
+                                           defaults=self.sampling_params,
+                                           max_pending_requests=self.max_pending_requests,
+                                           core=self.core),
+                num_gpus=self.gpus_per_replica or None, num_cpus=self.cpus_per_replica,
+                # a dead replica is replaced; the batches it held run once more
+                max_restarts=-1, max_task_retries=1)
         if self.preserve_order:
             out.context.execution_options.preserve_order = True
         return out
