@@ -131,7 +131,7 @@ def test_generate_cli_jsonl_to_parquet_and_back(cluster, reference, tmp_path, ca
     src.write_text("".join(json.dumps(r) + "\n" for r in make_rows(6)))
     out_parquet = tmp_path / "out.parquet"
     common = ["--ray", "--replicas", "1", "--device", "cpu", "--max-model-len", "128",
-              "--max-tokens", "4", "--batch-size", "4", "--quiet"]
+              "--max-tokens", "3", "--batch-size", "4", "--quiet"]
     assert cli_main(["generate", "--input", str(src), "--output", str(out_parquet), *common]) == 0
     assert "wrote 6 results" in capsys.readouterr().err
     table = pq.read_table(out_parquet)  # one file

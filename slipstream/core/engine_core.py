@@ -25,6 +25,7 @@ from slipstream.model.loader import load_model, resolve_model_source
 from slipstream.request import Request, Status
 from slipstream.request_table import RequestTable
 from slipstream.runner.model_runner import ModelRunner, RunnerOptions
+from slipstream.runner.kv_memory import gpu_memory_in_use
 from slipstream.sampling_params import SamplingParams
 from slipstream.scheduler import Scheduler
 from slipstream.tokenizer import load_tokenizer
@@ -45,6 +46,7 @@ class EngineCore:
         self.config = config
         self.device = resolve_device(config.device)
         self.source = resolve_model_source(config.model)
+        self._gpu_used_at_start = gpu_memory_in_use(self.device)  # e.g. replicas sharing the GPU
         try:
             self.model, self.model_config = load_model(self.source, config.load_format, config.dtype, self.device)
         except torch.OutOfMemoryError as e:
@@ -90,7 +92,7 @@ class EngineCore:
             cpu_kv_cache_gib=c.cpu_kv_cache_gib, use_cuda_graphs=not c.enforce_eager,
             cuda_graph_max_batch=c.cuda_graph_max_batch or c.max_num_seqs,
             cuda_graph_max_tokens=(tokens if c.cuda_graph_max_tokens is None else c.cuda_graph_max_tokens),
-            trace=c.trace)
+            trace=c.trace, cuda_used_at_start=self._gpu_used_at_start)
 
     def _default_batched_tokens(self) -> int:
         if self.device.type != "cuda":
