@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from typing import Callable
 
 from slipstream.errors import EngineDeadError
@@ -23,7 +24,12 @@ SUMMED = ("num_running", "num_waiting", "kv_blocks_in_use", "kv_blocks_total", "
 WATCH_INTERVAL_S = 0.5
 
 
-def local_replica_factory(model: str | None, engine_options: dict) -> Callable[[int], object]:
+def local_replica_factory(model: str | None, engine_options: dict, size: int = 1) -> Callable[[int], object]:
+    if _on_cpu(engine_options) and "OMP_NUM_THREADS" not in os.environ:
+        # the replicas share this machine's cores: N processes of all-core thread pools
+        # would spin against each other (measured: several times slower on 2 cores)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // size))
+
     def make(index: int):
         from slipstream.frontend.async_llm import AsyncLLM
         return AsyncLLM(model, core="process", **engine_options)
@@ -212,6 +218,14 @@ class DataParallelLLM:
         await self.shutdown()
 
 
+def _on_cpu(engine_options: dict) -> bool:
+    device = engine_options.get("device", "auto")
+    if device == "auto":
+        import torch
+        return not torch.cuda.is_available()
+    return device == "cpu"
+
+
 async def _none():
     return None
 
@@ -223,4 +237,4 @@ def make_data_parallel(engine_options: dict, size: int, ray_address: str | None 
     if ray_address:
         from slipstream.ray.serving import ray_replica_factory
         return DataParallelLLM(ray_replica_factory(model, options, ray_address), size)
-    return DataParallelLLM(local_replica_factory(model, options), size)
+    return DataParallelLLM(local_replica_factory(model, options, size), size)
