@@ -2,7 +2,7 @@
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
-#         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async
+#         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
@@ -135,6 +135,8 @@ for stage in "$@"; do
     serve-latency-async) run serve-latency-async 300 bash benchmarks/serve_bench.sh latency "$RES" ;;
     serve-latency) run serve-latency-async 300 bash benchmarks/serve_bench.sh latency "$RES"
                    run serve-latency-sync 300 bash benchmarks/serve_bench.sh latency "$RES" --no-async-scheduling ;;
+    serve-dp) run serve-dp1 300 bash benchmarks/serve_bench.sh dp "$RES" 1
+              run serve-dp2 600 bash benchmarks/serve_bench.sh dp "$RES" 2 --gpu-memory-utilization 0.45 ;;
     sampler) run sampler 240 python3 benchmarks/bench_sampler.py ${SAMPLER_OLD:+--old "$SAMPLER_OLD"} --out "$RES" ;;
     *) echo "unknown stage $stage" | tee -a "$LOG" ;;
   esac

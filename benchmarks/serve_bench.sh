@@ -5,6 +5,10 @@
 #     (prefix caching off: its random prompts share nothing, and the measured pass repeats
 #     the warm-up's prompts, which the cache would otherwise serve)
 #   bash benchmarks/serve_bench.sh latency OUT [--no-async-scheduling]   seed-8b shape, c = 1,8,32,64
+#   bash benchmarks/serve_bench.sh dp OUT N [SERVER FLAGS]   small-256 at concurrency 256 on
+#     `serve --data-parallel-size N` (e.g. N=2 --gpu-memory-utilization 0.45: two replicas on one GPU)
+#   bash benchmarks/serve_bench.sh dp-cpu OUT N   the same on the CPU: the embedded SmolLM2,
+#     random prompts of 64 tokens, 32 out, 48 requests at concurrency 16
 set -uo pipefail
 kind=$1 out=$2; shift 2
 mkdir -p "$out"
@@ -15,12 +19,12 @@ start_server() {  # start_server LOG ARGS...
   local log=$1; shift
   python3 -m slipstream.cli serve --port "$PORT" --load-format dummy "$@" >"$log" 2>&1 &
   SERVER=$!
-  for _ in $(seq 1 240); do
+  for _ in $(seq 1 "${WAIT_HALF_S:-240}"); do
     python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" 2>/dev/null && return 0
     kill -0 $SERVER 2>/dev/null || { echo "server died:"; tail -20 "$log"; return 1; }
     sleep 0.5
   done
-  echo "server did not start in 120 s"; tail -20 "$log"; return 1
+  echo "server did not start in $(( ${WAIT_HALF_S:-240} / 2 )) s"; tail -20 "$log"; return 1
 }
 
 stop_server() {
@@ -53,5 +57,27 @@ case $kind in
       --random-input-len 256 --random-output-len 256 --ignore-eos --concurrency 1,8,32,64 \
       --prompts-per-concurrency 2 --disable-tqdm --save-result --result-file "$out/serve-8b-$tag.json" \
       --plot "$out/serve-8b-$tag.png"
+    stop_server ;;
+  dp)
+    n=$1; shift
+    WAIT_HALF_S=960 start_server "$out/server-dp$n.log" --model "$CONFIGS/qwen3-0.6b" --max-model-len 2048 \
+      --max-num-seqs 256 --no-prefix-caching --data-parallel-size "$n" "$@" || exit 1
+    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
+      --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm | grep -E "Output token|duration"
+    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
+      --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm --save-result \
+      --result-file "$out/serve-dp$n.json"
+    python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
+      | grep -E "^slipstream:(replica_requests_routed|replica_kv_blocks|kv_blocks_total|generation_tokens)" | head
+    stop_server ;;
+  dp-cpu)
+    n=$1
+    start_server "$out/server-dp-cpu$n.log" --load-format auto --device cpu --max-model-len 512 \
+      --max-num-seqs 16 --data-parallel-size "$n" || exit 1
+    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset random \
+      --random-input-len 64 --random-output-len 32 --num-prompts 48 --max-concurrency 16 --ignore-eos \
+      --disable-tqdm --save-result --result-file "$out/serve-dp-cpu$n.json"
+    python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
+      | grep -E "^slipstream:replica_requests_routed" | head
     stop_server ;;
 esac

@@ -33,6 +33,23 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="shard the model over N GPUs (N worker processes; gloo on the CPU)")
 
 
+def _ray_job_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ray (with --ray: the job runs through Ray Data; needs slipstream[ray])")
+    g.add_argument("--ray", action="store_true",
+                   help="run --input (JSONL or Parquet) on engine replicas of a Ray cluster")
+    g.add_argument("--ray-address", default=None,
+                   help="the cluster ('auto': the one this machine is in; default: a local one)")
+    g.add_argument("--replicas", type=int, default=1, help="engine replicas (Ray actors)")
+    g.add_argument("--gpus-per-replica", type=float, default=None,
+                   help="default: 1 where the cluster has GPUs, else 0")
+    g.add_argument("--batch-size", type=int, default=32, help="rows per Ray Data batch")
+    g.add_argument("--max-pending-requests", type=int, default=None,
+                   help="requests in each replica's engine at once (default 4 batches)")
+    g.add_argument("--preserve-order", action="store_true", help="results in input order")
+    g.add_argument("--output-format", default="jsonl", choices=["jsonl", "parquet"],
+                   help="for an --output folder (a path not ending in .jsonl/.json/.parquet)")
+
+
 def _engine_kwargs(a: argparse.Namespace) -> dict:
     return dict(model=a.model, load_format=a.load_format, dtype=a.dtype, device=a.device,
                 max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
@@ -65,6 +82,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
     if a.workload:
         return _generate_workload(a)
+    if a.ray:
+        from slipstream.ray.job import run
+        SamplingParams(**_sampling_kwargs(a))  # reject bad flags before Ray starts
+        return run(a, _sampling_kwargs(a), _engine_kwargs(a))
     if (a.prompt is None) == (a.input is None):
         print("error: give a prompt argument, --input prompts.jsonl or --workload NAME", file=sys.stderr)
         return 2
@@ -193,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="generate text for a prompt, or for a JSONL file of prompts")
     g.add_argument("prompt", nargs="?", default=None)
     g.add_argument("--chat", action="store_true", help="wrap prompts in the model's chat template")
-    g.add_argument("--input", default=None, help="JSONL: {\"prompt\": ...} or {\"messages\": [...]} per line")
+    g.add_argument("--input", default=None, help="JSONL: {\"prompt\": ...} or {\"messages\": [...]} per line "
+                                               "(with --ray: JSONL or Parquet, rows as ray.data.llm has them)")
     g.add_argument("--output", default=None, help="JSONL results (default: stdout)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.add_argument("--resume", action="store_true",
@@ -202,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="run a benchmark workload (seed-8b, seed-8b-short, small-256, tiny; latency: "
                         "seed-8b-bs1, seed-8b-bs8, small-bs1); "
                         "without --model, on its architecture with dummy weights")
+    _ray_job_args(g)
     _engine_args(g)
     _sampling_args(g)
     g.set_defaults(func=cmd_generate)
@@ -235,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -110,3 +110,29 @@ def test_the_load_generator_and_the_cli_start_without_torch():
             "from slipstream import SamplingParams; SamplingParams(max_tokens=2); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+_NO_RAY = _NO_TRITON.replace("triton", "ray").replace("_NoTriton", "_NoRay")
+_WITHOUT_RAY = """
+import slipstream, slipstream.cli, slipstream.frontend.data_parallel, slipstream.server.app
+assert "ray" not in sys.modules
+code = slipstream.cli.main(["generate", "--ray", "--input", sys.argv[1], "--output", sys.argv[2]])
+assert code == 2, code
+code = slipstream.cli.main(["serve", "--ray-address", "auto", "--device", "cpu"])
+assert code == 2, code
+print("ok")
+"""
+
+
+def test_ray_is_an_optional_extra(tmp_path):
+    """Without Ray, slipstream imports (data-parallel serving included) and the Ray commands
+    fail with one line naming the extra."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "hi"}\n')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", _NO_RAY + _WITHOUT_RAY, str(src), str(tmp_path / "o.jsonl")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert lines == ['error: Ray is not installed; install the extra: pip install "slipstream[ray]"'] * 2, proc.stderr

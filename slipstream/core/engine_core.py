@@ -26,6 +26,7 @@ from slipstream.model.loader import load_config, load_model, resolve_dtype, reso
 from slipstream.request import Request, Status
 from slipstream.request_table import RequestTable
 from slipstream.runner.model_runner import ModelRunner, RunnerOptions
+from slipstream.runner.kv_memory import gpu_memory_in_use
 from slipstream.sampling_params import SamplingParams
 from slipstream.scheduler import Scheduler
 from slipstream.tokenizer import load_tokenizer
@@ -48,6 +49,9 @@ class EngineCore:
         self.source = resolve_model_source(config.model)
         start = time.perf_counter()
         tp = config.tensor_parallel_size
+        # GPU memory others hold (e.g. replicas sharing the GPU); the ranks of a tensor-parallel
+        # engine own their GPUs, and this process touches none
+        self._gpu_used_at_start = gpu_memory_in_use(self.device) if tp == 1 else 0
         if tp > 1:  # the ranks load their shards (executor/)
             self.model = None
             self.model_config = load_config(self.source)
@@ -116,7 +120,7 @@ class EngineCore:
             cpu_kv_cache_gib=c.cpu_kv_cache_gib, use_cuda_graphs=not c.enforce_eager,
             cuda_graph_max_batch=c.cuda_graph_max_batch or c.max_num_seqs,
             cuda_graph_max_tokens=(tokens if c.cuda_graph_max_tokens is None else c.cuda_graph_max_tokens),
-            trace=c.trace)
+            trace=c.trace, cuda_used_at_start=self._gpu_used_at_start)
 
     def _worker_config(self) -> dict:
         """What a tensor-parallel worker needs to load its shard (plain values: sent as JSON)."""

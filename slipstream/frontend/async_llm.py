@@ -219,6 +219,8 @@ class AsyncLLM:
     async def shutdown(self) -> None:
         if self._closed:
             return
+        if self.is_dead:  # its open requests end with the core's death, not as aborted
+            self._die(self.dead_error)
         self._closed = True
         for rid in list(self.processor.requests):
             state = self.processor.requests[rid]

@@ -1,6 +1,7 @@
 """Sizing and allocating the paged KV cache.
 
-On CUDA the pool takes what is left of `gpu_memory_utilization` x total memory after
+On CUDA the pool takes what is left of this engine's share (`gpu_memory_utilization` x total
+memory, the memory other processes held at its start not counted against it) after
 the weights and the peak of a profiling step (the largest prefill the scheduler may
 build, plus sampling at max_num_seqs rows) and a reserve for the CUDA-graph pool (whose
 mixed-step graphs keep the activations of the largest one: that step's activations again).
@@ -48,17 +49,37 @@ def num_kv_blocks(runner, spec: KVCacheSpec, opts) -> int:
     base = torch.cuda.memory_allocated(runner.device)
     peak = _profile_peak(runner, spec, opts)
     free, total = torch.cuda.mem_get_info(runner.device)
-    not_torch = total - free - torch.cuda.memory_reserved(runner.device)
     vocab = runner.model_config.vocab_size
     graph_reserve = 0
     if opts.use_cuda_graphs:
         graph_reserve = opts.cuda_graph_max_batch * vocab * 4 * 6 + GiB // 2
         if mixed_graph_tokens(opts):
             graph_reserve += peak - base
-    available = total * opts.gpu_memory_utilization - not_torch - peak - graph_reserve
+    available = kv_budget(total, free, torch.cuda.memory_reserved(runner.device), opts.cuda_used_at_start,
+                          opts.gpu_memory_utilization, peak, graph_reserve)
     return blocks_that_fit(available, spec, opts,
                            f"after the weights and activations ({_gib(peak)} at peak), "
                            f"gpu_memory_utilization={opts.gpu_memory_utilization} of {_gib(total)} leaves")
+
+
+def gpu_memory_in_use(device: torch.device) -> int:
+    """Bytes of the GPU in use before this engine allocates any (other processes: replicas
+    sharing the GPU, and this process's CUDA context); 0 off CUDA."""
+    if device.type != "cuda":
+        return 0
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free - torch.cuda.memory_reserved(device)
+
+
+def kv_budget(total: int, free: int, reserved: int, used_at_start: int, utilization: float,
+              peak: int, graph_reserve: int) -> float:
+    """Bytes for the KV cache. `utilization` x total is this engine's share of the GPU (as in
+    vLLM: two replicas at 0.45 share one GPU), never more than what was free at its start;
+    from it go this process's memory outside torch (what is in use beyond torch's reserve
+    and the memory in use at start), the profiled peak and the CUDA-graph reserve."""
+    not_torch = max(total - free - reserved - used_at_start, 0)
+    share = min(total * utilization, total - used_at_start)
+    return share - not_torch - peak - graph_reserve
 
 
 def blocks_that_fit(available: float, spec: KVCacheSpec, opts, what_leaves: str) -> int:

@@ -56,6 +56,7 @@ class RunnerOptions:
     cuda_graph_max_batch: int
     cuda_graph_max_tokens: int  # largest mixed-step graph (0: mixed steps run eagerly)
     trace: bool
+    cuda_used_at_start: int = 0  # GPU bytes in use before the engine loaded (kv_memory.kv_budget)
 
 
 class ModelRunner:

@@ -47,6 +47,12 @@ def add_serve_parser(subparsers, engine_args_fn):
                    help="largest request body (413 above)")
     p.add_argument("--log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--data-parallel-size", type=int, default=1,
+                   help="engine replicas behind this endpoint (each its own core process; "
+                        "sharing one GPU: give each --gpu-memory-utilization <= 1/N)")
+    p.add_argument("--ray-address", default=None,
+                   help="run the replicas as Ray actors on this cluster ('auto': the one this "
+                        "machine is in), one GPU each on CUDA; needs slipstream[ray]")
     engine_args_fn(p)
     p.set_defaults(func=cmd_serve)
     return p
@@ -65,7 +71,8 @@ def add_run_batch_parser(subparsers, engine_args_fn):
 
 
 def _check_flags(a: argparse.Namespace) -> None:
-    for name in ("max_waiting", "stream_interval", "max_body_bytes", "max_concurrency"):
+    for name in ("max_waiting", "stream_interval", "max_body_bytes", "max_concurrency",
+                 "data_parallel_size"):
         v = getattr(a, name, None)
         if v is not None and v < (0 if name == "max_waiting" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be >= "
@@ -78,7 +85,12 @@ def make_llm(a: argparse.Namespace):
     from slipstream import AsyncLLM
     from slipstream.cli import _engine_kwargs
     from slipstream.core.engine_core import freeze_gc
-    llm = AsyncLLM(core="process", **_engine_kwargs(a))
+    size, address = getattr(a, "data_parallel_size", 1), getattr(a, "ray_address", None)
+    if size > 1 or address:
+        from slipstream.frontend.data_parallel import make_data_parallel
+        llm = make_data_parallel(_engine_kwargs(a), size, address)
+    else:
+        llm = AsyncLLM(core="process", **_engine_kwargs(a))
     freeze_gc()  # a long-lived process: its startup heap need not be scanned again
     return llm
 
@@ -96,7 +108,7 @@ async def _serve(a: argparse.Namespace) -> int:
 
     try:
         llm = make_llm(a)
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
+    except (ValueError, RuntimeError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:

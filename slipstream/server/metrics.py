@@ -46,6 +46,35 @@ class _EngineStatsCollector:
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric(labels, float(s.get(key) or 0))
             yield c
+        if s.get("replicas"):
+            yield from _replica_families(self.model_name, s["replicas"])
+
+
+# Data-parallel serving: the families above are summed over the replicas; these are per
+# replica (label replica="0", ...), with the router's counts.
+_REPLICA_GAUGES = (
+    ("slipstream:replica_up", "up", "1 while the replica serves, 0 while it restarts."),
+    ("slipstream:replica_num_requests_running", "num_running", "Requests running in the replica."),
+    ("slipstream:replica_num_requests_waiting", "num_waiting", "Requests waiting in the replica."),
+    ("slipstream:replica_kv_cache_usage_perc", "kv_cache_usage", "The replica's KV-cache usage, 0 to 1."),
+    ("slipstream:replica_requests_outstanding", "outstanding", "Requests routed to the replica, not ended."))
+_REPLICA_COUNTERS = (
+    ("slipstream:replica_requests_routed", "routed", "Requests the router sent to the replica."),
+    ("slipstream:replica_requests_prefix_routed", "affine",
+     "Requests sent to the replica because it held their prompt prefix."),
+    ("slipstream:replica_prefix_cache_hits", "prefix_cache_hits", "The replica's prefix-cache hits, in blocks."),
+    ("slipstream:replica_prefix_cache_queries", "prefix_cache_queries",
+     "The replica's prefix-cache queries, in blocks."),
+    ("slipstream:replica_restarts", "restarts", "Times the replica was restarted after it died."))
+
+
+def _replica_families(model_name: str, replicas: list[dict]):
+    for kind, table in ((GaugeMetricFamily, _REPLICA_GAUGES), (CounterMetricFamily, _REPLICA_COUNTERS)):
+        for name, key, doc in table:
+            fam = kind(name, doc, labels=["model_name", "replica"])
+            for r in replicas:
+                fam.add_metric([model_name, str(r["replica"])], float(r.get(key) or 0))
+            yield fam
 
 
 class ServerMetrics:

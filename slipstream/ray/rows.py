@@ -1,0 +1,72 @@
+"""Rows in and out, as `ray.data.llm` has them.
+
+In: `prompt` (text or token ids) or `messages` (a chat), optional `sampling_params` (a
+mapping over the processor's defaults; a null field keeps the default).  Out: the
+columns of `OUTPUT_COLUMNS`; every other column of the row is passed through untouched.
+A row that cannot run gets `finish_reason` "error" and its reason in `error`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slipstream.frontend.prompts import chat_token_ids
+from slipstream.sampling_params import SamplingParams
+
+OUTPUT_COLUMNS = ("generated_text", "generated_token_ids", "num_input_tokens",
+                  "num_generated_tokens", "finish_reason", "error")
+INPUT_COLUMNS = ("prompt", "messages", "sampling_params")
+
+
+@dataclass
+class RowResult:
+    generated_text: str | None = None
+    generated_token_ids: list[int] | None = None
+    num_input_tokens: int = 0
+    num_generated_tokens: int = 0
+    finish_reason: str = "error"
+    error: str | None = None
+
+
+def row_prompt(row: dict, tokenizer):
+    """The prompt of a row (text, token ids, or a chat rendered to token ids); ValueError
+    naming what is wrong."""
+    prompt, messages = row.get("prompt"), row.get("messages")
+    if (prompt is None) == (messages is None):
+        raise ValueError("a row needs exactly one of 'prompt' and 'messages'")
+    if messages is not None:
+        return chat_token_ids(list(messages), tokenizer)
+    if not isinstance(prompt, (str, list)):
+        raise ValueError(f"'prompt' must be text or a list of token ids, got {type(prompt).__name__}")
+    return prompt
+
+
+def row_params(row: dict, defaults: dict) -> SamplingParams:
+    """The processor's sampling defaults overridden by the row's own (nulls dropped)."""
+    own = row.get("sampling_params")
+    if own is None:
+        own = {}
+    if not isinstance(own, dict):
+        raise ValueError(f"'sampling_params' must be a mapping, got {type(own).__name__}")
+    params = SamplingParams.from_dict({**defaults, **{k: v for k, v in own.items() if v is not None}})
+    if params.n != 1:
+        raise ValueError(f"sampling_params n must be 1 in a batch job (one output per row), got {params.n}")
+    return params
+
+
+def result_of(out) -> RowResult:
+    """The row result of a finished RequestOutput."""
+    error = out.error if out.error else None
+    return RowResult(generated_text=out.text, generated_token_ids=list(out.token_ids),
+                     num_input_tokens=len(out.prompt_token_ids or ()),
+                     num_generated_tokens=len(out.token_ids),
+                     finish_reason="error" if error else (out.finish_reason or "abort"),
+                     error=error)
+
+
+def check_defaults(sampling_params: dict | None) -> dict:
+    """The processor's defaults, validated before any replica starts."""
+    defaults = dict(sampling_params or {})
+    SamplingParams.from_dict(defaults)
+    if defaults.get("n", 1) != 1:
+        raise ValueError("sampling_params n must be 1 in a batch job (one output row per input row)")
+    return defaults

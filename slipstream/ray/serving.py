@@ -1,0 +1,187 @@
+"""Data-parallel serving on a Ray cluster: each replica an `EngineActor` (a Ray actor holding
+an `AsyncLLM`), and `RayReplica`, its stand-in in the server process with the part of
+AsyncLLM's interface that `DataParallelLLM` uses.
+
+Outputs cross as msgpack bytes (msgspec encodes the RequestOutput dataclasses), not as
+pickled objects.  A replica whose actor died (a call fails, or the 1 s health ping does)
+is dead: its open streams end with `EngineDeadError` and `DataParallelLLM` starts a new
+actor in its place (the actor itself is never restarted by Ray).
+"""
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from slipstream.errors import EngineDeadError
+from slipstream.frontend.outputs import RequestOutput
+from slipstream.sampling_params import SamplingParams
+
+PING_INTERVAL_S = 1.0
+PING_TIMEOUT_S = 10.0
+_encoder = msgspec.msgpack.Encoder()
+_output_decoder = msgspec.msgpack.Decoder(RequestOutput)
+
+
+class EngineActor:
+    """Runs in the actor process (made a Ray actor class by `_actor_class`)."""
+
+    def __init__(self, model, engine_options: dict) -> None:
+        from slipstream.frontend.async_llm import AsyncLLM
+        self.llm = AsyncLLM(model, core="process", **engine_options)
+
+    def info(self) -> bytes:
+        return _encoder.encode(self.llm.info)
+
+    async def ping(self) -> bool:
+        if self.llm.is_dead:
+            raise EngineDeadError(self.llm.dead_error)
+        return True
+
+    async def generate(self, prompt, params: dict, request_id: str):
+        async for out in self.llm.generate(prompt, SamplingParams.from_dict(params), request_id=request_id):
+            yield _encoder.encode(out)
+
+    async def abort(self, request_id: str) -> None:
+        await self.llm.abort(request_id)
+
+    async def stats(self) -> dict:
+        return await self.llm.stats()
+
+    async def reset_prefix_cache(self) -> None:
+        await self.llm.reset_prefix_cache()
+
+    async def shutdown(self) -> None:
+        await self.llm.shutdown()
+
+
+def _actor_class(ray):
+    return ray.remote(EngineActor)
+
+
+class RayReplica:
+    def __init__(self, model, engine_options: dict, actor_options: dict) -> None:
+        import ray
+
+        from slipstream.core.messages import CoreInfo
+        from slipstream.model.loader import resolve_model_source
+        from slipstream.tokenizer import load_tokenizer
+
+        self._ray = ray
+        self.actor = _actor_class(ray).options(**actor_options).remote(model, engine_options)
+        try:
+            self.info = msgspec.msgpack.decode(ray.get(self.actor.info.remote()), type=CoreInfo)
+        except ray.exceptions.RayActorError as e:
+            raise RuntimeError(f"the engine actor did not start: {_cause(e)}") from None
+        self.tokenizer = (None if engine_options.get("load_format") == "dummy"
+                          else load_tokenizer(resolve_model_source(model)))
+        self.model_name, self.max_model_len, self.vocab_size = (self.info.model_name, self.info.max_model_len,
+                                                                 self.info.vocab_size)
+        self.dead_error: str | None = None
+        self._pinger: asyncio.Task | None = None
+
+    @property
+    def is_dead(self) -> bool:
+        return self.dead_error is not None
+
+    def validate(self, prompt, params: SamplingParams | None = None) -> list[int]:
+        from slipstream.frontend.prompts import check_admission, tokenize_prompt
+        params = params or SamplingParams()
+        try:
+            _, ids = tokenize_prompt(prompt, self.tokenizer)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+        error = check_admission(ids, params, self.info)
+        if error:
+            raise ValueError(error)
+        return ids
+
+    async def generate(self, prompt, sampling_params: SamplingParams | None = None, request_id: str = ""):
+        self._start_pinger()
+        if self.dead_error:
+            raise EngineDeadError(self.dead_error)
+        params = (sampling_params or SamplingParams()).to_dict()
+        stream = self.actor.generate.options(num_returns="streaming").remote(prompt, params, request_id)
+        finished = False
+        try:
+            async for ref in stream:
+                out = _output_decoder.decode(await ref)
+                finished = out.finished
+                yield out
+        except self._ray.exceptions.RayActorError as e:
+            self.dead_error = self.dead_error or f"the engine actor died: {_cause(e)}"
+            raise EngineDeadError(self.dead_error) from None
+        except self._ray.exceptions.RayTaskError as e:
+            cause = e.cause if isinstance(e.cause, Exception) else None
+            if isinstance(cause, (ValueError, TypeError, EngineDeadError)):
+                raise cause from None
+            raise
+        finally:
+            if not finished and not self.dead_error:
+                self.actor.abort.remote(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        if not self.dead_error:
+            self.actor.abort.remote(request_id)
+
+    async def stats(self) -> dict:
+        self._start_pinger()
+        return await self._call(self.actor.stats)
+
+    async def reset_prefix_cache(self) -> None:
+        await self._call(self.actor.reset_prefix_cache)
+
+    async def _call(self, method):
+        if self.dead_error:
+            raise EngineDeadError(self.dead_error)
+        try:
+            return await method.remote()
+        except self._ray.exceptions.RayActorError as e:
+            self.dead_error = self.dead_error or f"the engine actor died: {_cause(e)}"
+            raise EngineDeadError(self.dead_error) from None
+
+    def _start_pinger(self) -> None:
+        if self._pinger is None or self._pinger.done():
+            self._pinger = asyncio.get_running_loop().create_task(self._ping())
+
+    async def _ping(self) -> None:
+        while self.dead_error is None:
+            try:
+                await asyncio.wait_for(self.actor.ping.remote(), PING_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - dead actor, dead core, or no answer
+                self.dead_error = f"the engine actor died: {_cause(e)}"
+                return
+            await asyncio.sleep(PING_INTERVAL_S)
+
+    async def shutdown(self) -> None:
+        if self._pinger is not None:
+            self._pinger.cancel()
+        if not self.dead_error:
+            try:
+                await asyncio.wait_for(self.actor.shutdown.remote(), 30)
+            except Exception:  # noqa: BLE001 - it is gone: kill below
+                pass
+        self.dead_error = self.dead_error or "the replica was shut down"
+        self._ray.kill(self.actor)
+
+    def close(self) -> None:
+        self.dead_error = self.dead_error or "the replica was shut down"
+        self._ray.kill(self.actor)
+
+
+def _cause(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def ray_replica_factory(model, engine_options: dict, address: str):
+    """Replicas as Ray actors on the cluster at `address` ("local": a cluster of this
+    machine, started here); one GPU each unless the engine runs on the CPU."""
+    from slipstream.ray.cluster import init_ray
+
+    ray = init_ray(None if address == "local" else address)
+    on_gpu = engine_options.get("device") != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
+    actor_options = dict(num_gpus=1, num_cpus=1) if on_gpu else dict(num_cpus=0.5)
+    return lambda index: RayReplica(model, engine_options, dict(actor_options, max_restarts=0))

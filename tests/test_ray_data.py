@@ -1,0 +1,156 @@
+"""Batch inference over Ray Data (`slipstream.ray.build_processor`) on a local Ray cluster
+with the embedded SmolLM2 on the CPU: 200 rows (text prompts, chats, per-row seeded
+sampling, a bad row) through 2 replicas equal one `LLM.generate` call, every row once, in
+input order with preserve_order, other columns passed through; a replica killed mid-job
+is replaced and the job completes, every row once; `slipstream generate --ray` reads JSONL
+and writes one Parquet file, reads Parquet and writes one JSONL file."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+import ray
+
+from slipstream import LLM, SamplingParams
+from slipstream.cli import main as cli_main
+from slipstream.frontend.prompts import chat_token_ids
+from slipstream.ray import build_processor
+
+ENGINE = dict(device="cpu", max_model_len=128, max_num_seqs=64)
+DEFAULTS = dict(max_tokens=3, temperature=0.0)
+
+
+def make_rows(n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        row = {"id": i, "tag": f"t{i}", "prompt": f"{i} + {i} ="}
+        if i % 10 == 3:  # a chat
+            row = {"id": i, "tag": f"t{i}", "messages": [{"role": "user", "content": f"Say {i}."}]}
+        if i % 10 == 7:  # its own sampling: seeded, so it does not depend on the batch
+            row["sampling_params"] = {"temperature": 0.8, "seed": i, "max_tokens": 2}
+        rows.append(row)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """What one LLM.generate call gives for each row id."""
+    rows = make_rows(200)
+    llm = LLM(None, **ENGINE)
+    prompts, params = [], []
+    for r in rows:
+        prompts.append(chat_token_ids(r["messages"], llm.tokenizer) if "messages" in r else r["prompt"])
+        params.append(SamplingParams.from_dict({**DEFAULTS, **r.get("sampling_params", {})}))
+    outs = llm.generate(prompts, params)
+    llm.shutdown()
+    return {r["id"]: (o.text, o.token_ids, o.finish_reason, len(o.prompt_token_ids))
+            for r, o in zip(rows, outs)}
+
+
+def check_rows(out: list[dict], reference: dict, ids) -> None:
+    assert sorted(r["id"] for r in out) == sorted(ids)  # every row exactly once
+    for r in out:
+        assert r["tag"] == f"t{r['id']}"
+        assert r["error"] is None, r
+        want = reference[r["id"]]
+        got = (r["generated_text"], list(r["generated_token_ids"]), r["finish_reason"], r["num_input_tokens"])
+        assert got == want, (r["id"], got, want)
+        assert r["num_generated_tokens"] == len(want[1])
+
+
+def test_200_rows_on_2_replicas_equal_llm_generate(cluster, reference):
+    rows = make_rows(200)
+    rows.append({"id": 200, "tag": "t200", "prompt": "bad", "sampling_params": {"top_p": 2.0}})
+    processor = build_processor(replicas=2, cpus_per_replica=0.5, sampling_params=DEFAULTS,
+                                batch_size=16, preserve_order=True, **ENGINE)
+    out = processor(ray.data.from_items(rows, override_num_blocks=8)).take_all()
+    assert [r["id"] for r in out] == list(range(201))  # preserve_order
+    bad = out.pop()
+    assert bad["finish_reason"] == "error" and "top_p" in bad["error"] and bad["tag"] == "t200"
+    check_rows(out, reference, range(200))
+
+
+def _replica_pids() -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if cmd.startswith(b"ray::MapWorker") and b"EngineReplica" in cmd:
+                pids.append(int(entry))
+    return pids
+
+
+def test_killed_replica_is_replaced_and_the_job_completes(cluster, reference):
+    ids = range(48)
+    rows = make_rows(48)
+    processor = build_processor(replicas=2, cpus_per_replica=0.5, sampling_params=DEFAULTS,
+                                batch_size=4, max_concurrent_batches=2, **ENGINE)
+    out, failure = [], []
+
+    def consume():
+        try:
+            for row in processor(ray.data.from_items(rows, override_num_blocks=12)).iter_rows():
+                out.append(row)
+        except Exception as e:  # noqa: BLE001 - reported below
+            failure.append(e)
+
+    job = threading.Thread(target=consume)
+    job.start()
+    deadline = time.monotonic() + 240
+    while not out and job.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)  # until the first results are back: both replicas are up and working
+    pids = _replica_pids()
+    assert len(pids) == 2 and job.is_alive() and len(out) < 48, (pids, len(out))
+    os.kill(pids[0], signal.SIGKILL)
+    job.join(300)
+    assert not job.is_alive() and not failure, failure
+    check_rows(out, reference, ids)
+    assert pids[0] not in _replica_pids()
+
+
+def test_generate_cli_jsonl_to_parquet_and_back(cluster, reference, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in make_rows(6)))
+    out_parquet = tmp_path / "out.parquet"
+    common = ["--ray", "--replicas", "1", "--device", "cpu", "--max-model-len", "128",
+              "--max-tokens", "3", "--batch-size", "4", "--quiet"]
+    assert cli_main(["generate", "--input", str(src), "--output", str(out_parquet), *common]) == 0
+    assert "wrote 6 results" in capsys.readouterr().err
+    table = pq.read_table(out_parquet)  # one file
+    check_rows(table.to_pylist(), reference, range(6))
+    out_jsonl = tmp_path / "again.jsonl"
+    assert cli_main(["generate", "--input", str(out_parquet), "--output", str(out_jsonl),
+                     "--preserve-order", *common]) == 0
+    lines = [json.loads(x) for x in out_jsonl.read_text().splitlines()]
+    assert [r["id"] for r in lines] == list(range(6))
+    check_rows(lines, reference, range(6))
+
+
+def test_bad_arguments_fail_before_any_actor_starts(tmp_path, capsys):
+    with pytest.raises(ValueError, match="replicas"):
+        build_processor(replicas=0)
+    with pytest.raises(ValueError, match="unknown engine option"):
+        build_processor(no_such_option=1)
+    with pytest.raises(ValueError, match="temperature"):
+        build_processor(sampling_params={"temperature": -1})
+    assert cli_main(["generate", "--ray", "--input", str(tmp_path / "none.jsonl"),
+                     "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
