@@ -52,6 +52,7 @@ def worker_main(rank: int, size: int, config_json: str, opts_json: str, init_met
         if isinstance(msg, Allocate):
             runner.allocate(msg.num_blocks)
             runner.capture()
+            runner.model.tp.serving()
             out.send(encoder.encode(WorkerReady(rank)))
             _serve(runner, rank, steps, ctx, result_addr, parent_pid)
     except BaseException as e:  # noqa: BLE001 - whatever it is, the core hears it in one line
