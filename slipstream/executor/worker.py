@@ -74,7 +74,6 @@ def _socket(ctx: zmq.Context, kind: int, addr: str) -> zmq.Socket:
 
 
 def _build(rank, size, config: dict, opts: dict, init_method: str, device: torch.device):
-    from slipstream.model.config import ModelConfig  # noqa: F401 (import order: model first)
     from slipstream.model.loader import load_config, load_model
     from slipstream.model.parallel import TPShard, init_tp_group
     from slipstream.runner.model_runner import ModelRunner, RunnerOptions
