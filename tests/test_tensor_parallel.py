@@ -104,6 +104,26 @@ def test_a_killed_rank_ends_the_engine_within_seconds(tiny_model):
     llm.shutdown()
 
 
+def test_a_hung_rank_ends_the_engine_at_the_collective_timeout(tiny_model, monkeypatch):
+    monkeypatch.setenv("SLIPSTREAM_TP_TIMEOUT_S", "3")  # (read by the workers as they start)
+    folder, _ = tiny_model("llama")
+    llm = LLM(folder, device="cpu", max_model_len=512, tensor_parallel_size=2)
+    procs = llm.engine.runner.procs
+    llm.add_request(PROMPTS[0], SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
+    outputs = llm.outputs(finished_only=False)
+    next(outputs)
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    ended = [o for o in outputs if o.finished]
+    assert time.monotonic() - stopped < 3 + 5
+    assert ended[0].finish_reason == "error" and "another rank hangs" in ended[0].error
+    deadline = time.monotonic() + 5  # the stopped rank is killed (SIGTERM waits while it is stopped)
+    while not all(_gone(p.pid) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(p.pid) for p in procs)
+    llm.shutdown()
+
+
 def test_serve_with_two_ranks(tokenized_tiny):
     import openai
 
@@ -135,7 +155,7 @@ def test_two_ranks_on_the_async_mix(tokenized_tiny):
     """The sync-vs-async mix (stops, seeds, penalties, aborts, preemptions, chunked prefill)
     on 2 ranks with the pipeline running ahead gives the one-rank sync results."""
     from async_mix import mix, run_mix
-    reqs = mix(tokenized_tiny)
+    reqs = mix(tokenized_tiny, n=16)  # (16 of its 28 kinds of request: CI time)
     common = dict(device="cpu", max_model_len=256, num_kv_blocks=24, max_num_batched_tokens=64, max_num_seqs=12)
     with LLM(tokenized_tiny, async_scheduling=False, **common) as one:
         want = run_mix(one, reqs)

@@ -128,8 +128,9 @@ class MultiprocExecutor:
         msg = from_worker.decode(self.results.recv())
         if isinstance(msg, WorkerFailed):
             time.sleep(GRACE_S)  # a peer that died makes the others fail too: name the dead one
-            dead = self._dead_rank()
-            self._fail(dead or f"tensor-parallel rank {msg.rank} failed: {msg.message}")
+            dead = self._dead_rank(besides=msg.rank)
+            hint = " (a collective timed out: another rank hangs)" if "timed out" in msg.message.lower() else ""
+            self._fail(dead or f"tensor-parallel rank {msg.rank} failed: {msg.message}{hint}")
         return msg
 
     def _gather(self, kind) -> list:
@@ -142,12 +143,14 @@ class MultiprocExecutor:
             got[msg.rank] = msg
         return [got[r] for r in range(self.size)]
 
-    def _dead_rank(self) -> str | None:
+    def _dead_rank(self, besides: int | None = None) -> str | None:
+        """A rank killed by a signal, else one that exited (other than `besides`, which
+        reported its error), described in one line; None when all run."""
         for rank, p in enumerate(self.procs):
             if p.exitcode is not None and p.exitcode < 0:
                 return f"tensor-parallel rank {rank} died ({_describe(p.exitcode)})"
         for rank, p in enumerate(self.procs):
-            if p.exitcode is not None:
+            if p.exitcode is not None and rank != besides:
                 return f"tensor-parallel rank {rank} exited ({_describe(p.exitcode)})"
         return None
 

@@ -52,6 +52,7 @@ def worker_main(rank: int, size: int, config_json: str, opts_json: str, init_met
         if isinstance(msg, Allocate):
             runner.allocate(msg.num_blocks)
             runner.capture()
+            runner.model.tp.serving()
             out.send(encoder.encode(WorkerReady(rank)))
             _serve(runner, rank, steps, ctx, result_addr, parent_pid)
     except BaseException as e:  # noqa: BLE001 - whatever it is, the core hears it in one line
@@ -73,7 +74,6 @@ def _socket(ctx: zmq.Context, kind: int, addr: str) -> zmq.Socket:
 
 
 def _build(rank, size, config: dict, opts: dict, init_method: str, device: torch.device):
-    from slipstream.model.config import ModelConfig  # noqa: F401 (import order: model first)
     from slipstream.model.loader import load_config, load_model
     from slipstream.model.parallel import TPShard, init_tp_group
     from slipstream.runner.model_runner import ModelRunner, RunnerOptions

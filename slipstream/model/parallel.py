@@ -21,6 +21,8 @@ from slipstream.model.config import ModelConfig
 # A collective waits this long for its peers before it raises (gloo) or its NCCL watchdog
 # ends the process; a dead peer is seen sooner by the executor's process monitoring.
 COLLECTIVE_TIMEOUT_S = float(os.environ.get("SLIPSTREAM_TP_TIMEOUT_S", "60"))
+# setup waits longer: the ranks start (import torch, load weights, compile) unevenly
+JOIN_TIMEOUT_S = max(COLLECTIVE_TIMEOUT_S, 600.0)
 # NVLink multicast (NVLS) is off on the machines we run on (KINDS.md)
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -87,6 +89,11 @@ class TPGroup:
         self.rank, self.size = shard.rank, shard.size
         self.group = group
 
+    def serving(self) -> None:
+        """Setup is over: from now on a collective waits COLLECTIVE_TIMEOUT_S at most."""
+        torch.distributed.distributed_c10d._set_pg_timeout(
+            datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S), self.group)
+
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         torch.distributed.all_reduce(t, group=self.group)
         return t
@@ -106,9 +113,10 @@ _all_gather = getattr(torch.distributed, "all_gather_single", None) or torch.dis
 
 
 def init_tp_group(shard: TPShard, init_method: str, device: torch.device) -> TPGroup:
-    """Join the group (every rank calls this); NCCL binds the rank's device eagerly."""
+    """Join the group (every rank calls this; collectives wait JOIN_TIMEOUT_S until `serving`);
+    NCCL binds the rank's device eagerly."""
     import torch.distributed as dist
-    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    timeout = datetime.timedelta(seconds=JOIN_TIMEOUT_S)
     if device.type == "cuda":
         dist.init_process_group("nccl", init_method=init_method, rank=shard.rank, world_size=shard.size,
                                 timeout=timeout, device_id=device)
