@@ -53,7 +53,7 @@ async def run(a) -> dict:
         warm = [SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True) for p in w.params]
         await asyncio.gather(*[consume(llm, pr, sp, f"warm-{i}") for i, (pr, sp) in enumerate(zip(w.prompts, warm))])
         await llm.reset_prefix_cache()
-        pid = llm._client.proc.pid if llm._client.proc else None
+        pid = llm.core_pid
         core0, self0 = (proc_cpu_s(pid) if pid else 0.0), self_cpu_s()
         t = time.perf_counter()
         counts = await asyncio.gather(*[consume(llm, pr, sp, str(i)) for i, (pr, sp) in enumerate(zip(w.prompts, w.params))])

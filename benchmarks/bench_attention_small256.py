@@ -20,7 +20,8 @@ alone; the prefill kernel with other configs too (--prefill, PrefillConfig field
 TFLOP/s of the prefill kernel: 4 x head_dim x q heads x causal query-key pairs.
 
 `--tree DIR` imports slipstream from another source tree (an A/B of two versions in one
-call: the API used here is the same).  Timing: every call captured with the same call on
+call: the tree needs the API used here, `triton_attention.prefill_attention` /
+`decode_attention` included).  Timing: every call captured with the same call on
 two other caches in one CUDA graph, median of 20 replays.
 """
 from __future__ import annotations
@@ -213,13 +214,13 @@ def bench_mixed(prefill_variants, gen, device, label, rows):
         dec_bytes = sum(s for s, q in zip(lens, qlens) if q == 1) * NUM_KV_HEADS * HEAD_DIM * 4
         prompt_tokens = sum(q for q in qlens if q > 1)
         parts = {("all", "runner"): lambda q, k, v, m, o: ta.paged_attention_triton(q, k, v, m, SCALE, out=o),
-                 ("prefill", "runner"): lambda q, k, v, m, o: ta._prefill(
-                     q, k, v, m, SCALE, o, ta.DEFAULT_PREFILL_CONFIG, skip_single=True)}
-        parts.update({("prefill", name): (lambda q, k, v, m, o, cfg=cfg: ta._prefill(
+                 ("prefill", "runner"): lambda q, k, v, m, o: ta.prefill_attention(
+                     q, k, v, m, SCALE, o, skip_single=True)}
+        parts.update({("prefill", name): (lambda q, k, v, m, o, cfg=cfg: ta.prefill_attention(
             q, k, v, m, SCALE, o, cfg, skip_single=True)) for name, cfg in prefill_variants.items()})
         if ndec:
-            parts[("decode", "runner")] = lambda q, k, v, m, o: ta._decode(
-                q, k, v, m, SCALE, o, ta.DEFAULT_DECODE_CONFIG, num_rows=m.num_decode)
+            parts[("decode", "runner")] = lambda q, k, v, m, o: ta.decode_attention(
+                q, k, v, m, SCALE, o, num_rows=m.num_decode)
         check(sets, parts[("all", "runner")], "mixed", paged_attention_ref(*sets[0], SCALE))
         hnd = [make_batch(lens, qlens, gen, device, BLOCK_SIZE, True) for _ in range(3)]
         parts[("all", "hnd16")] = parts[("all", "runner")]

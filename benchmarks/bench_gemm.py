@@ -14,7 +14,7 @@ measured copy bandwidth), TFLOP/s counts 2 M N K.  Each call is timed in a CUDA 
 --smoke runs tiny shapes under the Triton interpreter on the CPU.
 
 (The first version of this script, 2026-11-29, compared cuBLAS with a split-K skinny Triton
-GEMM for M <= 64; it lost on every decode shape but the LM head: results/2026-11-29/
+GEMM for M <= 64; it lost on every decode shape but the LM head: results/2026-11-29-a351a0e/
 skinny_gemm.log, docs/kernel-notes.md.)
 """
 from __future__ import annotations

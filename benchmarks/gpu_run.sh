@@ -2,7 +2,7 @@
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
-#         async-llm bs1 serve-small serve-latency serve-latency-async serve-dp
+#         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB
 # (the embedded SmolLM2 GGUF in two parts, carried in two back-to-back calls), .fa4a + .fa4b
@@ -112,6 +112,23 @@ for stage in "$@"; do
     # own process, beside the offline figure of the same call; the server under load
     async-llm) run async-llm-offline 300 python3 -m slipstream.cli bench --workload small-256 --mode async --out "$RES"
                run async-llm-process 300 python3 benchmarks/bench_async_llm.py --workload small-256 --core process --out "$RES" ;;
+    # engine start of small-256's engine (every graph it replays), Triton's cache cold, then warm
+    start) rm -rf /tmp/triton-cold
+           run start-cold 300 env TRITON_CACHE_DIR=/tmp/triton-cold python3 -m slipstream.cli bench --workload small-bs1 --mode async --no-measure
+           run start-warm 300 env TRITON_CACHE_DIR=/tmp/triton-cold python3 -m slipstream.cli bench --workload small-bs1 --mode async --no-measure ;;
+    # process start to ready, the baseline tree's engine and this tree's alternately (Triton's cache warm)
+    ab-start) run ab-start 400 python3 benchmarks/bench_start.py --tree "${BASELINE:-.baseline}" --tree . --reps 2 ;;
+    # one benchmark over several trees (TREES="dir1 dir2 ...", each a carried copy of the code
+    # with one change), alternately, REPS times: WORKLOADS="small-bs1 seed-8b-bs1 ..."
+    ab-trees) for i in $(seq 1 "${REPS:-2}"); do
+                for w in ${WORKLOADS:-small-bs1}; do
+                  for t in ${TREES:-.}; do
+                    (cd "$t" && run "ab-$w-$(basename "$t" | tr -d .)-$i" 200 python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure)
+                  done
+                done
+              done ;;
+    profile-bs1) run profile-bs1 300 python3 benchmarks/profile_step.py --case llama-3.1-8b:1:512 --case qwen3-0.6b:1:512 --out "$RES/bs1" ;;
+    bs1-small) run bs1-small 200 python3 -m slipstream.cli bench --workload small-bs1 --mode async --out "$RES/bs1" ;;
     bs1) run bs1-seed 200 python3 -m slipstream.cli bench --workload seed-8b-bs1 --mode async --out "$RES/bs1" ;;
     serve-small) run serve-small-si1 300 bash benchmarks/serve_bench.sh small "$RES" 1
                  run serve-small-si${SI:-8} 300 bash benchmarks/serve_bench.sh small "$RES" "${SI:-8}" ;;

@@ -4,7 +4,8 @@ For each case (model shape, batch, context) it replays the captured decode graph
 torch.profiler and prints, per step: the wall time, the sum of kernel times (the rest
 is gaps between kernels), and the kernels grouped by kind with their count per step.
 
-Usage: python benchmarks/profile_step.py [--out DIR]
+Usage: python benchmarks/profile_step.py [--out DIR] [--case MODEL:BATCH:CONTEXT ...]
+(the default cases below when no --case is given)
 """
 from __future__ import annotations
 
@@ -81,9 +82,11 @@ def profile_case(model: str, batch: int, context: int, reps: int = 5) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--case", action="append", default=[], help="MODEL:BATCH:CONTEXT, e.g. qwen3-0.6b:1:512")
     args = ap.parse_args()
+    cases = [(m, int(b), int(c)) for m, b, c in (case.split(":") for case in args.case)] or CASES
     results = []
-    for model, batch, context in CASES:
+    for model, batch, context in cases:
         r = profile_case(model, batch, context)
         results.append(r)
         print(f"\n## {model} batch {batch} context {context}: step {r['step_us']:.0f} us, kernels {r['kernel_us']:.0f} us "

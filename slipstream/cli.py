@@ -29,6 +29,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "--max-num-batched-tokens; 0: those steps run eagerly)")
     g.add_argument("--batch-invariant", action="store_true",
                    help="results independent of batch composition (slower; GPU)")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="shard the model over N GPUs (N worker processes; gloo on the CPU)")
 
 
 def _ray_job_args(p: argparse.ArgumentParser) -> None:
@@ -55,7 +57,7 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
                 gpu_memory_utilization=a.gpu_memory_utilization,
                 enable_prefix_caching=a.enable_prefix_caching, async_scheduling=a.async_scheduling,
                 enforce_eager=a.enforce_eager, cuda_graph_max_tokens=a.cuda_graph_max_tokens,
-                batch_invariant=a.batch_invariant)
+                batch_invariant=a.batch_invariant, tensor_parallel_size=a.tensor_parallel_size)
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -241,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--no-measure", action="store_true", help="use the recorded H200 ceilings")
     b.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens per step (prefill chunk budget); default: the workload's")
+    b.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="shard the model over N GPUs (N worker processes; gloo on the CPU)")
     b.set_defaults(func=cmd_bench)
 
     from slipstream.server.cli import add_run_batch_parser, add_serve_parser

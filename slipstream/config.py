@@ -36,12 +36,15 @@ class EngineConfig:
     # a token's result does not depend on its batch (GPU; slower GEMMs and decode attention):
     # bf16 sync and async runs then agree token for token on any workload
     batch_invariant: bool = False
+    # ranks the model is sharded over (Megatron-style), one worker process each (executor/)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         _choice("load_format", self.load_format, LOAD_FORMATS)
         _choice("dtype", self.dtype, DTYPES)
         _choice("device", self.device, DEVICES)
         _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.max_num_batched_tokens is not None:
             _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive_int("block_size", self.block_size)

@@ -48,6 +48,7 @@ def test_streams_from_tasks_and_threads_equal_llm_generate(tokenized_tiny, refer
 
     async def main():
         async with AsyncLLM(tokenized_tiny, core="thread", **COMMON) as llm:
+            assert llm.core_pid is None  # the core is a thread of this process
             loop = asyncio.get_running_loop()
             tasks = [asyncio.create_task(stream(llm, p, params(i))) for i, p in enumerate(prompts(12)) if i % 3]
             # the rest are submitted from other threads onto the loop
@@ -215,7 +216,8 @@ def test_process_core_gives_the_same_outputs_and_a_killed_core_is_reported(token
             outs = await asyncio.gather(*[stream(llm, p, params(i)) for i, p in enumerate(prompts(12))])
             long = asyncio.create_task(stream(llm, "long", SamplingParams(max_tokens=250, ignore_eos=True)))
             await asyncio.sleep(0.3)
-            os.kill(llm._client.proc.pid, signal.SIGKILL)
+            assert llm.core_pid != os.getpid()
+            os.kill(llm.core_pid, signal.SIGKILL)
             dead = await asyncio.wait_for(long, 10)
             assert llm.is_dead
             with pytest.raises(EngineDeadError, match="exited"):
@@ -257,7 +259,7 @@ PARENT = """
 import sys, time
 from slipstream import AsyncLLM
 llm = AsyncLLM(sys.argv[1], core="process", device="cpu", max_model_len=128)
-print(llm._client.proc.pid, flush=True)
+print(llm.core_pid, flush=True)
 time.sleep(60)
 """
 

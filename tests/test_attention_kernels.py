@@ -16,9 +16,9 @@ import torch
 
 from slipstream.ops.attention import AttentionMetadata, paged_attention, paged_attention_ref
 from slipstream.ops.triton_attention import (DecodeConfig, DecodeSplitPolicy, PrefillConfig,
-                                             choose_num_splits, decode_split_options, effective_decode_config,
-                                             effective_prefill_config,
-                                             paged_attention_triton, pick_decode_splits)
+                                             choose_num_splits, decode_attention, decode_split_options,
+                                             effective_decode_config, effective_prefill_config,
+                                             paged_attention_triton, pick_decode_splits, prefill_attention)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -171,6 +171,9 @@ def test_split_heuristic():
     for rows, tiles in ((128, (64, 4)), (129, (32, 1)), (256, (32, 1))):
         eff = effective_decode_config(DecodeConfig(), torch.bfloat16, 128, num_rows=rows)
         assert (eff.block_n, eff.num_warps) == tiles and eff.min_chunk == 256
+    # at most small_batch rows: shorter chunks (more programs for few rows)
+    for rows, chunk in ((1, 128), (8, 128), (9, 256)):
+        assert effective_decode_config(DecodeConfig(), torch.bfloat16, 128, num_rows=rows).min_chunk == chunk
 
 
 def test_prefill_rows_per_program():
@@ -327,17 +330,35 @@ def test_mixed_decode_rows_take_the_decode_kernel(dtype, splits, graph_layout, m
     expected = paged_attention_ref(q, k_cache, v_cache, meta, scale)
     launched = []
     import slipstream.ops.triton_attention as ta
-    for name in ("_decode", "_prefill"):
+    for name in ("decode_attention", "prefill_attention"):
         fn = getattr(ta, name)
         monkeypatch.setattr(ta, name, lambda *a, _fn=fn, _n=name, **kw: (launched.append((_n, kw)), _fn(*a, **kw)))
     out = torch.full_like(q, float("nan"))
     ta.paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out, decode_config=SMALL_DECODE,
                               prefill_config=SMALL_PREFILL, num_splits=splits)
-    assert [n for n, _ in launched] == ["_prefill", "_decode"]
+    assert [n for n, _ in launched] == ["prefill_attention", "decode_attention"]
     assert launched[0][1] == {"skip_single": True} and launched[1][1] == {"num_rows": num_rows}
     atol, rtol = tolerances(dtype)
     torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
     assert (out[int(meta.query_start_loc[-1]):] == 0).all()
+    assert (meta.split_counters == 0).all()
+
+
+def test_prefill_and_decode_kernels_called_alone():
+    # the public entry points one at a time, as a benchmark times them: the prefill kernel
+    # skipping single-token rows, then the decode kernel over those rows, fill every row
+    q, k_cache, v_cache, meta = make_batch(MIXED_WITH_DECODES, 2, 2, 32, 8, torch.float32, seed=33)
+    meta = _split_decode_rows(meta)
+    scale = 32 ** -0.5
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, k_cache, v_cache, meta, scale, out, SMALL_PREFILL, skip_single=True)
+    is_single = (meta.query_start_loc[1:] - meta.query_start_loc[:-1]) == 1
+    single_tokens = meta.query_start_loc[:-1][is_single].long()
+    assert out[single_tokens].isnan().all()  # left to the decode kernel
+    decode_attention(q, k_cache, v_cache, meta, scale, out, replace(SMALL_DECODE, num_splits=3),
+                     num_rows=meta.num_decode)
+    expected = paged_attention_ref(q, k_cache, v_cache, meta, scale)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
     assert (meta.split_counters == 0).all()
 
 

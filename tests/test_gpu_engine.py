@@ -173,3 +173,21 @@ def test_async_equals_sync_smollm2_bf16_batch_invariant(temperature):
     same = sum(a == b for a, b in zip(sync, asyn))
     assert same == len(convs), f"{same}/{len(convs)} identical"
     assert_graphs_replayed(llm, both_slots=True)
+
+
+def test_top_p_graphs_captured_lazily_match_eager(tiny_model):
+    """The top-k/top-p sampler variant is not captured at start: a shape runs eagerly on
+    its first use and replays a graph captured at its second; tokens equal the eager engine."""
+    folder, _ = tiny_model("llama3")
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 256, n).tolist() for n in (5, 12, 30)]
+    params = [SamplingParams(max_tokens=40, temperature=0.8, top_p=0.9, seed=i, ignore_eos=True)
+              for i in range(len(prompts))]
+    opts = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8)
+    ref = [o.token_ids for o in LLM(folder, enforce_eager=True, **opts).generate(prompts, params)]
+    gpu = LLM(folder, **opts)
+    graphs = gpu.engine.runner.graphs
+    assert not any(key[4] for key in graphs.graphs), "no top-k/top-p graph at start"
+    assert [o.token_ids for o in gpu.generate(prompts, params)] == ref
+    assert any(key[4] for key in graphs.graphs), "top-k/top-p graphs captured on their second use"
+    assert sum(gpu.engine.runner.graph_replays["decode"]) > 0

@@ -30,6 +30,18 @@ def environment() -> dict:
     return env
 
 
+def seconds_since_process_start() -> float | None:
+    """Wall seconds since this process started (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def run_bench(a) -> int:
     workload = get_workload(a.workload)
     if a.num_requests:
@@ -40,13 +52,18 @@ def run_bench(a) -> int:
         engine_options["max_num_batched_tokens"] = a.max_num_batched_tokens
     config = EngineConfig(model=workload.model, load_format="dummy", device=a.device, trace=True,
                           enforce_eager=a.enforce_eager, batch_invariant=a.batch_invariant,
-                          **engine_options)
+                          tensor_parallel_size=getattr(a, "tensor_parallel_size", 1), **engine_options)
     t0 = time.perf_counter()
     engine = EngineCore(config)
     init_s = time.perf_counter() - t0
+    ready_s = seconds_since_process_start()
+    ready = f"; process start to ready {ready_s:.2f} s" if ready_s is not None else ""
+    print(f"engine start: {init_s:.2f} s ({', '.join(f'{k} {v}' for k, v in engine.startup.items())}){ready}")
     bandwidth, rate = COPY_BANDWIDTH, MATMUL_RATE
-    if engine.device.type == "cuda" and not a.no_measure:
+    tp = config.tensor_parallel_size
+    if engine.device.type == "cuda" and not a.no_measure and tp == 1:  # (GPU 0 is a rank's under TP)
         bandwidth, rate = measure_ceilings(engine.device)
+    bandwidth, rate = bandwidth * tp, rate * tp  # the floor of a step over tp GPUs (no all-reduce)
     # Warm-up: every prompt, 2 tokens each, so the timed runs meet the same prefill batch
     # shapes with their kernels compiled and cuBLAS plans chosen (otherwise the first mode
     # run pays for it).
@@ -62,6 +79,7 @@ def run_bench(a) -> int:
         results[mode], timelines[mode], outs = run_workload(engine, workload, mode, bandwidth, rate)
         outputs[mode] = outs
     summary = {"workload": workload.name, "env": environment(), "engine_init_s": init_s,
+               "engine_startup": engine.startup, "process_to_ready_s": ready_s,
                "engine_options": dict(engine_options, max_num_batched_tokens=engine.max_num_batched_tokens),
                "copy_bandwidth": bandwidth, "matmul_rate": rate, "kv_blocks": engine.pool.num_blocks,
                "results": {m: result_dict(r) for m, r in results.items()}}

@@ -12,6 +12,7 @@ import gc
 import itertools
 import os
 import random
+import time
 
 import torch
 
@@ -21,7 +22,7 @@ from slipstream.core.admission import admission_error
 from slipstream.core.messages import AddRequest, CoreInfo, CoreOutput
 from slipstream.core.step_loop import StepLoop
 from slipstream.kv_cache import BlockPool, InFlight
-from slipstream.model.loader import load_model, resolve_model_source
+from slipstream.model.loader import load_config, load_model, resolve_dtype, resolve_model_source
 from slipstream.request import Request, Status
 from slipstream.request_table import RequestTable
 from slipstream.runner.model_runner import ModelRunner, RunnerOptions
@@ -46,14 +47,26 @@ class EngineCore:
         self.config = config
         self.device = resolve_device(config.device)
         self.source = resolve_model_source(config.model)
-        self._gpu_used_at_start = gpu_memory_in_use(self.device)  # e.g. replicas sharing the GPU
-        try:
-            self.model, self.model_config = load_model(self.source, config.load_format, config.dtype, self.device)
-        except torch.OutOfMemoryError as e:
-            raise RuntimeError(f"the model does not fit: its weights alone exhaust {self.device} memory "
-                               f"({e}); use a smaller model or dtype") from None
-        self.dtype = next(self.model.parameters()).dtype
-        self.model.set_batch_invariant(config.batch_invariant)
+        start = time.perf_counter()
+        tp = config.tensor_parallel_size
+        # GPU memory others hold (e.g. replicas sharing the GPU); the ranks of a tensor-parallel
+        # engine own their GPUs, and this process touches none
+        self._gpu_used_at_start = gpu_memory_in_use(self.device) if tp == 1 else 0
+        if tp > 1:  # the ranks load their shards (executor/)
+            self.model = None
+            self.model_config = load_config(self.source)
+            check_tensor_parallel(self.model_config, tp, self.device)
+            self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
+        else:
+            try:
+                self.model, self.model_config = load_model(self.source, config.load_format, config.dtype,
+                                                           self.device)
+            except torch.OutOfMemoryError as e:
+                raise RuntimeError(f"the model does not fit: its weights alone exhaust {self.device} memory "
+                                   f"({e}); use a smaller model or dtype") from None
+            self.dtype = next(self.model.parameters()).dtype
+            self.model.set_batch_invariant(config.batch_invariant)
+        weights_s = time.perf_counter() - start
         self.max_model_len = self._max_model_len()
         async_mode = config.async_scheduling
         if async_mode is None:
@@ -61,8 +74,13 @@ class EngineCore:
         self.async_scheduling = async_mode
         tokens = config.max_num_batched_tokens or self._default_batched_tokens()
         self.max_num_batched_tokens = tokens
-        self.runner = ModelRunner(self.model, self.model_config, self._runner_options(tokens), self.device,
-                                  self.dtype)
+        if tp > 1:
+            from slipstream.executor.multiproc import MultiprocExecutor
+            self.runner = MultiprocExecutor(tp, self._worker_config(), self._runner_options(tokens), self.device)
+        else:  # the runner itself is the executor: nothing between the loop and it
+            self.runner = ModelRunner(self.model, self.model_config, self._runner_options(tokens), self.device,
+                                      self.dtype)
+        self.startup = self._startup_report(weights_s, time.perf_counter() - start)
         self.table = RequestTable(config.max_num_seqs, self.max_model_len, config.block_size)
         self.pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                               InFlight(), debug=config.debug_kv)
@@ -83,6 +101,16 @@ class EngineCore:
             num_kv_blocks=self.pool.num_blocks, block_size=config.block_size, device=str(self.device),
             async_scheduling=async_mode, max_num_batched_tokens=tokens)
 
+    def _startup_report(self, weights_s: float, total_s: float) -> dict:
+        """Where the engine's start went (seconds): the weights, the CUDA graphs and the
+        rest of the runner's setup (KV sizing and allocation)."""
+        graphs = getattr(self.runner, "graphs", None)  # (a tensor-parallel executor: in the workers)
+        capture_s = graphs.capture_s if graphs else 0.0
+        return {"weights_s": round(weights_s, 3), "graphs_s": round(capture_s, 3),
+                "graph_warmups_s": round(graphs.warmup_s, 3) if graphs else 0.0,
+                "num_graphs": len(graphs.graphs) if graphs else 0,
+                "runner_other_s": round(total_s - weights_s - capture_s, 3), "total_s": round(total_s, 3)}
+
     def _runner_options(self, tokens: int) -> RunnerOptions:
         c = self.config
         return RunnerOptions(
@@ -93,6 +121,18 @@ class EngineCore:
             cuda_graph_max_batch=c.cuda_graph_max_batch or c.max_num_seqs,
             cuda_graph_max_tokens=(tokens if c.cuda_graph_max_tokens is None else c.cuda_graph_max_tokens),
             trace=c.trace, cuda_used_at_start=self._gpu_used_at_start)
+
+    def _worker_config(self) -> dict:
+        """What a tensor-parallel worker needs to load its shard (plain values: sent as JSON)."""
+        c = self.config
+        return dict(device=self.device.type, model_source=self.source, load_format=c.load_format,
+                    dtype=c.dtype, batch_invariant=c.batch_invariant)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (a one-rank engine holds nothing to stop)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     def _default_batched_tokens(self) -> int:
         if self.device.type != "cuda":
@@ -232,6 +272,21 @@ class EngineCore:
         if method == "info":
             return {f: getattr(self.info, f) for f in self.info.__struct_fields__}
         return getattr(self, method)(*args)
+
+
+def check_parallel_config(config: EngineConfig) -> None:
+    """`check_tensor_parallel` from the model's config alone (cheap: no weights are read)."""
+    if config.tensor_parallel_size > 1:
+        check_tensor_parallel(load_config(resolve_model_source(config.model)), config.tensor_parallel_size,
+                              resolve_device(config.device))
+
+
+def check_tensor_parallel(model_config, tp: int, device: torch.device) -> None:
+    """One-line errors, before any worker starts: head counts that do not split, too few GPUs."""
+    from slipstream.model.parallel import check_tensor_parallel as check_heads
+    check_heads(model_config, tp)
+    if device.type == "cuda" and torch.cuda.device_count() < tp:
+        raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs; PyTorch sees {torch.cuda.device_count()}")
 
 
 def _display_name(model: str | None, source: str) -> str:

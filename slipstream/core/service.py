@@ -67,7 +67,10 @@ def run_core(config: EngineConfig, in_sock: zmq.Socket, out_sock: zmq.Socket,
     if on_ready:
         on_ready(core)
     out_sock.send(encoder.encode(Ready(core.info)))
-    _serve(core, _Inbox(in_sock, parent_pid), out_sock)
+    try:
+        _serve(core, _Inbox(in_sock, parent_pid), out_sock)
+    finally:
+        core.close()
 
 
 def _serve(core, inbox: _Inbox, out_sock: zmq.Socket) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from slipstream.bench.timeline import Timeline
+from slipstream.executor import Executor
 from slipstream.kv_cache import InFlight
 from slipstream.request import Request
 from slipstream.scheduler import Scheduler
@@ -18,7 +19,8 @@ class StepLoop:
     `in_flight` (the scheduler's, shared with the block pool) is the one registry of
     launched batches: a batch enters it once the runner's launch returned."""
 
-    def __init__(self, scheduler: Scheduler, runner, depth: int, timeline: Timeline | None = None) -> None:
+    def __init__(self, scheduler: Scheduler, runner: Executor, depth: int,
+                 timeline: Timeline | None = None) -> None:
         self.scheduler = scheduler
         self.runner = runner
         self.depth = depth

@@ -29,6 +29,9 @@ class AsyncLLM:
     def __init__(self, model: str | None = None, core: str = "process", **engine_options) -> None:
         config = EngineConfig.from_kwargs(model=model, **engine_options)
         source = resolve_model_source(model)  # a missing model fails here, before any process starts
+        if config.tensor_parallel_size > 1:  # head counts that do not split: before the core starts
+            from slipstream.core.engine_core import check_parallel_config
+            check_parallel_config(config)
         self._client = CoreClient(config, core)
         try:  # (the tokenizer loads while the core builds the engine)
             self.tokenizer = None if config.load_format == "dummy" else load_tokenizer(source)
@@ -62,6 +65,12 @@ class AsyncLLM:
     def core(self):
         """The EngineCore object when it runs in a thread of this process (tests), else None."""
         return self._client.core
+
+    @property
+    def core_pid(self) -> int | None:
+        """The engine core process's pid (core="process"; e.g. to read its CPU time), else None."""
+        proc = self._client.proc
+        return proc.pid if proc is not None else None
 
     # -- requests ---------------------------------------------------------------------
     def validate(self, prompt, params: SamplingParams | None = None) -> list[int]:

@@ -45,7 +45,7 @@ class _InlineCore:
             raise _Died(dead_message(e), self.engine.fail_all(dead_message(e))) from e
 
     def close(self) -> None:
-        pass
+        self.engine.close()
 
 
 class _RemoteCore:
@@ -91,7 +91,9 @@ class LLM:
         if core not in LLM_CORE_MODES:
             raise ValueError(f"core must be one of {list(LLM_CORE_MODES)}, got {core!r}")
         config = EngineConfig.from_kwargs(model=model, **engine_options)
+        from slipstream.core.engine_core import check_parallel_config
         from slipstream.model.loader import resolve_model_source
+        check_parallel_config(config)  # before any process starts
         self.tokenizer = None if config.load_format == "dummy" else load_tokenizer(resolve_model_source(model))
         self._core = _InlineCore(config, self.tokenizer) if core == "inline" else _RemoteCore(config, core)
         self.engine: EngineCore | None = self._core.engine  # inline / thread: the core itself
@@ -165,8 +167,8 @@ class LLM:
             outs = self._core.step()
         except _Died as died:
             self.dead_error = died.message
-            self.processor.process(died.outputs)
-            return self.processor.fail_all(died.message)
+            touched, _ = self.processor.process(died.outputs)  # (the core's error outputs)
+            return touched + self.processor.fail_all(died.message)
         touched, aborts = self.processor.process(outs)
         if aborts:
             self._core.abort(aborts)

@@ -167,7 +167,8 @@ class GGUFFile:
         return config_from_gguf_metadata(self.metadata, self.tensors, self)
 
     def iter_hf_tensors(self, config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], Any]]:
-        """(HF name, HF shape, loader) for every tensor; loader() returns a float32 torch tensor.
+        """(HF name, HF shape, loader) for every tensor; loader(slice) returns a float32 torch
+        tensor, narrowed to a tensor-parallel rank's slice (model/shards.py) when given one.
 
         Unknown GGUF names come out as "gguf:<name>" so that the loader reports them.
         """
@@ -178,7 +179,7 @@ class GGUFFile:
                 continue
             hf_name = gguf_to_hf_name(name)
             if hf_name is None:
-                yield f"gguf:{name}", info.shape, lambda name=name: torch.from_numpy(self.read(name))
+                yield f"gguf:{name}", info.shape, lambda s=None, name=name: torch.from_numpy(self.read(name))
                 continue
             heads = None
             if permuted and ".self_attn.q_proj." in hf_name:
@@ -186,9 +187,10 @@ class GGUFFile:
             elif permuted and ".self_attn.k_proj." in hf_name:
                 heads = config.num_kv_heads
 
-            def load(name=name, heads=heads):
-                t = torch.from_numpy(self.read(name))
-                return unpermute_qk(t, heads) if heads else t
+            def load(s=None, name=name, heads=heads):
+                t = torch.from_numpy(self.read(name))  # (dequantized whole, then narrowed)
+                t = unpermute_qk(t, heads) if heads else t
+                return t if s is None else t.narrow(s.dim, s.start, s.length)
 
             yield hf_name, info.shape, load
 

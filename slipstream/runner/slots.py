@@ -4,6 +4,10 @@ Two slots alternate between batches, so the CPU fills batch N+1's inputs while t
 still reads batch N's.  All integer inputs share one buffer (block table last) and all
 float inputs another, so a step's upload is two copies.  Device views have fixed
 addresses: CUDA graphs captured for a slot read and write exactly these.
+
+Tensor parallelism: the engine core fills a host-only slot (`host_only`), `pack` copies
+out the parts a step reads (its tokens, rows and sampling rows, the block table's used
+columns) as two flat arrays, and each rank's runner `unpack`s them into its own slot.
 """
 from __future__ import annotations
 
@@ -15,14 +19,18 @@ import torch
 from slipstream.sampling_columns import ALL_COLUMNS, int32_words
 
 MAX_LOGPROBS = 20
+# int inputs with one entry per token, per sequence row (query_start_loc has one more);
+# the others have int32_words entries per sampling row
+_PER_TOKEN = ("input_ids", "positions", "slot_mapping", "carry_idx")
+_PER_ROW = ("seq_lens", "decode_order")
 
 
 class IOSlot:
     def __init__(self, index: int, max_tokens: int, max_seqs: int, max_blocks: int,
-                 device: torch.device, streams) -> None:
+                 device: torch.device, streams, host_only: bool = False) -> None:
         self.index = index
         self.max_blocks = max_blocks
-        pin = device.type == "cuda"
+        pin = device.type == "cuda" and not host_only
         T, S = max_tokens, max_seqs
         # the sampling columns come from their table (sampling_columns.py); block table last
         ints = [("input_ids", T), ("positions", T), ("slot_mapping", T), ("carry_idx", T),
@@ -36,10 +44,19 @@ class IOSlot:
         self.block_table_offset = self._int_offsets["block_table"][0]
         self.host_int = torch.zeros(n_int, dtype=torch.int32, pin_memory=pin)
         self.host_float = torch.zeros(n_float, dtype=torch.float32, pin_memory=pin)
-        self.dev_int = torch.zeros(n_int, dtype=torch.int32, device=device)
-        self.dev_float = torch.zeros(n_float, dtype=torch.float32, device=device)
+        if not host_only:
+            self.dev_int = torch.zeros(n_int, dtype=torch.int32, device=device)
+            self.dev_float = torch.zeros(n_float, dtype=torch.float32, device=device)
         # numpy views of the host side (the CPU writes these), torch views of the device side
         self.host = SimpleNamespace(**self._views(self.host_int.numpy(), self.host_float.numpy(), np))
+        # (offset, what its length counts, words per entry) of every int input but the block table
+        words = {c.name: int32_words(c) for c in ALL_COLUMNS}
+        self._int_fields = [(off, "token" if n in _PER_TOKEN else "row" if n in _PER_ROW else
+                             "qsl" if n == "query_start_loc" else "sample", words.get(n, 1))
+                            for n, (off, _) in self._int_offsets.items() if n != "block_table"]
+        self._float_starts = [off for off, _ in self._float_offsets.values()]
+        if host_only:
+            return
         self.dev = SimpleNamespace(**self._views(self.dev_int, self.dev_float, torch))
         # outputs
         self.dev.tokens = torch.zeros(S, dtype=torch.int32, device=device)
@@ -76,6 +93,38 @@ class IOSlot:
         if num_logprobs:
             self.host.logprobs[:num_samples].copy_(self.dev.logprobs[:num_samples], non_blocking=True)
             self.host.logprob_ids[:num_samples].copy_(self.dev.logprob_ids[:num_samples], non_blocking=True)
+
+
+    # -- tensor parallelism: the step's inputs as flat arrays, and back ------------------
+    def _used(self, num_tokens: int, num_seqs: int, num_samples: int) -> list[tuple[int, int]]:
+        """(offset, words) of every int input a step of these (padded) sizes reads."""
+        count = {"token": num_tokens, "row": num_seqs, "qsl": num_seqs + 1, "sample": num_samples}
+        return [(off, count[kind] * w) for off, kind, w in self._int_fields]
+
+    def pack(self, num_tokens: int, num_seqs: int, num_samples: int, rows: int,
+             block_cols: int) -> tuple[np.ndarray, np.ndarray]:
+        """The host inputs a step reads: int32 and float32 arrays (new, owned by the caller);
+        the block table's first `rows` rows and `block_cols` columns."""
+        ints = self.host_int.numpy()
+        parts = [ints[off:off + n] for off, n in self._used(num_tokens, num_seqs, num_samples)]
+        parts.append(self.host.block_table[:rows, :block_cols].ravel())
+        floats = self.host_float.numpy()
+        fparts = [floats[off:off + num_samples] for off in self._float_starts]
+        return np.concatenate(parts), np.concatenate(fparts) if fparts else np.zeros(0, np.float32)
+
+    def unpack(self, ints_buf, floats_buf, num_tokens: int, num_seqs: int, num_samples: int,
+               rows: int, block_cols: int) -> None:
+        """Write what `pack` made (on another slot of the same layout) into this slot's host side."""
+        src = np.frombuffer(ints_buf, np.int32)
+        ints, pos = self.host_int.numpy(), 0
+        for off, n in self._used(num_tokens, num_seqs, num_samples):
+            ints[off:off + n] = src[pos:pos + n]
+            pos += n
+        self.host.block_table[:rows, :block_cols] = src[pos:pos + rows * block_cols].reshape(rows, block_cols)
+        fsrc = np.frombuffer(floats_buf, np.float32)
+        floats = self.host_float.numpy()
+        for i, off in enumerate(self._float_starts):
+            floats[off:off + num_samples] = fsrc[i * num_samples:(i + 1) * num_samples]
 
 
 def _layout(fields) -> tuple[dict[str, tuple[int, int]], int]:

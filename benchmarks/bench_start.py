@@ -1,0 +1,61 @@
+"""Engine start, process start to ready, as a user meets it: a fresh Python process builds
+the engine of a workload (dummy weights, every CUDA graph it replays) and says ready.
+
+Each tree given (e.g. a baseline from `git archive <commit> | tar -x -C .baseline`, then
+`.`) runs in its own process, alternately, `--reps` times; Triton's cache is warmed by a
+first, untimed start of each tree.  Prints a table of seconds per tree and run.
+
+Usage: python benchmarks/bench_start.py [--workload small-256] [--tree DIR ...] [--reps 2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+CHILD = """
+import json, time
+from slipstream.bench.workloads import get_workload
+from slipstream.config import EngineConfig
+from slipstream.core.engine_core import EngineCore
+w = get_workload({workload!r})
+engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **w.engine))
+print("READY", json.dumps(getattr(engine, "startup", None)), flush=True)
+"""
+
+
+def start_once(tree: str, workload: str) -> tuple[float, str]:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD.format(workload=workload)], cwd=tree, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("READY"):
+            ready = time.perf_counter() - t0
+            proc.kill()
+            proc.wait()
+            return ready, line[6:].strip()
+    raise RuntimeError(f"{tree}: the engine did not start (exit {proc.wait()})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="small-256")
+    ap.add_argument("--tree", action="append", default=[])
+    ap.add_argument("--reps", type=int, default=2)
+    args = ap.parse_args()
+    trees = args.tree or ["."]
+    for tree in trees:  # warm Triton's cache (and the page cache) for every tree
+        start_once(tree, args.workload)
+    print(f"| tree | run | process start to ready | startup breakdown |\n|---|---|---|---|")
+    for rep in range(1, args.reps + 1):
+        for tree in trees:
+            seconds, breakdown = start_once(tree, args.workload)
+            print(f"| {tree} | {rep} | {seconds:.2f} s | {breakdown} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
