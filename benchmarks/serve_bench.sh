@@ -68,7 +68,7 @@ case $kind in
       --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm --save-result \
       --result-file "$out/serve-dp$n.json"
     python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
-      | grep -E "^slipstream:(replica_requests_routed|replica_kv_blocks|kv_blocks_total|generation_tokens)" | head
+      | grep -E "^slipstream:(replica_requests_routed|replica_kv_blocks_total|kv_blocks_total|generation_tokens)" | head
     stop_server ;;
   dp-cpu)
     n=$1
