@@ -8,7 +8,7 @@
 #   bash benchmarks/serve_bench.sh dp OUT N [SERVER FLAGS]   small-256 at concurrency 256 on
 #     `serve --data-parallel-size N` (e.g. N=2 --gpu-memory-utilization 0.45: two replicas on one GPU)
 #   bash benchmarks/serve_bench.sh dp-cpu OUT N   the same on the CPU: the embedded SmolLM2,
-#     random prompts of 64 tokens, 32 out, 48 requests at concurrency 16
+#     random prompts of 32 tokens, 16 out, 16 requests at concurrency 8
 set -uo pipefail
 kind=$1 out=$2; shift 2
 mkdir -p "$out"
@@ -68,14 +68,14 @@ case $kind in
       --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm --save-result \
       --result-file "$out/serve-dp$n.json"
     python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
-      | grep -E "^slipstream:(replica_requests_routed|replica_kv_blocks|kv_blocks_total|generation_tokens)" | head
+      | grep -E "^slipstream:(replica_requests_routed|replica_kv_blocks_total|kv_blocks_total|generation_tokens)" | head
     stop_server ;;
   dp-cpu)
     n=$1
     start_server "$out/server-dp-cpu$n.log" --load-format auto --device cpu --max-model-len 512 \
-      --max-num-seqs 16 --data-parallel-size "$n" || exit 1
+      --max-num-seqs 8 --data-parallel-size "$n" || exit 1
     python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset random \
-      --random-input-len 64 --random-output-len 32 --num-prompts 48 --max-concurrency 16 --ignore-eos \
+      --random-input-len 32 --random-output-len 16 --num-prompts 16 --max-concurrency 8 --ignore-eos \
       --disable-tqdm --save-result --result-file "$out/serve-dp-cpu$n.json"
     python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
       | grep -E "^slipstream:replica_requests_routed" | head

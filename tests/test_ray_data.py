@@ -70,7 +70,7 @@ def check_rows(out: list[dict], reference: dict, ids) -> None:
         assert r["num_generated_tokens"] == len(want[1])
 
 
-def test_200_rows_on_2_replicas_equal_llm_generate(cluster, reference):
+def test_200_rows_on_2_replicas_equal_llm_generate(reference, cluster):
     rows = make_rows(200)
     rows.append({"id": 200, "tag": "t200", "prompt": "bad", "sampling_params": {"top_p": 2.0}})
     processor = build_processor(replicas=2, cpus_per_replica=0.5, sampling_params=DEFAULTS,
@@ -96,7 +96,7 @@ def _replica_pids() -> list[int]:
     return pids
 
 
-def test_killed_replica_is_replaced_and_the_job_completes(cluster, reference):
+def test_killed_replica_is_replaced_and_the_job_completes(reference, cluster):
     ids = range(48)
     rows = make_rows(48)
     processor = build_processor(replicas=2, cpus_per_replica=0.5, sampling_params=DEFAULTS,

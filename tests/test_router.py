@@ -2,6 +2,7 @@
 forgetting a restarted replica) and the KV budget of engines sharing one GPU."""
 from __future__ import annotations
 
+from slipstream.frontend.data_parallel import replica_gpus
 from slipstream.frontend.router import Router, prefix_hashes
 from slipstream.runner.kv_memory import GiB, kv_budget
 
@@ -62,3 +63,12 @@ def test_kv_budget_of_two_replicas_sharing_a_gpu():
     greedy = kv_budget(total, free=total - held - ctx - 2 * GiB, reserved=2 * GiB,
                        used_at_start=held + ctx, utilization=0.9, peak=3 * GiB, graph_reserve=GiB)
     assert greedy == total - held - ctx - 4 * GiB
+
+
+def test_replica_gpus():
+    eight = [str(i) for i in range(8)]
+    assert [replica_gpus(i, 8, 1, eight) for i in range(8)] == [[g] for g in eight]
+    assert [replica_gpus(i, 4, 2, eight) for i in range(4)] == [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]
+    assert [replica_gpus(i, 2, 1, ["0"]) for i in range(2)] == [["0"], ["0"]]  # two share one GPU
+    assert [replica_gpus(i, 4, 1, ["3", "5"]) for i in range(4)] == [["3"], ["5"], ["3"], ["5"]]
+    assert replica_gpus(0, 2, 1, []) is None

@@ -33,7 +33,7 @@ _STARTUP_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundEr
 class CoreClient:
     """The front end's end of the two sockets. `send` may be called from any thread."""
 
-    def __init__(self, config: EngineConfig, mode: str = "process") -> None:
+    def __init__(self, config: EngineConfig, mode: str = "process", env: dict | None = None) -> None:
         if mode not in CORE_MODES:
             raise ValueError(f"core must be one of {list(CORE_MODES)}, got {mode!r}")
         self.mode = mode
@@ -63,7 +63,8 @@ class CoreClient:
             config_json = json.dumps(dataclasses.asdict(config))
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "slipstream.core", config_json, in_addr, out_addr,
-                 str(os.getpid())], stdin=subprocess.DEVNULL)
+                 str(os.getpid())], stdin=subprocess.DEVNULL,
+                env=None if env is None else {**os.environ, **env})
 
     def _thread_main(self, config, in_addr, out_addr) -> None:
         from slipstream.core.service import run_core

@@ -26,13 +26,15 @@ from slipstream.tokenizer import load_tokenizer
 
 
 class AsyncLLM:
-    def __init__(self, model: str | None = None, core: str = "process", **engine_options) -> None:
+    def __init__(self, model: str | None = None, core: str = "process", core_env: dict | None = None,
+                 **engine_options) -> None:
+        """core_env: environment variables for the core process (e.g. its CUDA_VISIBLE_DEVICES)."""
         config = EngineConfig.from_kwargs(model=model, **engine_options)
         source = resolve_model_source(model)  # a missing model fails here, before any process starts
         if config.tensor_parallel_size > 1:  # head counts that do not split: before the core starts
             from slipstream.core.engine_core import check_parallel_config
             check_parallel_config(config)
-        self._client = CoreClient(config, core)
+        self._client = CoreClient(config, core, core_env)
         try:  # (the tokenizer loads while the core builds the engine)
             self.tokenizer = None if config.load_format == "dummy" else load_tokenizer(source)
             self.info = self._client.wait_ready()

@@ -30,10 +30,33 @@ def local_replica_factory(model: str | None, engine_options: dict, size: int = 1
         # would spin against each other (measured: several times slower on 2 cores)
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // size))
 
+    gpus = [] if _on_cpu(engine_options) else visible_gpus()
+    tp = engine_options.get("tensor_parallel_size", 1)
+
     def make(index: int):
         from slipstream.frontend.async_llm import AsyncLLM
-        return AsyncLLM(model, core="process", **engine_options)
+        devices = replica_gpus(index, size, tp, gpus)
+        env = None if devices is None else {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
+        return AsyncLLM(model, core="process", core_env=env, **engine_options)
     return make
+
+
+def visible_gpus() -> list[str]:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d for d in env.split(",") if d.strip()]
+    import torch
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def replica_gpus(index: int, size: int, tp: int, gpus: list[str]) -> list[str] | None:
+    """The GPUs of replica `index`: its own `tp` of them while there are enough, else the
+    replicas share the groups of `tp` GPUs in turn (None: no GPUs)."""
+    if not gpus:
+        return None
+    groups = max(len(gpus) // tp, 1)
+    group = index % groups
+    return gpus[group * tp:(group + 1) * tp] or gpus[:tp]
 
 
 class DataParallelLLM:

@@ -57,6 +57,7 @@ _REPLICA_GAUGES = (
     ("slipstream:replica_num_requests_running", "num_running", "Requests running in the replica."),
     ("slipstream:replica_num_requests_waiting", "num_waiting", "Requests waiting in the replica."),
     ("slipstream:replica_kv_cache_usage_perc", "kv_cache_usage", "The replica's KV-cache usage, 0 to 1."),
+    ("slipstream:replica_kv_blocks_total", "kv_blocks_total", "The replica's KV-cache blocks in all."),
     ("slipstream:replica_requests_outstanding", "outstanding", "Requests routed to the replica, not ended."))
 _REPLICA_COUNTERS = (
     ("slipstream:replica_requests_routed", "routed", "Requests the router sent to the replica."),
