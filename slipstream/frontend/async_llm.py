@@ -19,7 +19,7 @@ from slipstream.core.client import CoreClient
 from slipstream.core.messages import CallResult, CoreDead, StepOutputs, from_core_decoder
 from slipstream.errors import EngineDeadError
 from slipstream.frontend.output_processor import OutputProcessor
-from slipstream.frontend.prompts import check_admission, tokenize_prompt
+from slipstream.frontend.prompts import check_admission, tokenize_prompt, validated_token_ids
 from slipstream.model.loader import resolve_model_source
 from slipstream.sampling_params import SamplingParams
 from slipstream.tokenizer import load_tokenizer
@@ -77,15 +77,7 @@ class AsyncLLM:
     # -- requests ---------------------------------------------------------------------
     def validate(self, prompt, params: SamplingParams | None = None) -> list[int]:
         """The prompt's token ids; ValueError with a one-line message if it cannot run."""
-        params = params or SamplingParams()
-        try:
-            _, ids = tokenize_prompt(prompt, self.tokenizer)
-        except TypeError as e:
-            raise ValueError(str(e)) from None
-        error = check_admission(ids, params, self.info)
-        if error:
-            raise ValueError(error)
-        return ids
+        return validated_token_ids(prompt, params, self.tokenizer, self.info)
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None):

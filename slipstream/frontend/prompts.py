@@ -24,6 +24,18 @@ def check_admission(token_ids: list[int], params: SamplingParams, info: CoreInfo
     return admission_error(token_ids, params.max_tokens, info)
 
 
+def validated_token_ids(prompt, params: SamplingParams | None, tokenizer, info: CoreInfo) -> list[int]:
+    """The prompt's token ids; ValueError with a one-line message if it cannot run."""
+    try:
+        _, ids = tokenize_prompt(prompt, tokenizer)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+    error = check_admission(ids, params or SamplingParams(), info)
+    if error:
+        raise ValueError(error)
+    return ids
+
+
 def normalize_messages(messages) -> list[dict]:
     """Chat messages as the template wants them: a list of {"role", "content": str}; content
     given as OpenAI text parts ([{"type": "text", "text": ...}]) is joined. ValueError names

@@ -85,16 +85,8 @@ class RayReplica:
         return self.dead_error is not None
 
     def validate(self, prompt, params: SamplingParams | None = None) -> list[int]:
-        from slipstream.frontend.prompts import check_admission, tokenize_prompt
-        params = params or SamplingParams()
-        try:
-            _, ids = tokenize_prompt(prompt, self.tokenizer)
-        except TypeError as e:
-            raise ValueError(str(e)) from None
-        error = check_admission(ids, params, self.info)
-        if error:
-            raise ValueError(error)
-        return ids
+        from slipstream.frontend.prompts import validated_token_ids
+        return validated_token_ids(prompt, params, self.tokenizer, self.info)
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None, request_id: str = ""):
         self._start_pinger()
