@@ -122,7 +122,11 @@ class MultiprocExecutor:
     def _receive(self, deadline: float | None):
         """The next message of any rank; EngineDeadError when a rank died, failed or hangs."""
         while not self.results.poll(POLL_MS):
-            self._check_alive()
+            dead = self._dead_rank()
+            # a rank that failed (its collective timed out, say) reports why before it exits:
+            # read that report if it comes, rather than name the exit alone
+            if dead and not self.results.poll(int(GRACE_S * 1000)):
+                self._fail(dead)
             if deadline is not None and time.monotonic() > deadline:
                 self._fail(f"a tensor-parallel rank hangs: no result within {STEP_DEADLINE_S:.0f} s")
         msg = from_worker.decode(self.results.recv())
