@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import zmq
 
+from slipstream.core.service import new_socket
 from slipstream.errors import EngineDeadError
 from slipstream.executor.messages import (Allocate, Profiled, Step, StepDone, Stop, WorkerFailed,
                                           WorkerReady, encoder, from_worker)
@@ -69,10 +70,7 @@ class MultiprocExecutor:
             raise
 
     def _bind(self, kind: int, addr: str) -> zmq.Socket:
-        sock = self.ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
+        sock = new_socket(self.ctx, kind)
         sock.bind(addr)
         return sock
 

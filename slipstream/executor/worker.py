@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import zmq
 
+from slipstream.core.service import new_socket
 from slipstream.executor.messages import (Allocate, Profiled, Step, StepDone, Stop, WorkerFailed,
                                           WorkerReady, encoder, to_worker)
 
@@ -65,10 +66,7 @@ def worker_main(rank: int, size: int, config_json: str, opts_json: str, init_met
 
 
 def _socket(ctx: zmq.Context, kind: int, addr: str) -> zmq.Socket:
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
+    sock = new_socket(ctx, kind)
     sock.connect(addr)
     return sock
 
