@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import itertools
 import json
 import os
 from typing import Callable, Iterable, Iterator
@@ -205,27 +206,27 @@ def _iter_safetensors(files: list[str], device: torch.device) -> Iterator[Tensor
         del f
 
 
+def _checkpoint_parts(pname: str, rows: int, q_size: int, kv_size: int,
+                      inter: int) -> list[tuple[str, int | None, int]]:
+    """The HF checkpoint tensors of our parameter `pname` (`rows` rows): (HF name, row offset
+    in the parameter or None, rows); q/k/v and gate/up are merged into one parameter each."""
+    hf = pname if pname.startswith("lm_head.") else f"model.{pname}"
+    if ".qkv_proj." in pname:
+        merged, parts = "qkv_proj", [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)]
+    elif ".gate_up_proj." in pname:
+        merged, parts = "gate_up_proj", [("gate_proj", inter), ("up_proj", inter)]
+    else:
+        return [(hf, None, rows)]
+    offsets = itertools.accumulate([n for _, n in parts], initial=0)
+    return [(hf.replace(merged, part), offset, n) for (part, n), offset in zip(parts, offsets)]
+
+
 def _expected_tensors(model: LlamaForCausalLM) -> dict[str, tuple[str, int | None, int]]:
     """HF checkpoint name -> (our parameter name, row offset or None, rows)."""
     attn, mlp = model.layers[0].self_attn, model.layers[0].mlp  # this rank's sizes
     inter = mlp.gate_up_proj.weight.shape[0] // 2
-    expected = {}
-    for pname, p in model.named_parameters():
-        hf_base = pname if pname.startswith("lm_head.") else f"model.{pname}"
-        if ".qkv_proj." in pname:
-            parts = [("q_proj", attn.q_size), ("k_proj", attn.kv_size), ("v_proj", attn.kv_size)]
-            merged = "qkv_proj"
-        elif ".gate_up_proj." in pname:
-            parts = [("gate_proj", inter), ("up_proj", inter)]
-            merged = "gate_up_proj"
-        else:
-            expected[hf_base] = (pname, None, p.shape[0])
-            continue
-        offset = 0
-        for part, rows in parts:
-            expected[hf_base.replace(merged, part)] = (pname, offset, rows)
-            offset += rows
-    return expected
+    return {hf: (pname, offset, rows) for pname, p in model.named_parameters()
+            for hf, offset, rows in _checkpoint_parts(pname, p.shape[0], attn.q_size, attn.kv_size, inter)}
 
 
 def load_weights(model: LlamaForCausalLM, items: Iterable[TensorItem], where: str) -> None:
@@ -280,12 +281,17 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0, std: float = 0.02
         load_weights(model, _dummy_tensors(model, gen, std), "dummy weights")
         return
     for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.data.fill_(1.0)
-        elif name.endswith(".bias"):
-            p.data.zero_()
-        else:
-            p.data.normal_(0.0, std, generator=gen)
+        _fill_dummy(name, p.data, gen, std)
+
+
+def _fill_dummy(name: str, t: torch.Tensor, gen: torch.Generator, std: float) -> None:
+    """A parameter's dummy value: norms 1, biases 0, weights N(0, std) from `gen`."""
+    if name.endswith("norm.weight"):
+        t.fill_(1.0)
+    elif name.endswith(".bias"):
+        t.zero_()
+    else:
+        t.normal_(0.0, std, generator=gen)
 
 
 def _dummy_tensors(model: LlamaForCausalLM, gen: torch.Generator, std: float) -> Iterator[TensorItem]:
@@ -295,25 +301,9 @@ def _dummy_tensors(model: LlamaForCausalLM, gen: torch.Generator, std: float) ->
     whole = LlamaForCausalLM(cfg, model.dtype, "meta")
     for name, p in whole.named_parameters():
         t = torch.empty(p.shape, dtype=model.dtype, device=model.device)
-        if name.endswith("norm.weight"):
-            t.fill_(1.0)
-        elif name.endswith(".bias"):
-            t.zero_()
-        else:
-            t.normal_(0.0, std, generator=gen)
-        hf = name if name.startswith("lm_head.") else f"model.{name}"
-        if ".qkv_proj." in name:
-            parts = [("qkv_proj", "q_proj", cfg.q_size), ("qkv_proj", "k_proj", cfg.kv_size),
-                     ("qkv_proj", "v_proj", cfg.kv_size)]
-        elif ".gate_up_proj." in name:
-            parts = [("gate_up_proj", "gate_proj", cfg.intermediate_size),
-                     ("gate_up_proj", "up_proj", cfg.intermediate_size)]
-        else:
-            parts = [(None, None, t.shape[0])]
-        offset = 0
-        for merged, part, rows in parts:
-            piece = t.narrow(0, offset, rows)
-            offset += rows
-            yield (hf.replace(merged, part) if merged else hf, tuple(piece.shape),
-                   lambda s=None, piece=piece: take(piece, s))
+        _fill_dummy(name, t, gen, std)
+        for hf, offset, rows in _checkpoint_parts(name, t.shape[0], cfg.q_size, cfg.kv_size,
+                                                  cfg.intermediate_size):
+            piece = t if offset is None else t.narrow(0, offset, rows)
+            yield hf, tuple(piece.shape), lambda s=None, piece=piece: take(piece, s)
         del t

@@ -94,7 +94,6 @@ class IOSlot:
             self.host.logprobs[:num_samples].copy_(self.dev.logprobs[:num_samples], non_blocking=True)
             self.host.logprob_ids[:num_samples].copy_(self.dev.logprob_ids[:num_samples], non_blocking=True)
 
-
     # -- tensor parallelism: the step's inputs as flat arrays, and back ------------------
     def _used(self, num_tokens: int, num_seqs: int, num_samples: int) -> list[tuple[int, int]]:
         """(offset, words) of every int input a step of these (padded) sizes reads."""
