@@ -31,19 +31,22 @@ stop_server() {
   kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
 }
 
+small256_passes() {  # small256_passes RESULT_JSON METRICS: small-256 at concurrency 256 against the server
+  # a first pass warms the kernels (as the offline bench's warm-up does); the second is measured
+  python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
+    --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm | grep -E "Output token|duration"
+  python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
+    --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm --save-result --result-file "$1"
+  python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
+    | grep -E "^slipstream:($2)" | head
+}
+
 case $kind in
   small)
     si=${1:-1}
     start_server "$out/server-small-si$si.log" --model "$CONFIGS/qwen3-0.6b" --max-model-len 2048 \
       --max-num-seqs 256 --stream-interval "$si" --no-prefix-caching || exit 1
-    # a first pass warms the kernels (as the offline bench's warm-up does); the second is measured
-    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
-      --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm | grep -E "Output token|duration"
-    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
-      --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm --save-result \
-      --result-file "$out/serve-small-si$si.json"
-    python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
-      | grep -E "^slipstream:(generation_tokens|prompt_tokens|request_success)" | head
+    small256_passes "$out/serve-small-si$si.json" "generation_tokens|prompt_tokens|request_success"
     stop_server ;;
   latency)
     mode=${1:-}
@@ -62,13 +65,7 @@ case $kind in
     n=$1; shift
     WAIT_HALF_S=960 start_server "$out/server-dp$n.log" --model "$CONFIGS/qwen3-0.6b" --max-model-len 2048 \
       --max-num-seqs 256 --no-prefix-caching --data-parallel-size "$n" "$@" || exit 1
-    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
-      --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm | grep -E "Output token|duration"
-    python3 -m slipstream.cli bench serve --base-url "http://127.0.0.1:$PORT" --dataset small-256 \
-      --max-concurrency 256 --ignore-eos --num-workers 4 --disable-tqdm --save-result \
-      --result-file "$out/serve-dp$n.json"
-    python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
-      | grep -E "^slipstream:(replica_requests_routed|replica_kv_blocks_total|kv_blocks_total|generation_tokens)" | head
+    small256_passes "$out/serve-dp$n.json" "replica_requests_routed|replica_kv_blocks_total|kv_blocks_total|generation_tokens"
     stop_server ;;
   dp-cpu)
     n=$1
