@@ -57,6 +57,25 @@ class InFlight:
             self._waiting.append((next(reversed(self.batches)), release))
 
 
+def prefix_block_keys(token_ids: Sequence[int], block_size: int, num_blocks: int,
+                      known: list[Hashable] | None = None) -> list[Hashable]:
+    """One key per full block of the first `num_blocks`: (hash of the previous block's key,
+    this block's tokens), so a key stands for the whole prefix up to its block; extends
+    `known` (the keys already computed).  The prefix cache's keys, and the data-parallel
+    router's (frontend/router.py)."""
+    keys = list(known or [])
+    bs = block_size
+    parent = keys[-1] if keys else None
+    first = len(keys)
+    span = token_ids[first * bs:num_blocks * bs]
+    if hasattr(span, "tolist"):  # a numpy row: one conversion, not one per block
+        span = span.tolist()
+    for i in range(num_blocks - first):
+        parent = (hash(parent), tuple(span[i * bs:(i + 1) * bs]))
+        keys.append(parent)
+    return keys
+
+
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  in_flight: InFlight | None = None, debug: bool = False) -> None:
@@ -119,17 +138,7 @@ class BlockPool:
     def block_keys(self, token_ids: Sequence[int], num_blocks: int,
                    known: list[Hashable] | None = None) -> list[Hashable]:
         """Keys of the first `num_blocks` full blocks, extending `known` (already computed)."""
-        keys = list(known or [])
-        bs = self.block_size
-        parent = keys[-1] if keys else None
-        first = len(keys)
-        span = token_ids[first * bs:num_blocks * bs]
-        if hasattr(span, "tolist"):  # a numpy row: one conversion, not one per block
-            span = span.tolist()
-        for i in range(num_blocks - first):
-            parent = (hash(parent), tuple(span[i * bs:(i + 1) * bs]))
-            keys.append(parent)
-        return keys
+        return prefix_block_keys(token_ids, self.block_size, num_blocks, known)
 
     def peek(self, keys: Sequence[Hashable]) -> list[int]:
         """Longest run of cached blocks matching `keys` (no reference taken)."""

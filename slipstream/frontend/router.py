@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from slipstream.kv_cache import prefix_block_keys
+
 
 def prefix_hashes(token_ids: list[int], block_size: int, max_blocks: int) -> list[int]:
-    """One hash per full block: of the prompt from its start to the end of that block."""
-    hashes, h = [], 0
-    for b in range(min(len(token_ids) // block_size, max_blocks)):
-        h = hash((h, tuple(token_ids[b * block_size:(b + 1) * block_size])))
-        hashes.append(h)
-    return hashes
+    """One int per full block of the first `max_blocks`, standing for the prompt from its
+    start to the end of that block: the hash of the prefix cache's key (kv_cache.py)."""
+    num_blocks = min(len(token_ids) // block_size, max_blocks)
+    return [hash(key) for key in prefix_block_keys(token_ids, block_size, num_blocks)]
 
 
 @dataclass
