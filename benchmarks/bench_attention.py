@@ -203,17 +203,18 @@ def bench_decode(variants, copy_bw, gen, results):
         del sets, outs
 
 
-def bench_prefill(variants, matmul_peak, gen, results):
-    nseq, plen = PREFILL_CASE
+def bench_prefill(variants, matmul_peak, gen, results, case=None, sdpa=False):
+    nseq, plen = case or PREFILL_CASE
     sets = [make_batch([plen] * nseq, [plen] * nseq, gen) for _ in range(ROTATIONS)]
     outs = [torch.empty_like(s[0]) for s in sets]
     q, kc, vc, meta = sets[0]
-    ref = paged_attention_ref(q, kc, vc, meta, SCALE)  # one sequence at a time
+    # the reference (one sequence at a time) holds a [heads, len, len] fp32 score matrix
+    ref = paged_attention_ref(q, kc, vc, meta, SCALE) if NUM_HEADS * plen * plen * 4 <= 8 << 30 else None
     flops = 4 * HEAD_DIM * NUM_HEADS * nseq * plen * (plen + 1) // 2
     for name, cfg in variants.items():
         out = torch.full_like(q, float("nan"))
         ta.paged_attention_triton(q, kc, vc, meta, SCALE, out=out, prefill_config=cfg)
-        err = check(out, ref)
+        err = check(out, ref) if ref is not None else float("nan")
         calls = [(lambda s=s, o=o, cfg=cfg: ta.paged_attention_triton(
             s[0], s[1], s[2], s[3], SCALE, out=o, prefill_config=cfg)) for s, o in zip(sets, outs)]
         ms = time_graph(calls)
@@ -224,6 +225,33 @@ def bench_prefill(variants, matmul_peak, gen, results):
         results.append(row)
         print(f"prefill {row['case']:>9s} {name:10s} {row['us']:8.1f} us {tflops:6.1f} TFLOP/s "
               f"({row['pct_matmul']:.0f}% of {matmul_peak / 1e12:.0f})", flush=True)
+    if sdpa:
+        bench_sdpa(nseq, plen, flops, matmul_peak, gen, results)
+
+
+def bench_sdpa(nseq, plen, flops, matmul_peak, gen, results):
+    """A reference ceiling: torch's SDPA backends on the same causal prompts, dense and
+    contiguous ([batch, heads, len, head_dim], no block table; GQA expanded by the backend)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    qkv = [(torch.randn(nseq, NUM_HEADS, plen, HEAD_DIM, device=DEVICE, dtype=DTYPE),
+            torch.randn(nseq, NUM_KV_HEADS, plen, HEAD_DIM, device=DEVICE, dtype=DTYPE),
+            torch.randn(nseq, NUM_KV_HEADS, plen, HEAD_DIM, device=DEVICE, dtype=DTYPE)) for _ in range(ROTATIONS)]
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        def call(t, backend=backend):
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(*t, is_causal=True, enable_gqa=True)
+        try:
+            ms = time_graph([lambda t=t: call(t) for t in qkv])
+        except Exception as e:  # a backend this build or GPU lacks
+            print(f"prefill {nseq}x{plen} sdpa-{backend.name}: unavailable ({type(e).__name__}: {str(e)[:80]})")
+            continue
+        tflops = flops / (ms * 1e-3) / 1e12
+        results.append(dict(kind="prefill", case=f"{nseq}x{plen}", variant=f"sdpa-{backend.name.lower()}",
+                            config=None, us=ms * 1e3, flops=flops, floor_us=flops / matmul_peak * 1e6,
+                            tflops=tflops, pct_matmul=100 * tflops * 1e12 / matmul_peak, max_err=0.0))
+        print(f"prefill {nseq}x{plen} sdpa-{backend.name.lower():20s} {ms * 1e3:8.1f} us {tflops:6.1f} TFLOP/s",
+              flush=True)
 
 
 def bench_mixed(gen, results):
@@ -276,6 +304,10 @@ def main():
     ap.add_argument("--only", action="append", default=[],
                     help="run only these variant names (repeatable); default: all")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter self-check, tiny sizes")
+    ap.add_argument("--prefill-case", action="append", default=[], metavar="SEQSxLEN",
+                    help="prefill cases of SEQS fresh causal prompts of LEN tokens (repeatable); given, "
+                         "only the prefill stage runs, over these cases, with torch SDPA references")
+    ap.add_argument("--heads", default=None, metavar="Q:KV", help="q and KV heads (default 32:8, the 8B shape)")
     ap.add_argument("--matmul-peak", type=float, default=792e12, help="FLOP/s for %% of peak")
     ap.add_argument("--ragged", action="append", default=[], metavar="BATCH:LO:HI",
                     help="decode cases of BATCH rows with contexts uniform in [LO, HI] (repeatable); "
@@ -291,8 +323,13 @@ def main():
         decode_variants = {k: v for k, v in decode_variants.items() if k in args.only or k == "default"}
         prefill_variants = {k: v for k, v in prefill_variants.items() if k in args.only or k == "default"}
 
-    global DECODE_CASES, RAGGED_CASES
+    global DECODE_CASES, RAGGED_CASES, NUM_HEADS, NUM_KV_HEADS
+    if args.heads:
+        NUM_HEADS, NUM_KV_HEADS = (int(x) for x in args.heads.split(":"))
     stages = ("decode", "prefill", "mixed", "graph_bound")
+    prefill_cases = [tuple(int(x) for x in c.split("x")) for c in args.prefill_case]
+    if prefill_cases:
+        stages = ("prefill",)
     if args.ragged:
         DECODE_CASES, stages = [], ("decode",)
         RAGGED_CASES = {}
@@ -313,7 +350,9 @@ def main():
     results: list[dict] = []
     failures = []
     for label, fn in [("decode", lambda: bench_decode(decode_variants, copy_bw, gen, results)),
-                      ("prefill", lambda: bench_prefill(prefill_variants, args.matmul_peak, gen, results)),
+                      ("prefill", lambda: [bench_prefill(prefill_variants, args.matmul_peak, gen, results, c,
+                                                         sdpa=not SMOKE) for c in prefill_cases]
+                       if prefill_cases else bench_prefill(prefill_variants, args.matmul_peak, gen, results)),
                       ("mixed", lambda: bench_mixed(gen, results)),
                       ("graph_bound", lambda: bench_graph_bound(gen, results))]:
         if label not in stages:

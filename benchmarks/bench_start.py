@@ -5,7 +5,11 @@ Each tree given (e.g. a baseline from `git archive <commit> | tar -x -C .baselin
 `.`) runs in its own process, alternately, `--reps` times; Triton's cache is warmed by a
 first, untimed start of each tree.  Prints a table of seconds per tree and run.
 
-Usage: python benchmarks/bench_start.py [--workload small-256] [--tree DIR ...] [--reps 2]
+`--profile` instead starts one process that times its phases (Python + torch import, CUDA
+context, slipstream imports) and runs the engine's construction under cProfile, printing
+the functions with the most own and cumulative time: where the seconds of a start go.
+
+Usage: python benchmarks/bench_start.py [--workload small-256] [--tree DIR ...] [--reps 2] [--profile]
 """
 from __future__ import annotations
 
@@ -24,6 +28,38 @@ w = get_workload({workload!r})
 engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **w.engine))
 print("READY", json.dumps(getattr(engine, "startup", None)), flush=True)
 """
+
+PROFILE_CHILD = """
+import time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+torch.cuda.init(); torch.empty(1, device="cuda"); torch.cuda.synchronize()
+t2 = time.perf_counter()
+from slipstream.bench.workloads import get_workload
+from slipstream.config import EngineConfig
+from slipstream.core.engine_core import EngineCore
+t3 = time.perf_counter()
+print(f"phase: import torch {{t1 - t0:.2f}} s, CUDA context {{t2 - t1:.2f}} s, slipstream imports {{t3 - t2:.2f}} s")
+import cProfile, io, pstats
+w = get_workload({workload!r})
+prof = cProfile.Profile()
+prof.enable()
+engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **w.engine))
+prof.disable()
+print(f"phase: engine {{time.perf_counter() - t3:.2f}} s; startup breakdown {{engine.startup}}")
+for key in ("tottime", "cumulative"):
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(30)
+    print(buf.getvalue())
+"""
+
+
+def profile_once(tree: str, workload: str) -> None:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", PROFILE_CHILD.format(workload=workload)], cwd=tree, env=env, check=True)
+    print(f"process start to exit (profiled): {time.perf_counter() - t0:.2f} s")
 
 
 def start_once(tree: str, workload: str) -> tuple[float, str]:
@@ -45,8 +81,13 @@ def main() -> int:
     ap.add_argument("--workload", default="small-256")
     ap.add_argument("--tree", action="append", default=[])
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="one profiled start per tree (see above)")
     args = ap.parse_args()
     trees = args.tree or ["."]
+    if args.profile:
+        for tree in trees:
+            profile_once(tree, args.workload)
+        return 0
     for tree in trees:  # warm Triton's cache (and the page cache) for every tree
         start_once(tree, args.workload)
     print(f"| tree | run | process start to ready | startup breakdown |\n|---|---|---|---|")

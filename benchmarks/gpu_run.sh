@@ -3,6 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
+#         prefill-long gemv profile-start ab-gemv probe-cudnn
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -50,6 +51,17 @@ for stage in "$@"; do
     engine) run engine 420 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "not smollm2" ;;
     smollm2) if have_smol; then run smollm2 420 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k smollm2; else echo "no SmolLM2 here" | tee -a "$LOG"; fi ;;
     attn) run attn 240 python3 benchmarks/bench_attention.py --out "$RES" ;;
+    # prefill attention at 2-16K tokens a step, both head shapes, a few tile configs, and torch SDPA
+    prefill-long) for heads in 32:8 16:8; do
+                    run "prefill-long-${heads/:/-}" 300 python3 benchmarks/bench_attention.py --heads "$heads" \
+                      --prefill-case 1x2048 --prefill-case 1x4096 --prefill-case 2x4096 --prefill-case 1x16384 --prefill-case 8x2048 \
+                      --prefill m128n64w8:block_m=128,block_n=64,num_warps=8,num_stages=3 \
+                      --prefill m128n64w4:block_m=128,block_n=64,num_warps=4,num_stages=3 \
+                      --only default --only m128n64w8 --only m128n64w4 --out "$RES/prefill-${heads/:/-}"
+                  done ;;
+    gemv) run gemv 300 python3 benchmarks/bench_gemv.py --out "$RES" ${GEMV_ARGS:-} ;;
+    probe-cudnn) run probe-cudnn 300 python3 benchmarks/probe_cudnn_varlen.py ;;
+    profile-start) run profile-start 200 python3 benchmarks/bench_start.py --profile ;;
     gemm) run gemm 240 python3 benchmarks/bench_gemm.py --out "$RES" ;;
     step) run step 240 python3 benchmarks/bench_step.py --out "$RES" ;;
     seed-short) run seed-short 400 python3 -m slipstream.cli bench --workload seed-8b-short --out "$RES" ;;
@@ -127,6 +139,13 @@ for stage in "$@"; do
                   done
                 done
               done ;;
+    # the small-batch GEMV off (SLIPSTREAM_GEMV=0: cuBLAS) and on, alternately, REPS times
+    ab-gemv) for i in $(seq 1 "${REPS:-2}"); do
+               for w in ${WORKLOADS:-small-bs1 seed-8b-bs1}; do
+                 run "ab-gemv-$w-off-$i" 200 env SLIPSTREAM_GEMV=0 python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure
+                 run "ab-gemv-$w-on-$i" 200 python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure
+               done
+             done ;;
     profile-bs1) run profile-bs1 300 python3 benchmarks/profile_step.py --case llama-3.1-8b:1:512 --case qwen3-0.6b:1:512 --out "$RES/bs1" ;;
     bs1-small) run bs1-small 200 python3 -m slipstream.cli bench --workload small-bs1 --mode async --out "$RES/bs1" ;;
     bs1) run bs1-seed 200 python3 -m slipstream.cli bench --workload seed-8b-bs1 --mode async --out "$RES/bs1" ;;

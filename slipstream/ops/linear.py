@@ -1,5 +1,9 @@
-"""Linear layers: cuBLAS (`F.linear`) by default, the batch-invariant Triton GEMM on request.
-`linear_add_` adds a linear's output into a residual stream in place (cuBLAS beta = 1).
+"""Linear layers: cuBLAS (`F.linear`) by default; on CUDA the small-batch GEMV
+(`slipstream.ops.triton_gemv`) for one row and a small weight; the batch-invariant
+Triton GEMM on request.  `linear_add_` adds a linear's output into a residual stream in
+place (cuBLAS beta = 1, or the GEMV's residual input).
+
+`SLIPSTREAM_GEMV=0` in the environment keeps every product on cuBLAS (A/B runs).
 
 `batch_invariant=True` (the engine's `--batch-invariant`) makes every row's result
 independent of the batch it is computed in (`slipstream.ops.triton_gemm`); on the CPU the
@@ -7,8 +11,21 @@ torch path runs either way.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
+
+from slipstream.ops.device import sm_count
+
+GEMV_ENABLED = os.environ.get("SLIPSTREAM_GEMV", "1") != "0"
+
+
+def _small_batch(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    if not (GEMV_ENABLED and x.is_cuda):
+        return False
+    from slipstream.ops.triton_gemv import gemv_applies
+    return gemv_applies(x, weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -16,6 +33,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if batch_invariant and x.is_cuda:
         from slipstream.ops.triton_gemm import invariant_linear
         return invariant_linear(x, weight, bias)
+    if _small_batch(x, weight):
+        from slipstream.ops.triton_gemv import gemv
+        return gemv(x, weight, bias, sms=sm_count(x.device))
     return F.linear(x, weight, bias)
 
 
@@ -27,6 +47,9 @@ def linear_add_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     and the sum is rounded once (float32 accumulator + out, then out's dtype)."""
     if batch_invariant and x.is_cuda:
         return out.add_(linear(x, weight, bias, batch_invariant=True))
+    if _small_batch(x, weight) and out.is_contiguous():
+        from slipstream.ops.triton_gemv import gemv
+        return gemv(x, weight, bias, residual=out, out=out, sms=sm_count(x.device))
     out.addmm_(x, weight.t())
     if bias is not None:
         out.add_(bias)
