@@ -163,16 +163,9 @@ class StepGraphs:
             self._capture_one(runner, slot, shape)
 
     def _capture_one(self, runner, slot, shape: StepShape) -> None:
-        # capture_begin/end directly: `torch.cuda.graph` would also synchronize the device and
-        # empty torch's device and pinned-host caches before every one of the ~120 captures,
-        # which the shared pool does not need
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(runner.streams.compute):
-            graph.capture_begin(pool=self.pool)
-            try:
-                runner.compute_step(slot, shape)
-            finally:
-                graph.capture_end()
+        with torch.cuda.graph(graph, pool=self.pool, stream=runner.streams.compute):
+            runner.compute_step(slot, shape)
         self.graphs[self._key(slot.index, shape)] = graph
 
 
