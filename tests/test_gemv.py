@@ -77,10 +77,13 @@ def test_which_products_take_the_gemv():
 
 @pytest.mark.gpu
 def test_linear_layers_take_the_gemv_on_cuda_and_match_cublas():
-    from slipstream.ops.linear import linear, linear_add_
+    from slipstream.ops.linear import linear, linear_add_, linear_into_
     w, x, b, r = _data(1, 1024, 2048, torch.bfloat16)
     y = linear(x, w, b)
     torch.testing.assert_close(y.float(), F.linear(x.float(), w.float(), b.float()), atol=2e-2, rtol=2e-2)
     h = r.clone()
     linear_add_(h, x, w)
     torch.testing.assert_close(h.float(), r.float() + F.linear(x.float(), w.float()), atol=3e-2, rtol=2e-2)
+    out = torch.full_like(r, float("nan"))
+    linear_into_(out, x, w)
+    torch.testing.assert_close(out.float(), F.linear(x.float(), w.float()), atol=2e-2, rtol=2e-2)

@@ -38,7 +38,7 @@ from slipstream.model.config import ModelConfig
 from slipstream.model.parallel import TPGroup, TPShard
 from slipstream.ops.attention import AttentionMetadata, paged_attention
 from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue, rms_norm, silu_and_mul
-from slipstream.ops.linear import linear, linear_add_
+from slipstream.ops.linear import linear, linear_add_, linear_into_
 
 
 def _empty(shape, dtype, device) -> nn.Parameter:
@@ -77,7 +77,7 @@ class RowParallelLinear(Linear):
         elif self.batch_invariant and x.is_cuda:
             out.copy_(linear(x, self.weight, None, True))
         else:
-            torch.mm(x, self.weight.t(), out=out)
+            linear_into_(out, x, self.weight)
         return self.tp.all_reduce(out)
 
 

@@ -54,3 +54,11 @@ def linear_add_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     if bias is not None:
         out.add_(bias)
     return out
+
+
+def linear_into_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """out = x W^T, written into `out` (a tensor-parallel rank's partial product)."""
+    if _small_batch(x, weight) and out.is_contiguous():
+        from slipstream.ops.triton_gemv import gemv
+        return gemv(x, weight, out=out, sms=sm_count(x.device))
+    return torch.mm(x, weight.t(), out=out)
