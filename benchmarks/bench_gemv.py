@@ -10,7 +10,7 @@ layer weights as a step does (more than L2).
 One CUDA graph per (model shape, M, implementation) holds the whole chain; the median of
 20 replays is reported, with its bytes' time at the measured copy bandwidth.  Every
 implementation is first checked against F.linear on the first layer.  Variants override
-`GemvConfig` fields (block_n, block_k, num_warps, programs_per_sm, tile_elems).
+`GemvConfig` fields (block_n, num_warps, programs_per_sm, tile_elems).
 """
 from __future__ import annotations
 

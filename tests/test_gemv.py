@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from slipstream.ops.triton_gemv import GemvConfig, choose_block_n, gemv, gemv_applies
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TINY = GemvConfig(block_k=64)  # a K of 200 is then 4 unrolled chunks, the last one partial
+TINY = GemvConfig(tile_elems=2048)  # K = 200 (padded to 256): 1-8 columns a program
 
 
 def _data(m, n, k, dtype, seed=0):

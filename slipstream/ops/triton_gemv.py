@@ -1,19 +1,21 @@
 """Small-batch linear layers: y[M, N] = x[M, K] @ W[N, K]^T (+ bias) (+ residual) for tiny M.
 
-At batch 1-8 a decode step's GEMMs are matrix-vector products: their time is the weight's
+At batch 1 a decode step's GEMMs are matrix-vector products: their time is the weight's
 bytes, and on a small model each weight is 2-12 MB, too little for cuBLAS to reach the
 copy bandwidth (the 0.6B shape's 112 layer GEMMs took 892 us at batch 1, 3.2x their
 bytes' time: docs/benchmarks.md, "Batch 1").  Here each program owns BLOCK_N output
-columns and reads their whole K extent, unrolled in BLOCK_K chunks (K is a compile-time
-constant) so that every chunk's load is issued before the first product needs it: the
-bytes in flight, not the arithmetic, decide the time.  No split over K, so no partials,
-counters or second pass: one launch, deterministic for a given M.
+columns and loads their whole K extent (K_PAD, the next power of two) as one tile, before
+waiting for the previous kernel (programmatic dependent launch): the weights stream while
+that kernel finishes, and the bytes in flight, not the arithmetic, decide the time.  No
+split over K, so no partials, counters or second pass: one launch, deterministic for a
+given M.
 
 `residual` adds into the output in fp32 before the one rounding, as cuBLAS's beta = 1
 does for `linear_add_`.  Used by `slipstream.ops.linear` on CUDA for M <= `max_rows` and
 weights up to `max_weight_bytes` (`GemvConfig`); CUDA-graph safe (launches depend on
-shapes only); launched with PDL like the other kernels of a step (`ops/pdl.py`), so with
-cuBLAS out of a small-batch layer every launch gap of it can overlap.  The reference is F.linear (`tests/test_gemv.py`).
+shapes only); launched with PDL like the other kernels of a step (`ops/pdl.py`), so at
+one row a layer is a chain of PDL kernels with no cuBLAS launch in it.  The reference is
+F.linear (`tests/test_gemv.py`).
 """
 from __future__ import annotations
 
@@ -32,10 +34,9 @@ class GemvConfig:
     # at one row 0.70x (0.6B shape) and 0.76x (135M) (docs/kernel-notes.md, "Small-batch GEMV")
     max_rows: int = 1
     max_weight_bytes: int = 16 << 20  # larger ones (the 8B shape's 34-117 MB) stay on cuBLAS
-    max_k: int = 8192  # the K loop is unrolled: keep compiled code small
-    block_n: int | None = None  # None: from N (`choose_block_n`)
-    block_k: int = 1024  # 135M shape (K = 576): 0.90x the time of 512; 0.6B: the same
-    tile_elems: int = 8192  # M_PAD x BLOCK_N x BLOCK_K products a chunk, at most
+    max_k: int = 8192  # a program holds BLOCK_N x K_PAD weights in registers
+    block_n: int | None = None  # None: from N (`choose_block_n`), within tile_elems
+    tile_elems: int = 8192  # M_PAD x BLOCK_N x K_PAD products a program, at most (registers)
     programs_per_sm: int = 4  # choose_block_n aims for at least this many programs an SM
     num_warps: int = 4
 
@@ -46,23 +47,24 @@ DEFAULT_GEMV_CONFIG = GemvConfig()
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N,
                  stride_xm, stride_wn, stride_rm, stride_om,
-                 K: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 K: tl.constexpr, K_PAD: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_start(USE_PDL)
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, K_PAD)
     offs_m = tl.arange(0, M_PAD)
     nmask = offs_n < N
+    kmask = offs_k < K
     mmask = offs_m < M
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        kmask = offs_k < K
-        w = tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=mmask[:, None] & kmask[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
+    # The program's whole weight tile is loaded *before* waiting for the previous kernel: no
+    # kernel writes weights, so their stream overlaps that kernel's tail (the one exception
+    # to ops/pdl.py's "wait first"; x, the residual and every store come after the wait).
+    w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+                mask=nmask[:, None] & kmask[None, :], other=0.0)
+    pdl_start(USE_PDL)
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mmask[:, None] & kmask[None, :],
+                other=0.0)
+    acc = tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[None, :]
     omask = mmask[:, None] & nmask[None, :]
@@ -105,12 +107,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     out2 = out.view(-1, n)
     res2 = residual.view(-1, n) if residual is not None else out2
     m_pad = triton.next_power_of_2(max(m, 1))
-    block_n = choose_block_n(n, sms, cfg)
-    block_k = min(triton.next_power_of_2(k), cfg.block_k, max(16, cfg.tile_elems // (m_pad * block_n)))
+    k_pad = triton.next_power_of_2(k)
+    block_n = min(choose_block_n(n, sms, cfg), _pow2_at_most(max(cfg.tile_elems // (m_pad * k_pad), 1)))
     grid = (triton.cdiv(n, block_n),)
     _gemv_kernel[grid](x2, weight, bias if bias is not None else weight, res2, out2, m, n,
                        x2.stride(0), weight.stride(0), res2.stride(0), out2.stride(0),
-                       K=k, M_PAD=m_pad, BLOCK_N=block_n, BLOCK_K=block_k,
+                       K=k, K_PAD=k_pad, M_PAD=m_pad, BLOCK_N=block_n,
                        HAS_BIAS=bias is not None, HAS_RES=residual is not None, num_warps=cfg.num_warps,
                        **pdl_launch(x.device))
     return out
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
