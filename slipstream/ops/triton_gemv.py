@@ -30,8 +30,9 @@ from slipstream.ops.pdl import pdl_launch, pdl_start
 
 @dataclass(frozen=True)
 class GemvConfig:
-    # M up to this takes the GEMV: at 4 and 8 rows this kernel was 1.4-7x slower than cuBLAS,
-    # at one row 0.70x (0.6B shape) and 0.76x (135M) (docs/kernel-notes.md, "Small-batch GEMV")
+    # M up to this takes the GEMV: at one row it takes 0.52x cuBLAS's time (0.6B shape's layer
+    # GEMMs) and 0.45x (135M); from two rows its broadcast product loses (1.1-7x at 2-8 rows
+    # on the 0.6B shape; docs/kernel-notes.md, "Small-batch GEMV")
     max_rows: int = 1
     max_weight_bytes: int = 16 << 20  # larger ones (the 8B shape's 34-117 MB) stay on cuBLAS
     max_k: int = 8192  # a program holds BLOCK_N x K_PAD weights in registers
