@@ -3,7 +3,8 @@ with the embedded SmolLM2 on the CPU: 200 rows (text prompts, chats, per-row see
 sampling, a bad row) through 2 replicas equal one `LLM.generate` call, every row once, in
 input order with preserve_order, other columns passed through; a replica killed mid-job
 is replaced and the job completes, every row once; `slipstream generate --ray` reads JSONL
-and writes one Parquet file, reads Parquet and writes one JSONL file."""
+and writes one Parquet file, reads Parquet and writes one JSONL file. The cluster is the
+session's (`ray_cluster`, tests/conftest.py)."""
 from __future__ import annotations
 
 import json
@@ -37,14 +38,6 @@ def make_rows(n: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def reference():
     """What one LLM.generate call gives for each row id."""
     rows = make_rows(200)
@@ -70,7 +63,7 @@ def check_rows(out: list[dict], reference: dict, ids) -> None:
         assert r["num_generated_tokens"] == len(want[1])
 
 
-def test_200_rows_on_2_replicas_equal_llm_generate(reference, cluster):
+def test_200_rows_on_2_replicas_equal_llm_generate(reference, ray_cluster):
     rows = make_rows(200)
     rows.append({"id": 200, "tag": "t200", "prompt": "bad", "sampling_params": {"top_p": 2.0}})
     processor = build_processor(replicas=2, cpus_per_replica=0.5, sampling_params=DEFAULTS,
@@ -96,7 +89,7 @@ def _replica_pids() -> list[int]:
     return pids
 
 
-def test_killed_replica_is_replaced_and_the_job_completes(reference, cluster):
+def test_killed_replica_is_replaced_and_the_job_completes(reference, ray_cluster):
     ids = range(48)
     rows = make_rows(48)
     processor = build_processor(replicas=2, cpus_per_replica=0.5, sampling_params=DEFAULTS,
@@ -124,7 +117,7 @@ def test_killed_replica_is_replaced_and_the_job_completes(reference, cluster):
     assert pids[0] not in _replica_pids()
 
 
-def test_generate_cli_jsonl_to_parquet_and_back(cluster, reference, tmp_path, capsys):
+def test_generate_cli_jsonl_to_parquet_and_back(ray_cluster, reference, tmp_path, capsys):
     import pyarrow.parquet as pq
 
     src = tmp_path / "in.jsonl"
