@@ -3,7 +3,7 @@ endpoint, the embedded SmolLM2): requests spread over both replicas, prompts tha
 prefix go to the replica that has it cached (seen in /metrics), and a replica killed
 mid-request ends that request with an error while the other keeps serving; it is restarted.
 The same endpoint is the target of `ray.data.llm`'s HttpRequestProcessorConfig: a Ray Data
-job of chat rows gets the answers a direct request gets."""
+job of chat rows (on the session's Ray cluster) gets the answers a direct request gets."""
 from __future__ import annotations
 
 import json
@@ -89,30 +89,25 @@ def test_shared_prefix_goes_to_the_replica_that_has_it(server):
     assert d_hits[owner] >= 3 * 2 and d_hits[1 - owner] == 0, d_hits  # >= 2 blocks per request
 
 
-def test_ray_data_llm_http_processor_drives_the_endpoint(server):
+def test_ray_data_llm_http_processor_drives_the_endpoint(server, ray_cluster):
     from ray.data.llm import HttpRequestProcessorConfig
     from ray.data.llm import build_processor as ray_build_processor
 
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
-    try:
-        questions = [f"What is {i} times {i}?" for i in range(6)]
-        model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    questions = [f"What is {i} times {i}?" for i in range(6)]
+    model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
 
-        def payload(q):
-            return {"model": model, "messages": [{"role": "user", "content": q}], "max_tokens": 4,
-                    "temperature": 0}
+    def payload(q):
+        return {"model": model, "messages": [{"role": "user", "content": q}], "max_tokens": 4,
+                "temperature": 0}
 
-        config = HttpRequestProcessorConfig(url=server.url + "/v1/chat/completions", max_retries=2,
-                                            qps=None, batch_size=3, concurrency=1)
-        processor = ray_build_processor(
-            config, preprocess=lambda row: {"payload": payload(row["q"]), "i": row["i"]},
-            postprocess=lambda row: {"i": row["i"],
-                                     "answer": row["http_response"]["choices"][0]["message"]["content"]})
-        ds = ray.data.from_items([{"i": i, "q": q} for i, q in enumerate(questions)])
-        got = {r["i"]: r["answer"] for r in processor(ds).take_all()}
-    finally:
-        ray.shutdown()
+    config = HttpRequestProcessorConfig(url=server.url + "/v1/chat/completions", max_retries=2,
+                                        qps=None, batch_size=3, concurrency=1)
+    processor = ray_build_processor(
+        config, preprocess=lambda row: {"payload": payload(row["q"]), "i": row["i"]},
+        postprocess=lambda row: {"i": row["i"],
+                                 "answer": row["http_response"]["choices"][0]["message"]["content"]})
+    ds = ray.data.from_items([{"i": i, "q": q} for i, q in enumerate(questions)])
+    got = {r["i"]: r["answer"] for r in processor(ds).take_all()}
     assert sorted(got) == list(range(6))
     for i, q in enumerate(questions):
         r = httpx.post(server.url + "/v1/chat/completions", json=payload(q), timeout=120)

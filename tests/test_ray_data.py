@@ -1,9 +1,10 @@
 """Batch inference over Ray Data (`slipstream.ray.build_processor`) on a local Ray cluster
-with the embedded SmolLM2 on the CPU: 200 rows (text prompts, chats, per-row seeded
+with the embedded SmolLM2 on the CPU: 100 rows (text prompts, chats, per-row seeded
 sampling, a bad row) through 2 replicas equal one `LLM.generate` call, every row once, in
 input order with preserve_order, other columns passed through; a replica killed mid-job
 is replaced and the job completes, every row once; `slipstream generate --ray` reads JSONL
-and writes one Parquet file, reads Parquet and writes one JSONL file."""
+and writes one Parquet file, reads Parquet and writes one JSONL file. The cluster is the
+session's (`ray_cluster`, tests/conftest.py)."""
 from __future__ import annotations
 
 import json
@@ -20,8 +21,12 @@ from slipstream.cli import main as cli_main
 from slipstream.frontend.prompts import chat_token_ids
 from slipstream.ray import build_processor
 
-ENGINE = dict(device="cpu", max_model_len=128, max_num_seqs=64)
+ENGINE = dict(device="cpu", max_model_len=128, max_num_seqs=32)
 DEFAULTS = dict(max_tokens=3, temperature=0.0)
+# 100 rows in 8 blocks of ~12, batches of 8: each block splits into a full and a partial
+# batch (16 batches); each replica gets ~50 rows, more than the 32 it runs at once (4
+# concurrent batches of 8 = max_num_seqs), so batches queue at it and its engine runs full
+ROWS, BATCH = 100, 8
 
 
 def make_rows(n: int) -> list[dict]:
@@ -37,17 +42,9 @@ def make_rows(n: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def reference():
     """What one LLM.generate call gives for each row id."""
-    rows = make_rows(200)
+    rows = make_rows(ROWS)
     llm = LLM(None, **ENGINE)
     prompts, params = [], []
     for r in rows:
@@ -70,16 +67,16 @@ def check_rows(out: list[dict], reference: dict, ids) -> None:
         assert r["num_generated_tokens"] == len(want[1])
 
 
-def test_200_rows_on_2_replicas_equal_llm_generate(reference, cluster):
-    rows = make_rows(200)
-    rows.append({"id": 200, "tag": "t200", "prompt": "bad", "sampling_params": {"top_p": 2.0}})
+def test_100_rows_on_2_replicas_equal_llm_generate(reference, ray_cluster):
+    rows = make_rows(ROWS)
+    rows.append({"id": ROWS, "tag": f"t{ROWS}", "prompt": "bad", "sampling_params": {"top_p": 2.0}})
     processor = build_processor(replicas=2, cpus_per_replica=0.5, sampling_params=DEFAULTS,
-                                batch_size=16, preserve_order=True, **ENGINE)
+                                batch_size=BATCH, preserve_order=True, **ENGINE)
     out = processor(ray.data.from_items(rows, override_num_blocks=8)).take_all()
-    assert [r["id"] for r in out] == list(range(201))  # preserve_order
+    assert [r["id"] for r in out] == list(range(ROWS + 1))  # preserve_order
     bad = out.pop()
-    assert bad["finish_reason"] == "error" and "top_p" in bad["error"] and bad["tag"] == "t200"
-    check_rows(out, reference, range(200))
+    assert bad["finish_reason"] == "error" and "top_p" in bad["error"] and bad["tag"] == f"t{ROWS}"
+    check_rows(out, reference, range(ROWS))
 
 
 def _replica_pids() -> list[int]:
@@ -96,7 +93,7 @@ def _replica_pids() -> list[int]:
     return pids
 
 
-def test_killed_replica_is_replaced_and_the_job_completes(reference, cluster):
+def test_killed_replica_is_replaced_and_the_job_completes(reference, ray_cluster):
     ids = range(48)
     rows = make_rows(48)
     processor = build_processor(replicas=2, cpus_per_replica=0.5, sampling_params=DEFAULTS,
@@ -124,7 +121,7 @@ def test_killed_replica_is_replaced_and_the_job_completes(reference, cluster):
     assert pids[0] not in _replica_pids()
 
 
-def test_generate_cli_jsonl_to_parquet_and_back(cluster, reference, tmp_path, capsys):
+def test_generate_cli_jsonl_to_parquet_and_back(ray_cluster, reference, tmp_path, capsys):
     import pyarrow.parquet as pq
 
     src = tmp_path / "in.jsonl"
