@@ -19,6 +19,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -60,9 +61,20 @@ def worker_main(rank: int, size: int, config_json: str, opts_json: str, init_met
         traceback.print_exc(file=sys.stderr)
         out.send(encoder.encode(WorkerFailed(rank, _one_line(e))))
         code = 1
-    out.close(2000)  # deliver what is queued
+    out.close(2000)
     steps.close(0)
+    _deliver_queued(ctx)
     os._exit(code)  # (no interpreter teardown: a peer may still hold the collectives)
+
+
+def _deliver_queued(ctx: zmq.Context, seconds: float = 2.5) -> None:
+    """Wait (bounded) until the closed sockets' queued messages are sent: a socket's linger
+    acts only while its context terminates, and os._exit would drop them (a rank's
+    WorkerFailed report arrived after its exit code, or not at all). The wait is bounded
+    because a context with a socket still open never terminates."""
+    t = threading.Thread(target=ctx.term, name="slipstream-tp-flush", daemon=True)
+    t.start()
+    t.join(seconds)
 
 
 def _socket(ctx: zmq.Context, kind: int, addr: str) -> zmq.Socket:
@@ -150,8 +162,13 @@ class _Waiter:
                 self.sock.send(encoder.encode(done_message(batch_id, self.runner.wait(launched))))
         except BaseException as e:  # noqa: BLE001 - the process cannot go on: say so and end it
             traceback.print_exc(file=sys.stderr)
-            self.sock.send(encoder.encode(WorkerFailed(self.rank, _one_line(e))))
+            # (the main thread's sockets stay open, so the context cannot terminate here:
+            # wait until zmq has taken the report, then give it a moment to be written)
+            tracker = self.sock.send(encoder.encode(WorkerFailed(self.rank, _one_line(e))), copy=False,
+                                     track=True)
+            tracker.wait(2)
             self.sock.close(2000)
+            time.sleep(0.2)
             os._exit(1)
 
     def stop(self) -> None:
