@@ -5,12 +5,20 @@
 benchmark models).  For GGUF the tokenizer is rebuilt from the file's metadata by
 transformers (`PreTrainedTokenizerFast(gguf_file=...)`); we call the fast-tokenizer class
 directly because `AutoTokenizer` would first parse the whole GGUF again to build a config,
-which costs several seconds.
+which costs several seconds.  Even so the rebuild takes 3-4 s (measured on 2 CPU cores), and
+every engine, server and replica process pays it: the rebuilt tokenizer is saved once
+(`tokenizer.json` + config) under the user's cache, keyed by the GGUF file's path, size and
+modification time and by the transformers version, and later loads read it (~0.25 s).
+`SLIPSTREAM_CACHE_DIR` moves the cache (default `$XDG_CACHE_HOME/slipstream` or
+`~/.cache/slipstream`); a cache that cannot be written or read is skipped.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 from typing import Any
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -88,12 +96,16 @@ def load_tokenizer(source: str | os.PathLike | None) -> Tokenizer | None:
 
         from slipstream.model.gguf import GGUFFile
 
-        folder, name = os.path.split(path)
-        try:
-            hf = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
-        except Exception:  # older transformers: let AutoTokenizer pick the class
-            from transformers import AutoTokenizer
-            hf = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        cached = _gguf_cache_folder(path)
+        hf = _load_cached(PreTrainedTokenizerFast, cached)
+        if hf is None:
+            folder, name = os.path.split(path)
+            try:
+                hf = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
+            except Exception:  # older transformers: let AutoTokenizer pick the class
+                from transformers import AutoTokenizer
+                hf = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            _save_cached(hf, cached)
         md = GGUFFile(path).metadata
         extra = [md[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                  "tokenizer.ggml.eom_token_id") if k in md]
@@ -104,3 +116,43 @@ def load_tokenizer(source: str | os.PathLike | None) -> Tokenizer | None:
     from transformers import AutoTokenizer
 
     return Tokenizer(AutoTokenizer.from_pretrained(folder), _config_eos_ids(folder))
+
+
+def _gguf_cache_folder(path: str) -> str | None:
+    """Where the tokenizer rebuilt from GGUF file `path` is cached (None: no usable cache)."""
+    import transformers
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    root = os.environ.get("SLIPSTREAM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "slipstream")
+    key = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    return os.path.join(root, "gguf-tokenizers", hashlib.sha256(key.encode()).hexdigest()[:24])
+
+
+def _load_cached(cls, folder: str | None):
+    if folder is None or not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        return None
+    try:
+        return cls.from_pretrained(folder)
+    except Exception:  # a damaged entry: drop it, rebuild from the GGUF file
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+
+
+def _save_cached(hf, folder: str | None) -> None:
+    """Save into a temporary folder, then rename it into place, so that processes loading
+    at the same time see a whole entry or none."""
+    if folder is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(folder), prefix=".tmp-")
+        hf.save_pretrained(tmp)
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another process saved it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except Exception:  # a read-only home, a full disk: build it again next time
+        pass

@@ -72,3 +72,47 @@ def test_hf_folder(tok, tmp_path):
     assert not plain.has_chat_template
     with pytest.raises(ValueError, match="has no chat template"):
         plain.apply_chat_template(chat)
+
+
+def _gguf_builds(monkeypatch) -> list:
+    """Spy on rebuilds of the tokenizer from a GGUF file (calls with gguf_file=)."""
+    from transformers import PreTrainedTokenizerFast
+    calls, real = [], PreTrainedTokenizerFast.from_pretrained.__func__
+
+    def spy(cls, *args, **kwargs):
+        if kwargs.get("gguf_file"):
+            calls.append(kwargs["gguf_file"])
+        return real(cls, *args, **kwargs)
+    monkeypatch.setattr(PreTrainedTokenizerFast, "from_pretrained", classmethod(spy))
+    return calls
+
+
+def test_gguf_tokenizer_is_cached_and_the_cached_one_is_the_same(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLIPSTREAM_CACHE_DIR", str(tmp_path))
+    builds = _gguf_builds(monkeypatch)
+    built = load_tokenizer(None)
+    entries = list((tmp_path / "gguf-tokenizers").iterdir())
+    assert len(builds) == 1 and len(entries) == 1 and (entries[0] / "tokenizer.json").is_file()
+    cached = load_tokenizer(None)
+    assert len(builds) == 1  # read from the cache, not rebuilt
+    texts = ["Hello world", "  leading spaces\nand\ttabs\n\n", "Ünïcödé — 東京 🚀", "<|im_start|>user\nhi<|im_end|>"]
+    for text in texts:
+        assert cached.encode(text) == built.encode(text)
+        assert cached.decode(built.encode(text), skip_special_tokens=False) == built.decode(
+            built.encode(text), skip_special_tokens=False)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    assert cached.render_chat(messages) == built.render_chat(messages) == CHATML
+    assert (cached.eos_token_ids, cached.bos_token_id, cached.vocab_size) == (
+        built.eos_token_ids, built.bos_token_id, built.vocab_size)
+    # a damaged entry is dropped and rebuilt
+    (entries[0] / "tokenizer.json").write_text("{not json")
+    again = load_tokenizer(None)
+    assert len(builds) == 2 and again.encode("Hello world") == [19556, 905]
+    assert json.loads((entries[0] / "tokenizer.json").read_text())
+
+
+def test_an_unwritable_cache_is_skipped(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # the cache root is a file: nothing can be made under it
+    monkeypatch.setenv("SLIPSTREAM_CACHE_DIR", str(blocker))
+    assert load_tokenizer(None).encode("Hello world") == [19556, 905]
