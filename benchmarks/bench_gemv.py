@@ -42,7 +42,7 @@ def layer_weights(shape, dev, dt, gen):
                  down=w(hidden, inter)) for _ in range(layers)]
 
 
-def chain(weights, m, impl, cfg, sms, dev, dt):
+def chain(weights, m, impl, cfg, dev, dt):
     """A closure running every layer's four GEMMs at batch m with `impl`."""
     hidden = weights[0]["o"].shape[0]
     h = torch.randn(m, hidden, device=dev, dtype=dt)
@@ -59,21 +59,21 @@ def chain(weights, m, impl, cfg, sms, dev, dt):
                 torch.matmul(h, lw["gate_up"].t(), out=gu)
                 h.addmm_(act, lw["down"].t())
             else:
-                gemv(h, lw["qkv"], out=qkv, cfg=cfg, sms=sms)
-                gemv(attn, lw["o"], residual=h, out=h, cfg=cfg, sms=sms)
-                gemv(h, lw["gate_up"], out=gu, cfg=cfg, sms=sms)
-                gemv(act, lw["down"], residual=h, out=h, cfg=cfg, sms=sms)
+                gemv(h, lw["qkv"], out=qkv, cfg=cfg)
+                gemv(attn, lw["o"], residual=h, out=h, cfg=cfg)
+                gemv(h, lw["gate_up"], out=gu, cfg=cfg)
+                gemv(act, lw["down"], residual=h, out=h, cfg=cfg)
     return run
 
 
-def check(weights, cfg, sms, dev, dt) -> float:
+def check(weights, cfg, dev, dt) -> float:
     err = 0.0
     for m in (1, 3, 8):
         for name, w in weights[0].items():
             x = torch.randn(m, w.shape[1], device=dev, dtype=dt)
             r = torch.randn(m, w.shape[0], device=dev, dtype=dt)
             ref = F.linear(x.float(), w.float()) + r.float()
-            y = gemv(x, w, residual=r, cfg=cfg, sms=sms).float()
+            y = gemv(x, w, residual=r, cfg=cfg).float()
             e = ((y - ref).abs().max() / ref.abs().max()).item()
             if e > 1e-2:
                 raise AssertionError(f"{name} m={m}: relative error {e:.2e}")
@@ -120,11 +120,11 @@ def main() -> int:
         weights = layer_weights(SHAPES[model], dev, dt, gen)
         nbytes = sum(w.numel() * w.element_size() for lw in weights for w in lw.values())
         floor_us = nbytes / bw * 1e6
-        errs = {name: check(weights, cfg, sms, dev, dt) for name, cfg in impls.items() if cfg is not None}
+        errs = {name: check(weights, cfg, dev, dt) for name, cfg in impls.items() if cfg is not None}
         for m in (int(r) for r in args.rows.split(",")):
             base = None
             for name, cfg in impls.items():
-                us = time_graph([chain(weights, m, "cublas" if cfg is None else "gemv", cfg, sms, dev, dt)]) * 1e3
+                us = time_graph([chain(weights, m, "cublas" if cfg is None else "gemv", cfg, dev, dt)]) * 1e3
                 base = base or us
                 row = dict(model=model, m=m, impl=name, config=dataclasses.asdict(cfg) if cfg else None,
                            us=us, per_layer_us=us / len(weights), weight_bytes=nbytes, floor_us=floor_us,

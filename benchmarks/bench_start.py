@@ -55,15 +55,20 @@ for key in ("tottime", "cumulative"):
 """
 
 
+def _tree_env(tree: str) -> dict:
+    """The environment of a child that imports slipstream from `tree`."""
+    return dict(os.environ, PYTHONPATH=os.path.abspath(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
 def profile_once(tree: str, workload: str) -> None:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _tree_env(tree)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", PROFILE_CHILD.format(workload=workload)], cwd=tree, env=env, check=True)
     print(f"process start to exit (profiled): {time.perf_counter() - t0:.2f} s")
 
 
 def start_once(tree: str, workload: str) -> tuple[float, str]:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _tree_env(tree)
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", CHILD.format(workload=workload)], cwd=tree, env=env,
                             stdout=subprocess.PIPE, text=True)

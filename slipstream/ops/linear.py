@@ -16,7 +16,6 @@ import os
 import torch
 import torch.nn.functional as F
 
-from slipstream.ops.device import sm_count
 
 GEMV_ENABLED = os.environ.get("SLIPSTREAM_GEMV", "1") != "0"
 
@@ -35,7 +34,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return invariant_linear(x, weight, bias)
     if _small_batch(x, weight):
         from slipstream.ops.triton_gemv import gemv
-        return gemv(x, weight, bias, sms=sm_count(x.device))
+        return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
@@ -49,7 +48,7 @@ def linear_add_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         return out.add_(linear(x, weight, bias, batch_invariant=True))
     if _small_batch(x, weight) and out.is_contiguous():
         from slipstream.ops.triton_gemv import gemv
-        return gemv(x, weight, bias, residual=out, out=out, sms=sm_count(x.device))
+        return gemv(x, weight, bias, residual=out, out=out)
     out.addmm_(x, weight.t())
     if bias is not None:
         out.add_(bias)
@@ -60,5 +59,5 @@ def linear_into_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> to
     """out = x W^T, written into `out` (a tensor-parallel rank's partial product)."""
     if _small_batch(x, weight) and out.is_contiguous():
         from slipstream.ops.triton_gemv import gemv
-        return gemv(x, weight, out=out, sms=sm_count(x.device))
+        return gemv(x, weight, out=out)
     return torch.mm(x, weight.t(), out=out)

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from slipstream.ops.device import sm_count
 from slipstream.ops.pdl import pdl_launch, pdl_start
 
 
@@ -94,7 +95,7 @@ def choose_block_n(n: int, sms: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> i
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-         cfg: GemvConfig = DEFAULT_GEMV_CONFIG, sms: int = 132) -> torch.Tensor:
+         cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T (+ bias) (+ residual [..., N]) into `out` (new if None;
     it may be `residual` itself)."""
     lead, k = x.shape[:-1], x.shape[-1]
@@ -109,7 +110,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     res2 = residual.view(-1, n) if residual is not None else out2
     m_pad = triton.next_power_of_2(max(m, 1))
     k_pad = triton.next_power_of_2(k)
-    block_n = min(choose_block_n(n, sms, cfg), _pow2_at_most(max(cfg.tile_elems // (m_pad * k_pad), 1)))
+    fits = _pow2_at_most(max(cfg.tile_elems // (m_pad * k_pad), 1))  # columns whose weights fit in registers
+    block_n = min(choose_block_n(n, sm_count(x.device), cfg), fits)
     grid = (triton.cdiv(n, block_n),)
     _gemv_kernel[grid](x2, weight, bias if bias is not None else weight, res2, out2, m, n,
                        x2.stride(0), weight.stride(0), res2.stride(0), out2.stride(0),
