@@ -554,5 +554,49 @@ def test_gpu_other_shapes(group, head_dim, block_size):
     check_attention(mixed, 2, group, head_dim, block_size, torch.bfloat16, seed=6)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens", [[1], [64], [65], [300], [1000], [129, 64, 1, 700]])
+def test_gpu_decode_after_the_epilogue_reads_the_newest_position(lens):
+    """The decode kernel loads its first KV tile before waiting for the qkv epilogue (PDL),
+    all but the row's newest position, which the epilogue is writing. Captured as the
+    engine runs it (epilogue, then attention, in one graph) with the newest slots poisoned
+    before every replay: a stale read of that position gives NaN."""
+    from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue, qkv_epilogue_ref
+    kvh, group, d, bs = 8, 2, 128, 16
+    q, kc, vc, meta = make_batch([(n, 1) for n in lens], kvh, group, d, bs, torch.bfloat16, seed=21,
+                                 max_seq_len=4096)
+    rows = len(lens)
+    newest = torch.tensor([int(meta.block_table[r, (n - 1) // bs]) * bs + (n - 1) % bs
+                           for r, n in enumerate(lens)], dtype=torch.int32, device=DEVICE)
+    meta = replace(meta, slot_mapping=newest)
+    positions = torch.tensor([n - 1 for n in lens], dtype=torch.int32, device=DEVICE)
+    cos_sin = build_cos_sin_cache(1.0 / (10000 ** (torch.arange(0, d, 2, device=DEVICE) / d)), 4096)
+    qkv = torch.randn(rows, (kvh * group + 2 * kvh) * d, device=DEVICE).to(torch.bfloat16)
+    qkv_in = torch.empty_like(qkv)
+    out = torch.empty(rows, kvh * group, d, dtype=torch.bfloat16, device=DEVICE)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    q_ref = qkv_epilogue_ref(qkv, positions, cos_sin, kc_ref, vc_ref, newest, kvh * group, kvh, d)
+    expected = paged_attention_ref(q_ref, kc_ref, vc_ref, meta, d ** -0.5)
+
+    def step():
+        qkv_in.copy_(qkv)  # the epilogue writes q into its input
+        qq = qkv_epilogue(qkv_in, positions, cos_sin, kc, vc, newest, kvh * group, kvh, d)
+        paged_attention(qq, kc, vc, meta, d ** -0.5, out=out)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    blk, off = newest.long() // bs, newest.long() % bs
+    for _ in range(20):
+        kc[blk, off] = float("nan")
+        vc[blk, off] = float("nan")
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any(), "the newest position was read before the epilogue wrote it"
+        torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
 if __name__ == "__main__" and "--compile-for-hopper" in sys.argv:
     compile_for_hopper()

@@ -44,6 +44,32 @@ def test_residual_is_added_in_place_and_rounded_once():
     torch.testing.assert_close(r, expect, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_scale_is_a_folded_norms_statistic_then_the_bias(dtype):
+    from slipstream.ops.fused import scale_rows_ref
+    w, x, b, _ = _data(3, 40, 96, dtype)
+    x = x * 7.0  # far from unit RMS: a missing scale cannot pass
+    expect = scale_rows_ref(F.linear(x.float(), w.float()), x.float(), 1e-5, b.float())
+    y = gemv(x, w, b, row_scale_eps=1e-5, cfg=TINY)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(y.float(), expect, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_input_into_the_residual(dtype):
+    from slipstream.ops.fused import silu_and_mul_ref
+    w, _, _, r = _data(2, 24, 80, dtype, seed=1)
+    gate_up = torch.randn(2, 160, generator=torch.Generator().manual_seed(2)).to(dtype).to(DEVICE)
+    act = silu_and_mul_ref(gate_up)  # rounded to dtype, as the GEMV rounds its input
+    expect = r.float() + F.linear(act.float(), w.float())
+    out = gemv(gate_up, w, residual=r, out=r, silu_mul=True, cfg=TINY)
+    assert out.data_ptr() == r.data_ptr()
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(r.float(), expect, atol=tol, rtol=tol)
+    with pytest.raises(ValueError, match="input width 80"):
+        gemv(gate_up[:, :80], w, silu_mul=True, cfg=TINY)
+
+
 def test_strided_and_leading_dims():
     w, x, _, _ = _data(6, 40, 64, torch.float32)
     wide = torch.randn(6, 128, device=DEVICE)
@@ -87,3 +113,28 @@ def test_linear_layers_take_the_gemv_on_cuda_and_match_cublas():
     out = torch.full_like(r, float("nan"))
     linear_into_(out, x, w)
     torch.testing.assert_close(out.float(), F.linear(x.float(), w.float()), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_fused_norm_and_silu_paths_match_the_unfused_ones_on_cuda():
+    """At one row `norm_linear` finishes the product itself and `silu_mul_linear_add_` is one
+    GEMV; from two rows both fall back to cuBLAS and the separate kernels. Both agree with the
+    references, so the engine's batch-1 and batch-N steps compute the same layer."""
+    from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref
+    from slipstream.ops.linear import norm_linear, silu_mul_linear_add_
+    w, h, b, _ = _data(2, 3072, 1024, torch.bfloat16)
+    h = h * 5.0
+    for rows in (1, 2):
+        y, finished = norm_linear(h[:rows], w, b, 1e-6)
+        assert finished == (rows == 1)
+        if not finished:
+            y = scale_rows_ref(y, h[:rows], 1e-6, b)
+        expect = scale_rows_ref(F.linear(h[:rows].float(), w.float()), h[:rows].float(), 1e-6, b.float())
+        torch.testing.assert_close(y.float(), expect, atol=3e-2, rtol=2e-2)
+    wd, _, _, r = _data(2, 1024, 1536, torch.bfloat16, seed=3)
+    gate_up = y[:, :3072].contiguous()
+    for rows in (1, 2):
+        out = r[:rows].clone()
+        silu_mul_linear_add_(out, gate_up[:rows], wd)
+        expect = r[:rows].float() + F.linear(silu_and_mul_ref(gate_up[:rows]).float(), wd.float())
+        torch.testing.assert_close(out.float(), expect, atol=5e-2, rtol=2e-2)

@@ -16,7 +16,8 @@ read the residual stream h itself, and the kernel after each GEMM (qkv epilogue,
 computes rstd(h) per row and scales by it. The residual adds go into the o / down GEMMs
 (`linear_add_`: cuBLAS with beta = 1, h updated in place). A layer is then 4 GEMMs and 3
 small kernels (epilogue, attention, SiLU·mul) with no norm or add kernel of its own; only
-the final norm remains. The rounding differs from transformers' (normalised x rounded to
+the final norm remains. At one row (the GEMV, ops/linear.py) the row scale is applied
+inside the qkv and gate_up products and SiLU·mul inside the down product: 6 kernels a layer. The rounding differs from transformers' (normalised x rounded to
 bf16, times gamma, rounded; the sum rounded twice) by about one bf16 step: the tests hold
 us to transformers' logits within their tolerances.
 
@@ -38,7 +39,7 @@ from slipstream.model.config import ModelConfig
 from slipstream.model.parallel import TPGroup, TPShard
 from slipstream.ops.attention import AttentionMetadata, paged_attention
 from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue, rms_norm, silu_and_mul
-from slipstream.ops.linear import linear, linear_add_, linear_into_
+from slipstream.ops.linear import linear, linear_add_, linear_into_, norm_linear, silu_mul_linear_add_
 
 
 def _empty(shape, dtype, device) -> nn.Parameter:
@@ -61,6 +62,11 @@ class Linear(nn.Module):
         """out += self(x), in place (the residual add inside the GEMM)."""
         return linear_add_(out, x, self.weight, self.bias, self.batch_invariant)
 
+    def add_silu_mul_into(self, out: torch.Tensor, gate_up: torch.Tensor, hidden: torch.Tensor | None,
+                          eps: float) -> torch.Tensor:
+        """out += self(silu_and_mul(gate_up, hidden, eps)), in place (bias-free: the MLP's down)."""
+        return silu_mul_linear_add_(out, gate_up, self.weight, hidden, eps, self.batch_invariant)
+
 
 class RowParallelLinear(Linear):
     """A linear whose input features are split over the ranks; `add_into` sums the ranks'
@@ -79,6 +85,10 @@ class RowParallelLinear(Linear):
         else:
             linear_into_(out, x, self.weight)
         return self.tp.all_reduce(out)
+
+    def add_silu_mul_into(self, out: torch.Tensor, gate_up: torch.Tensor, hidden: torch.Tensor | None,
+                          eps: float) -> torch.Tensor:
+        return self.add_into(out, silu_and_mul(gate_up, hidden=hidden, eps=eps))
 
 
 class Embedding(nn.Module):
@@ -162,16 +172,19 @@ class Attention(nn.Module):
     def forward(self, h, positions, meta: AttentionMetadata, kv_cache, cos_sin_cache):
         """Adds attention's output into the residual stream h (in place)."""
         num_tokens = h.shape[0]
-        # the input norm is folded into the qkv weights; the bias comes after its row scale
-        qkv = linear(h, self.qkv_proj.weight, None, self.qkv_proj.batch_invariant)
+        # the input norm is folded into the qkv weights; its row scale and the bias come after
+        # the product: inside it at one row (`norm_linear`), else in the epilogue
+        proj = self.qkv_proj
+        qkv, finished = norm_linear(h, proj.weight, proj.bias, self.eps, proj.batch_invariant)
         k_cache, v_cache = kv_cache
-        # row scale (+ bias), q/k norm (Qwen3), RoPE, KV-cache store: one kernel on CUDA
+        # (row scale + bias,) q/k norm (Qwen3), RoPE, KV-cache store: one kernel on CUDA
         # (q is then a view into qkv), the torch reference on CPU
         q = qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
                          self.num_heads, self.num_kv_heads, self.head_dim,
                          q_norm_weight=self.q_norm.weight if self.qk_norm else None,
                          k_norm_weight=self.k_norm.weight if self.qk_norm else None,
-                         eps=self.eps, hidden=h, bias=self.qkv_proj.bias,
+                         eps=self.eps, hidden=None if finished else h,
+                         bias=None if finished else proj.bias,
                          batch_invariant=self.batch_invariant)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale, batch_invariant=self.batch_invariant)
         return self.o_proj.add_into(h, out.reshape(num_tokens, self.q_size))
@@ -191,9 +204,11 @@ class MLP(nn.Module):
 
     def forward(self, h):
         """Adds the MLP's output into the residual stream h (in place); the post-attention
-        norm is folded into the gate_up weights, its row scale applied by SiLU·mul."""
-        act = silu_and_mul(self.gate_up_proj(h), hidden=h, eps=self.eps)
-        return self.down_proj.add_into(h, act)
+        norm is folded into the gate_up weights, its row scale applied inside that product at
+        one row, else by SiLU·mul; at one row SiLU·mul runs inside the down product."""
+        proj = self.gate_up_proj
+        gate_up, finished = norm_linear(h, proj.weight, None, self.eps, proj.batch_invariant)
+        return self.down_proj.add_silu_mul_into(h, gate_up, None if finished else h, self.eps)
 
 
 class DecoderLayer(nn.Module):

@@ -47,10 +47,11 @@ DEFAULT_GEMV_CONFIG = GemvConfig()
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, eps,
                  stride_xm, stride_wn, stride_rm, stride_om,
                  K: tl.constexpr, K_PAD: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, USE_PDL: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr,
+                 SILU_MUL: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, K_PAD)
@@ -59,14 +60,22 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N,
     kmask = offs_k < K
     mmask = offs_m < M
     # The program's whole weight tile is loaded *before* waiting for the previous kernel: no
-    # kernel writes weights, so their stream overlaps that kernel's tail (the one exception
-    # to ops/pdl.py's "wait first"; x, the residual and every store come after the wait).
+    # kernel writes weights, so their stream overlaps that kernel's tail (ops/pdl.py, the
+    # rule's exceptions; x, the residual and every store come after the wait).
     w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
                 mask=nmask[:, None] & kmask[None, :], other=0.0)
     pdl_start(USE_PDL)
-    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mmask[:, None] & kmask[None, :],
-                other=0.0)
+    xmask = mmask[:, None] & kmask[None, :]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    x = tl.load(x_ptrs, mask=xmask, other=0.0)
+    if SILU_MUL:  # x is [gate | up] (2K wide): the input is silu(gate) * up, rounded once
+        up = tl.load(x_ptrs + K, mask=xmask, other=0.0).to(tl.float32)
+        gate = x.to(tl.float32)
+        x = (gate / (1.0 + tl.exp(-gate)) * up).to(x.dtype)
     acc = tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
+    if ROW_SCALE:  # a folded RMSNorm (model/llama.py): times rstd of the input row
+        xf = x.to(tl.float32)
+        acc = acc * tl.rsqrt(tl.sum(xf * xf, axis=1) / K + eps)[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[None, :]
     omask = mmask[:, None] & nmask[None, :]
@@ -95,12 +104,21 @@ def choose_block_n(n: int, sms: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> i
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-         cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> torch.Tensor:
+         cfg: GemvConfig = DEFAULT_GEMV_CONFIG, *, row_scale_eps: float | None = None,
+         silu_mul: bool = False) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T (+ bias) (+ residual [..., N]) into `out` (new if None;
-    it may be `residual` itself)."""
-    lead, k = x.shape[:-1], x.shape[-1]
+    it may be `residual` itself).
+
+    row_scale_eps: the product is first scaled by each row's rstd(x) = 1 / sqrt(mean(x^2) +
+    eps) (a folded RMSNorm's statistic, `scale_rows_ref`; the bias comes after it).
+    silu_mul: x is [..., 2K] = [gate | up] and the input is silu(gate) * up (`silu_and_mul_ref`)."""
+    k = weight.shape[1]
+    lead = x.shape[:-1]
+    if x.shape[-1] != (2 * k if silu_mul else k):
+        raise ValueError(f"gemv: input width {x.shape[-1]} does not match the weight's {k}"
+                         f"{' (x2 for silu_mul)' if silu_mul else ''}")
     n = weight.shape[0]
-    x2 = x.reshape(-1, k)
+    x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
@@ -114,9 +132,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     block_n = min(choose_block_n(n, sm_count(x.device), cfg), fits)
     grid = (triton.cdiv(n, block_n),)
     _gemv_kernel[grid](x2, weight, bias if bias is not None else weight, res2, out2, m, n,
+                       float(row_scale_eps or 0.0),
                        x2.stride(0), weight.stride(0), res2.stride(0), out2.stride(0),
                        K=k, K_PAD=k_pad, M_PAD=m_pad, BLOCK_N=block_n,
-                       HAS_BIAS=bias is not None, HAS_RES=residual is not None, num_warps=cfg.num_warps,
+                       HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                       ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul, num_warps=cfg.num_warps,
                        **pdl_launch(x.device))
     return out
 
