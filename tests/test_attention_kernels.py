@@ -557,10 +557,11 @@ def test_gpu_other_shapes(group, head_dim, block_size):
 @pytest.mark.gpu
 @pytest.mark.parametrize("lens", [[1], [64], [65], [300], [1000], [129, 64, 1, 700]])
 def test_gpu_decode_after_the_epilogue_reads_the_newest_position(lens):
-    """The decode kernel loads its first KV tile before waiting for the qkv epilogue (PDL),
-    all but the row's newest position, which the epilogue is writing. Captured as the
-    engine runs it (epilogue, then attention, in one graph) with the newest slots poisoned
-    before every replay: a stale read of that position gives NaN."""
+    """The engine's chain at small batches: the qkv epilogue stores each row's newest K/V and
+    the decode kernel, launched right after it with PDL, must read them (a decode kernel
+    that loaded its KV before waiting for the epilogue would not). Captured as the engine
+    runs it (epilogue, then attention, in one graph) with the newest slots poisoned before
+    every replay: a stale read of that position gives NaN."""
     from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue, qkv_epilogue_ref
     kvh, group, d, bs = 8, 2, 128, 16
     q, kc, vc, meta = make_batch([(n, 1) for n in lens], kvh, group, d, bs, torch.bfloat16, seed=21,

@@ -53,6 +53,19 @@ def test_tiny_fp32_gpu_equals_cpu_engine(tiny_model, kind):
     assert_graphs_replayed(gpu)
 
 
+@pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3"])
+def test_one_row_steps_fp32_gpu_equal_cpu_engine(tiny_model, kind):
+    """A single request: every decode step has one row, which takes the GEMV path (the folded
+    norm's row scale and the qkv bias inside the products, SiLU·mul inside the down GEMV)."""
+    folder, _ = tiny_model(kind)
+    prompt = np.random.default_rng(3).integers(3, 256, 21).tolist()
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    ref = LLM(folder, device="cpu", max_model_len=256).generate([prompt], params)[0].token_ids
+    gpu = LLM(folder, device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8)
+    assert gpu.generate([prompt], params)[0].token_ids == ref
+    assert_graphs_replayed(gpu)
+
+
 def bf16_logits_vs_transformers(model, hf, prompt: list[int]):
     """(ours, transformers' bf16, transformers' fp32) float32 logits of `prompt` on the GPU."""
     ids = torch.tensor([prompt], device="cuda")

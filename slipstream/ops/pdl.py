@@ -4,17 +4,13 @@ touches memory. What it saves is the launch gap between two kernels (~1 µs insi
 graph; docs/kernel-notes.md, "Programmatic dependent launch"), which a 0.6B decode step
 pays ~260 times (only between two PDL kernels: cuBLAS's GEMMs are launched normally).
 
-The rule every PDL kernel here follows: `pdl_start(USE_PDL)` comes before any store and
-before any early return, in every program, and before any load of memory a kernel of the
-step may write. So a kernel finishes only after the one before it has finished and flushed
-its writes, an output is visible to every later kernel as without PDL, and when a kernel
-starts, every kernel before the previous one has finished. Loads of memory no kernel of the
-step writes may come before the wait, so that they stream while the previous kernel ends:
-the weights (`triton_gemv.py`), the step's metadata (uploaded before the step: positions,
-slots, sequence lengths, block tables; `triton_qkv_epilogue.py`, `triton_attention_kernels.py`)
-and the K/V of positions written by earlier steps (the decode kernel's first tile, all but
-each row's newest position). Kernels that are not Triton's (cuBLAS, torch) are launched
-normally: they wait for the complete previous kernel.
+The rule every PDL kernel here follows: `pdl_start(USE_PDL)` is its first statement, in
+every program, before any load or store and before any early return. So a kernel finishes
+only after the one before it has finished and flushed its writes, and an output is visible
+to every later kernel as without PDL. The one exception: loads of memory no kernel ever
+writes (the weights) may come first, so that they stream while the previous kernel ends
+(`triton_gemv.py`). Kernels that are not Triton's (cuBLAS, torch) are
+launched normally: they wait for the complete previous kernel.
 
 `use_pdl(device)`: on for CUDA devices of compute capability 9.0+ when this Triton has the
 grid-dependency ops; `SLIPSTREAM_PDL=0` in the environment turns it off (A/B runs).

@@ -21,10 +21,6 @@ Kernels
   split writes a normalised partial output and its log-sum-exp (base 2), and the last split
   of a (row, KV head) to finish merges them (an atomic counter in `meta.split_counters`,
   reset by that program) -- or, without counters, `_decode_reduce_kernel` does.
-  Before waiting for the previous kernel (PDL, `ops/pdl.py`) a program reads its row's
-  metadata and, for batches of at most `prefetch_batch` rows, its first KV tile except the
-  row's newest position (the qkv epilogue, the kernel before, is writing that one): those
-  loads overlap the epilogue's end.  The newest position is read after the wait.
 * Mixed batches with `meta.num_decode > 0`: the decode kernel takes the first num_decode
   rows of `meta.decode_order`, where the single-token rows come first, and skips any that
   has not exactly one query token (`SINGLE_ONLY`: a mixed CUDA graph covers every row);
@@ -89,10 +85,6 @@ class DecodeConfig:
     # 128 for every batch size cost small-256 0.2-0.4%, hence only small batches
     small_batch: int = 8
     small_min_chunk: int = 128
-    # a batch of at most prefetch_batch rows loads each program's first KV tile (all but the
-    # row's newest position) before waiting for the previous kernel, so that it streams while
-    # the qkv epilogue ends (module doc); larger batches would hold it in registers for long
-    prefetch_batch: int = 8
 
 
 @dataclass(frozen=True)
@@ -279,8 +271,7 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
-        MERGE=merge, SINGLE_ONLY=subset, NUM_KV_HEADS=num_kv_heads,
-        PREFETCH=0 < num_rows <= cfg.prefetch_batch, IEEE=ieee, UPCAST=upcast,
+        MERGE=merge, SINGLE_ONLY=subset, NUM_KV_HEADS=num_kv_heads, IEEE=ieee, UPCAST=upcast,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl)
     if split and not merge:

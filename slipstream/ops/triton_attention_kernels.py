@@ -28,31 +28,6 @@ def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _kv_rows(bt_row_ptr, k_head_off, v_head_off, t, blk_end, stride_kcb, stride_kcs, stride_vcb,
-             stride_vcs, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK_END: tl.constexpr):
-    """Cache row offsets of KV positions [t, t + BLOCK_N) (positions >= blk_end read no block
-    table entry when MASK_END), and the positions."""
-    pos = t + tl.arange(0, BLOCK_N)
-    if MASK_END:
-        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=pos < blk_end, other=0).to(tl.int64)
-    else:
-        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE).to(tl.int64)
-    in_blk = pos % BLOCK_SIZE
-    return blk * stride_kcb + in_blk * stride_kcs + k_head_off, blk * stride_vcb + in_blk * stride_vcs + v_head_off, pos
-
-
-@triton.jit
-def _softmax_step(acc, l_i, m_i, s, v, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """Online softmax over one tile: scores s [rows, BLOCK_N] (masked ones -inf), values v."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE, UPCAST)
-    return acc, l_i, m_new
-
-
-@triton.jit
 def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_off, v_head_off,
                  t, kv_end, row_pos, qk_scale, stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -63,10 +38,17 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_
     MASK_END: positions >= kv_end are masked (else the whole tile must be valid).
     CAUSAL: position p is masked for a row whose absolute position row_pos < p.
     """
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    k_rows, v_rows, pos = _kv_rows(bt_row_ptr, k_head_off, v_head_off, t, kv_end, stride_kcb,
-                                   stride_kcs, stride_vcb, stride_vcs, BLOCK_SIZE, BLOCK_N, MASK_END)
-    nmask = pos < kv_end
+    pos = t + offs_n
+    if MASK_END:
+        nmask = pos < kv_end
+        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+    else:
+        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE).to(tl.int64)
+    in_blk = pos % BLOCK_SIZE
+    k_rows = blk * stride_kcb + in_blk * stride_kcs + k_head_off
+    v_rows = blk * stride_vcb + in_blk * stride_vcs + v_head_off
     k_ptrs = k_cache_ptr + (k_rows[:, None] + offs_d[None, :])
     v_ptrs = v_cache_ptr + (v_rows[:, None] + offs_d[None, :])
     if MASK_END:
@@ -81,11 +63,16 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_
         s = tl.where(keep, s, float("-inf"))
     elif MASK_END:
         s = tl.where(nmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
     if MASK_END:
         v = tl.load(v_ptrs, mask=nmask[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
-    return _softmax_step(acc, l_i, m_i, s, v, IEEE, UPCAST)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE, UPCAST)
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -158,8 +145,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
                    SPLIT: tl.constexpr, HAS_ORDER: tl.constexpr, MERGE: tl.constexpr,
-                   SINGLE_ONLY: tl.constexpr, NUM_KV_HEADS: tl.constexpr, PREFETCH: tl.constexpr,
-                   IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+                   SINGLE_ONLY: tl.constexpr, NUM_KV_HEADS: tl.constexpr, IEEE: tl.constexpr,
+                   UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     # One flat grid, (row, KV head, split) with the split fastest: the hardware starts
     # programs in id order, so with rows longest first every KV head of the longest row
     # starts first and the whole grid runs longest-work-first (a grid with the KV head as
@@ -169,10 +157,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
     kvh = (prog // num_splits) % NUM_KV_HEADS
     pid = prog // (num_splits * NUM_KV_HEADS)
     head0 = kvh * GROUP
-    # Before waiting for the previous kernel (the qkv epilogue), this program reads only what
-    # no kernel of the step writes (ops/pdl.py): the step's metadata, uploaded before it, and
-    # with PREFETCH the K/V of its first tile up to the row's newest position, seq_len - 1,
-    # which that epilogue is writing; the newest row is read after the wait.  Loads, no stores.
+    if pid == 0:
+        if split == 0:
+            _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
+                       GROUP, BLOCK_G, HEAD_DIM)
     # HAS_ORDER: programs take rows longest first (order = argsort(-seq_lens), built on the
     # host), so the last programs to start are the short rows: no long tail on ragged batches.
     if HAS_ORDER:
@@ -181,35 +169,17 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
         seq = pid
     q_tok = tl.load(qsl_ptr + seq)
     q_end = tl.load(qsl_ptr + seq + 1)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
-    start = split * chunk
-    end = tl.minimum(start + chunk, seq_len)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, HEAD_DIM)
-    gmask = offs_g < GROUP
-    acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
-                                                               stride_vch, BLOCK_G, HEAD_DIM)
-    if PREFETCH:
-        live = (q_end - q_tok == 1) & (start < end)  # a decode row with work in this split
-        k_rows, v_rows, pos0 = _kv_rows(bt_row, k_head_off, v_head_off, start, tl.where(live, end, 0),
-                                        stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                        BLOCK_SIZE, BLOCK_N, True)
-        k0_ptrs = k_cache_ptr + (k_rows[:, None] + offs_d[None, :])
-        v0_ptrs = v_cache_ptr + (v_rows[:, None] + offs_d[None, :])
-        old = (pos0 < tl.where(live, tl.minimum(end, seq_len - 1), 0))[:, None]
-        k0 = tl.load(k0_ptrs, mask=old, other=0.0)
-        v0 = tl.load(v0_ptrs, mask=old, other=0.0)
-    pdl_start(USE_PDL)
-    if pid == 0:
-        if split == 0:
-            _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
-                       GROUP, BLOCK_G, HEAD_DIM)
     if q_end <= q_tok:
         return  # no query token in this row
     if SINGLE_ONLY:
         if q_end - q_tok != 1:
             return  # a mixed batch's prefill row: the prefill kernel's
+    seq_len = tl.load(seq_lens_ptr + seq)
+    chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
+    start = split * chunk
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    gmask = offs_g < GROUP
     if SPLIT:
         if start >= seq_len:
             if MERGE:  # no reduce pass: a context-free row's output is written here
@@ -218,22 +188,14 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                     tl.store(optrs, tl.zeros([BLOCK_G, HEAD_DIM], dtype=out_ptr.dtype.element_ty),
                              mask=gmask[:, None])
             return  # past the end (the merge ignores this split)
+    end = tl.minimum(start + chunk, seq_len)
 
     q = tl.load(q_ptr + q_tok * stride_qt + (head0 + offs_g[:, None]) * stride_qh + offs_d[None, :],
                 mask=gmask[:, None], other=0.0)
+    acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
+                                                               stride_vch, BLOCK_G, HEAD_DIM)
     full_end = start + ((end - start) // BLOCK_N) * BLOCK_N
-    first = start
-    if PREFETCH:
-        # the first tile from the prefetch, its newest position (if in it) loaded now
-        newest = ((pos0 == seq_len - 1) & (pos0 < end))[:, None]
-        k0 = tl.where(newest, tl.load(k0_ptrs, mask=newest, other=0.0), k0)
-        v0 = tl.where(newest, tl.load(v0_ptrs, mask=newest, other=0.0), v0)
-        s0 = _dot(q, tl.trans(k0), IEEE, UPCAST) * qk_scale
-        s0 = tl.where((pos0 < end)[None, :], s0, float("-inf"))
-        acc, l_i, m_i = _softmax_step(acc, l_i, m_i, s0, v0, IEEE, UPCAST)
-        first = start + BLOCK_N
-        full_end = tl.maximum(full_end, first)
-    for t in range(first, full_end, BLOCK_N):
+    for t in range(start, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, end, offs_g, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,

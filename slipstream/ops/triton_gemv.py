@@ -60,8 +60,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, eps,
     kmask = offs_k < K
     mmask = offs_m < M
     # The program's whole weight tile is loaded *before* waiting for the previous kernel: no
-    # kernel writes weights, so their stream overlaps that kernel's tail (ops/pdl.py, the
-    # rule's exceptions; x, the residual and every store come after the wait).
+    # kernel writes weights, so their stream overlaps that kernel's tail (the one exception
+    # to ops/pdl.py's "wait first"; x, the residual and every store come after the wait).
     w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
                 mask=nmask[:, None] & kmask[None, :], other=0.0)
     pdl_start(USE_PDL)

@@ -91,7 +91,6 @@ def _epi_norm_rope(row, cols, mask, bias_ptr, h_row, w_ptr, cos, sin, eps,
 
 @triton.jit
 def _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF: tl.constexpr):
-    """The token's rotary cos and sin [HALF] (float32)."""
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, HALF)
     cos = tl.load(cs_ptr + pos * stride_cs + d).to(tl.float32)
@@ -100,11 +99,12 @@ def _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF: tl.constexpr):
 
 
 @triton.jit
-def _epi_q(row, bias_ptr, h_row, cos, sin, w_ptr, out_ptr, t, h0, n_q_heads, eps,
-           stride_ot, stride_oh,
+def _epi_q(row, bias_ptr, h_row, pos_ptr, cs_ptr, w_ptr, out_ptr, t, h0, n_q_heads, eps,
+           stride_cs, stride_ot, stride_oh,
            HALF: tl.constexpr, BLOCK_H: tl.constexpr, HAS_NORM: tl.constexpr,
            MID_FP32: tl.constexpr, PRE: tl.constexpr, HAS_BIAS: tl.constexpr,
            N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr):
+    cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
     h = h0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, HALF)
     mask = (h < n_q_heads)[:, None] & (d < HALF)[None, :]
@@ -118,11 +118,13 @@ def _epi_q(row, bias_ptr, h_row, cos, sin, w_ptr, out_ptr, t, h0, n_q_heads, eps
 
 
 @triton.jit
-def _epi_k(row, bias_ptr, h_row, cos, sin, w_ptr, slot, cache_ptr, h0, n_q_heads,
-           n_kv_heads, eps, stride_cb, stride_cs_slot, stride_ch,
+def _epi_k(row, bias_ptr, h_row, pos_ptr, cs_ptr, w_ptr, slot_ptr, cache_ptr, t, h0, n_q_heads,
+           n_kv_heads, eps, stride_cs, stride_cb, stride_cs_slot, stride_ch,
            HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr,
            HAS_NORM: tl.constexpr, MID_FP32: tl.constexpr, PRE: tl.constexpr,
            HAS_BIAS: tl.constexpr, N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr):
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
     h = h0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, HALF)
     # (slot broadcast before the compare: Triton's interpreter turns `tensor & scalar bool`
@@ -142,11 +144,12 @@ def _epi_k(row, bias_ptr, h_row, cos, sin, w_ptr, slot, cache_ptr, h0, n_q_heads
 
 
 @triton.jit
-def _epi_v(row, bias_ptr, h_row, slot, cache_ptr, h0, n_q_heads, n_kv_heads, eps,
+def _epi_v(row, bias_ptr, h_row, slot_ptr, cache_ptr, t, h0, n_q_heads, n_kv_heads, eps,
            stride_cb, stride_cs_slot, stride_ch,
            HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr,
            PRE: tl.constexpr, HAS_BIAS: tl.constexpr, N_HIDDEN: tl.constexpr,
            BLOCK_HID: tl.constexpr):
+    slot = tl.load(slot_ptr + t).to(tl.int64)
     h = h0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, HEAD_DIM)
     mask = ((h < n_kv_heads) & (h * 0 + slot >= 0))[:, None] & (d < HEAD_DIM)[None, :]
@@ -180,31 +183,26 @@ def _qkv_epilogue_kernel(
     BLOCK_HID: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     # grid: (tokens, q head blocks + k head blocks + v head blocks); each branch is a
     # helper so that no value escapes an `if` (its types differ between branches)
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
-    # Before waiting for the qkv GEMM (PDL, ops/pdl.py): the token's position, rotary row and
-    # cache slot, which no kernel of the step writes (uploaded before it; the cos/sin table
-    # is constant), so their dependent loads overlap the GEMM's end.  Loads only.
-    cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    pdl_start(USE_PDL)
     n_qb = tl.cdiv(n_q_heads, BLOCK_H)
     n_kb = tl.cdiv(n_kv_heads, BLOCK_H)
     row = qkv_ptr + t * stride_t
     h_row = h_ptr + t * stride_h
     if hb < n_qb:
-        _epi_q(row, bias_ptr, h_row, cos, sin, qw_ptr, q_out_ptr, t, hb * BLOCK_H,
-               n_q_heads, eps, stride_ot, stride_oh,
+        _epi_q(row, bias_ptr, h_row, pos_ptr, cs_ptr, qw_ptr, q_out_ptr, t, hb * BLOCK_H,
+               n_q_heads, eps, stride_cs, stride_ot, stride_oh,
                HALF, BLOCK_H, Q_NORM, Q_MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
     elif hb < n_qb + n_kb:
-        _epi_k(row, bias_ptr, h_row, cos, sin, kw_ptr, slot, k_cache_ptr,
+        _epi_k(row, bias_ptr, h_row, pos_ptr, cs_ptr, kw_ptr, slot_ptr, k_cache_ptr, t,
                (hb - n_qb) * BLOCK_H, n_q_heads, n_kv_heads, eps,
-               stride_kcb, stride_kcs, stride_kch,
+               stride_cs, stride_kcb, stride_kcs, stride_kch,
                HALF, BLOCK_H, BLOCK_SIZE, K_NORM, K_MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
     else:
-        _epi_v(row, bias_ptr, h_row, slot, v_cache_ptr, (hb - n_qb - n_kb) * BLOCK_H,
+        _epi_v(row, bias_ptr, h_row, slot_ptr, v_cache_ptr, t, (hb - n_qb - n_kb) * BLOCK_H,
                n_q_heads, n_kv_heads, eps, stride_vcb, stride_vcs, stride_vch,
                2 * HALF, BLOCK_H, BLOCK_SIZE, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
 
