@@ -17,9 +17,10 @@ computes rstd(h) per row and scales by it. The residual adds go into the o / dow
 (`linear_add_`: cuBLAS with beta = 1, h updated in place). A layer is then 4 GEMMs and 3
 small kernels (epilogue, attention, SiLU·mul) with no norm or add kernel of its own; only
 the final norm remains. At one row (the GEMV, ops/linear.py) the row scale is applied
-inside the qkv and gate_up products and SiLU·mul inside the down product: 6 kernels a layer. The rounding differs from transformers' (normalised x rounded to
-bf16, times gamma, rounded; the sum rounded twice) by about one bf16 step: the tests hold
-us to transformers' logits within their tolerances.
+inside the qkv and gate_up products and SiLU·mul inside the down product: 6 kernels a
+layer. The rounding differs from transformers' (normalised x rounded to bf16, times
+gamma, rounded; the sum rounded twice) by about one bf16 step: the tests hold us to
+transformers' logits within their tolerances.
 
 Tensor parallelism (`tp`, slipstream.model.parallel): qkv and gate_up are column-parallel
 (each rank holds its heads' rows, its slice of the intermediate columns), o and down are

@@ -132,6 +132,13 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
 
 
 @triton.jit
+def silu_mul(g, u):
+    """silu(g) * u in float32 (`silu_and_mul_ref`); also the down GEMV's input (triton_gemv.py)."""
+    g = g.to(tl.float32)
+    return g / (1.0 + tl.exp(-g)) * u.to(tl.float32)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, h_ptr, out_ptr, n_inter, stride_x, stride_h, stride_out, eps,
                          N_HIDDEN: tl.constexpr, BLOCK: tl.constexpr, BLOCK_HID: tl.constexpr,
                          USE_PDL: tl.constexpr):
@@ -147,8 +154,7 @@ def _silu_and_mul_kernel(x_ptr, h_ptr, out_ptr, n_inter, stride_x, stride_h, str
         r = row_rstd(h_ptr + row * stride_h, eps, N_HIDDEN, BLOCK_HID)
         g = g * r
         u = u * r
-    silu = g / (1.0 + tl.exp(-g))
-    y = silu * u
+    y = silu_mul(g, u)
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

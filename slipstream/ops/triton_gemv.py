@@ -27,6 +27,7 @@ import triton.language as tl
 
 from slipstream.ops.device import sm_count
 from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.triton_fused import silu_mul
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, eps,
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     x = tl.load(x_ptrs, mask=xmask, other=0.0)
     if SILU_MUL:  # x is [gate | up] (2K wide): the input is silu(gate) * up, rounded once
-        up = tl.load(x_ptrs + K, mask=xmask, other=0.0).to(tl.float32)
-        gate = x.to(tl.float32)
-        x = (gate / (1.0 + tl.exp(-gate)) * up).to(x.dtype)
+        x = silu_mul(x, tl.load(x_ptrs + K, mask=xmask, other=0.0)).to(x.dtype)
     acc = tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
     if ROW_SCALE:  # a folded RMSNorm (model/llama.py): times rstd of the input row
         xf = x.to(tl.float32)
