@@ -56,6 +56,14 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_transformers():
+    """The transformers oracle of the embedded model (helpers.smollm2_hf), loaded once per
+    session: transformers' own GGUF reader takes ~20 s a load on the CI machine."""
+    from helpers import smollm2_hf
+    return smollm2_hf()
+
+
+@pytest.fixture(scope="session")
 def tokenized_tiny(tmp_path_factory):
     """A tiny random Llama with the SmolLM2 tokenizer (async_mix.make_tokenized_tiny_llama)."""
     from async_mix import make_tokenized_tiny_llama

@@ -6,6 +6,7 @@ are poisoned with NaN, so an element left unwritten or read from the wrong place
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -188,6 +189,72 @@ def test_decode_large_batch_tiles():
     # the large-batch tiles (here from 3 rows on) give the same results
     cfg = replace(SMALL_DECODE, large_batch=2, large_block_n=32, large_num_warps=2)
     check_attention(DECODE_SEQS, 2, 4, 32, 8, torch.float32, seed=15, decode_config=cfg)
+
+
+PREFETCH_DECODE = replace(SMALL_DECODE, prefetch_batch=8)
+
+
+def _decode_launches(monkeypatch):
+    """The constexprs of each decode-kernel launch (the launch itself still runs)."""
+    import slipstream.ops.triton_attention as ta
+    launches, kernel = [], ta._decode_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append(kw)
+                return kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(ta, "_decode_kernel", Recorder())
+    return launches
+
+
+def test_prefetch_batch_from_the_environment(monkeypatch):
+    monkeypatch.delenv("SLIPSTREAM_PREFETCH_BATCH", raising=False)
+    assert DecodeConfig().prefetch_batch == 0  # off unless asked for (not yet timed)
+    monkeypatch.setenv("SLIPSTREAM_PREFETCH_BATCH", "8")
+    assert DecodeConfig().prefetch_batch == 8
+    monkeypatch.setenv("SLIPSTREAM_PREFETCH_BATCH", "eight")
+    with pytest.raises(ValueError, match="SLIPSTREAM_PREFETCH_BATCH='eight'"):
+        DecodeConfig()
+
+
+@pytest.mark.parametrize("dtype,num_kv_heads,group,splits", [
+    (torch.float32, 2, 1, 1), (torch.float32, 1, 3, 3), (torch.bfloat16, 2, 4, 7), (torch.float32, 2, 2, None)])
+def test_decode_prefetch_matches_the_reference(dtype, num_kv_heads, group, splits, monkeypatch):
+    # DECODE_SEQS (8 rows: lengths 0, 1, at and around the 16-token tile and chunk) with the
+    # row metadata and first KV tile loaded before the PDL wait, the newest position after it
+    launches = _decode_launches(monkeypatch)
+    check_attention(DECODE_SEQS, num_kv_heads, group, 32, 8, dtype, seed=40 + group,
+                    decode_config=PREFETCH_DECODE, num_splits=splits)
+    assert [kw["PREFETCH"] for kw in launches] == [True]
+
+
+def test_decode_prefetch_only_up_to_prefetch_batch(monkeypatch):
+    launches = _decode_launches(monkeypatch)
+    check_attention(DECODE_SEQS + [(3, 1)], 2, 2, 32, 8, torch.float32, seed=44,
+                    decode_config=PREFETCH_DECODE)
+    check_attention(DECODE_SEQS[:1], 2, 2, 32, 8, torch.float32, seed=45, decode_config=SMALL_DECODE)
+    assert [kw["PREFETCH"] for kw in launches] == [False, False]
+
+
+@pytest.mark.parametrize("graph_layout", [False, True])
+def test_mixed_decode_rows_with_prefetch(graph_layout, monkeypatch):
+    # a mixed batch's single-token rows through the prefetching decode kernel; its prefill
+    # rows (skipped there) load no K/V before the wait, and padding rows none at all
+    seqs = MIXED_WITH_DECODES[:6] + ([(0, 0), (0, 0)] if graph_layout else [])
+    q, k_cache, v_cache, meta = make_batch(seqs, 2, 2, 32, 8, torch.float32, seed=46, extra_tokens=2)
+    meta = _split_decode_rows(meta, graph_layout)
+    scale = 32 ** -0.5
+    expected = paged_attention_ref(q, k_cache, v_cache, meta, scale)
+    launches = _decode_launches(monkeypatch)
+    out = torch.full_like(q, float("nan"))
+    paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out, decode_config=PREFETCH_DECODE,
+                           prefill_config=SMALL_PREFILL, num_splits=3)
+    assert [kw["PREFETCH"] for kw in launches] == [True]
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+    assert (meta.split_counters == 0).all()
 
 
 def test_split_options_and_the_pick_from_row_lengths():
@@ -383,11 +450,12 @@ def test_prefill_larger_tiles_fp16():
 
 # ----------------------------------------------------------------------------- compiled for Hopper
 
-def compile_for_hopper() -> None:
+def compile_for_hopper(ptx_dir: str | None = None) -> None:
     """Compile every kernel for sm_90 as the host code would launch it (8B shape; bf16 and
     fp32), without a GPU.  The interpreter runs kernels as Python, so it misses what only
     the compiler rejects (globals, types, shapes of dots).  Run in a process without
-    TRITON_INTERPRET (see the test below)."""
+    TRITON_INTERPRET (see the test below).  ptx_dir: also write each compiled kernel's PTX
+    there (`benchmarks/ptx_diff.py` compares two trees' with it)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -417,6 +485,16 @@ def compile_for_hopper() -> None:
     # the large-batch decode tiles (here from 2 rows on)
     q, kc, vc, meta = make_batch([(8192, 1)] * 2, 8, 4, 128, 16, torch.bfloat16, seed=0)
     ta.paged_attention_triton(q, kc, vc, meta, 0.1, decode_config=DecodeConfig(large_batch=1))
+    # the decode kernel at the workloads' batch sizes: 32 rows on the 8B shape (seed-8b-short's
+    # decode steps: default tiles, 256-token chunks), 1 and 32 rows on the 0.6B shape (2 q
+    # heads a KV head)
+    for rows, group in [(32, 4), (1, 2), (32, 2)]:
+        q, kc, vc, meta = make_batch([(512, 1)] * rows, 8, group, 128, 16, torch.bfloat16, seed=0)
+        ta.paged_attention_triton(q, kc, vc, meta, 0.1)
+    # with the first KV tile loaded before the PDL wait (DecodeConfig.prefetch_batch)
+    for rows, group in [(1, 2), (8, 4)]:
+        q, kc, vc, meta = make_batch([(512, 1)] * rows, 8, group, 128, 16, torch.bfloat16, seed=0)
+        ta.paged_attention_triton(q, kc, vc, meta, 0.1, decode_config=DecodeConfig(prefetch_batch=8))
     # the layer's other Triton kernels with the folded norms' row scale (8B shape, bf16):
     # the qkv epilogue (with q/k norms, and with a qkv bias), SiLU·mul, the final RMSNorm
     import slipstream.ops.triton_fused as tf
@@ -436,6 +514,8 @@ def compile_for_hopper() -> None:
                            norm_w, norm_w, 1e-5, hidden=h)
     te.qkv_epilogue_triton(torch.zeros(T, 48 * D, dtype=bf), pos, cs, kc, kc.clone(), slots, 32, 8, D,
                            eps=1e-5, hidden=h, bias=torch.zeros(48 * D, dtype=bf))
+    te.qkv_epilogue_triton(torch.zeros(T, 48 * D, dtype=bf), pos, cs, kc, kc.clone(), slots, 32, 8, D,
+                           norm_w, norm_w, 1e-5, hidden=h, prefetch_tokens=T)  # loads before the wait
     tf.silu_and_mul_triton(torch.zeros(T, 2 * inter, dtype=bf), hidden=h, eps=1e-5)
     tf.rms_norm_triton(h, torch.ones(H, dtype=bf), 1e-5)
     # the one-row GEMV (0.6B shape): plain, with the folded norm's row scale and a bias, and
@@ -475,8 +555,15 @@ def compile_for_hopper() -> None:
         for n in consts:
             sig[n] = "constexpr"
         sig = {n: sig[n] for n in fn.arg_names}
-        triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
-        print("compiled", fn.__name__, {k: v for k, v in kw.items() if k.isupper()})
+        compiled = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                                  options=opts)
+        shown = {k: v for k, v in kw.items() if k.isupper()}
+        print("compiled", fn.__name__, shown)
+        if ptx_dir:
+            os.makedirs(ptx_dir, exist_ok=True)
+            with open(os.path.join(ptx_dir, f"{len(os.listdir(ptx_dir)):03d}.ptx"), "w") as f:
+                f.write(f"// {fn.__name__} {json.dumps(shown, sort_keys=True)} {json.dumps(opts, sort_keys=True)}\n")
+                f.write(compiled.asm["ptx"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU every test compiles the kernels")
@@ -487,7 +574,7 @@ def test_kernels_compile_for_hopper():
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 20, r.stdout
+    assert r.stdout.count("compiled") == 26, r.stdout
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes
@@ -564,13 +651,15 @@ def test_gpu_other_shapes(group, head_dim, block_size):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("prefetch", [0, 8])
 @pytest.mark.parametrize("lens", [[1], [64], [65], [300], [1000], [129, 64, 1, 700]])
-def test_gpu_decode_after_the_epilogue_reads_the_newest_position(lens):
+def test_gpu_decode_after_the_epilogue_reads_the_newest_position(lens, prefetch):
     """The engine's chain at small batches: the qkv epilogue stores each row's newest K/V and
     the decode kernel, launched right after it with PDL, must read them (a decode kernel
     that loaded its KV before waiting for the epilogue would not). Captured as the engine
     runs it (epilogue, then attention, in one graph) with the newest slots poisoned before
-    every replay: a stale read of that position gives NaN."""
+    every replay: a stale read of that position gives NaN.  prefetch: the decode kernel
+    loads the rest of its first tile before the wait (DecodeConfig.prefetch_batch)."""
     from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue, qkv_epilogue_ref
     kvh, group, d, bs = 8, 2, 128, 16
     q, kc, vc, meta = make_batch([(n, 1) for n in lens], kvh, group, d, bs, torch.bfloat16, seed=21,
@@ -591,7 +680,8 @@ def test_gpu_decode_after_the_epilogue_reads_the_newest_position(lens):
     def step():
         qkv_in.copy_(qkv)  # the epilogue writes q into its input
         qq = qkv_epilogue(qkv_in, positions, cos_sin, kc, vc, newest, kvh * group, kvh, d)
-        paged_attention(qq, kc, vc, meta, d ** -0.5, out=out)
+        paged_attention_triton(qq, kc, vc, meta, d ** -0.5, out=out,
+                               decode_config=DecodeConfig(prefetch_batch=prefetch))
 
     step()  # compile outside the capture
     torch.cuda.synchronize()
@@ -609,4 +699,4 @@ def test_gpu_decode_after_the_epilogue_reads_the_newest_position(lens):
         torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
 
 if __name__ == "__main__" and "--compile-for-hopper" in sys.argv:
-    compile_for_hopper()
+    compile_for_hopper(sys.argv[sys.argv.index("--ptx-dir") + 1] if "--ptx-dir" in sys.argv else None)

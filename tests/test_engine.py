@@ -3,7 +3,7 @@ features of a request (seeds, penalties, stops, min_tokens, logprobs, bad input)
 import numpy as np
 import pytest
 import torch
-from helpers import TINY_MODELS, hf_greedy, hf_logits, smollm2_hf
+from helpers import TINY_MODELS, hf_greedy, hf_logits
 
 from slipstream import LLM, SamplingParams
 
@@ -34,14 +34,14 @@ def test_greedy_equals_transformers_generate(tiny_model, kind, async_scheduling)
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_equals_transformers_generate():
+def test_smollm2_greedy_equals_transformers_generate(smollm2_transformers):
     llm = LLM(device="cpu", async_scheduling=True, max_model_len=512)
     tok = llm.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]),
                tok.encode("The three primary colours are"), tok.encode("def add(a, b):")]
     outs = llm.generate(prompts, GREEDY)
     for p, out in zip(prompts, outs):
-        assert out.token_ids == hf_greedy(smollm2_hf(), p, 32)
+        assert out.token_ids == hf_greedy(smollm2_transformers, p, 32)
     chat = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                     SamplingParams(max_tokens=32, temperature=0))[0]
     assert chat.text == "The capital of France is Paris." and chat.finish_reason == "stop"

@@ -308,6 +308,21 @@ def test_qkv_epilogue_row_scale_and_bias(dtype, qk_norm, hidden_size, bias):
         qkv_epilogue_triton(**dict(case, hidden=_randn(3, 8, dtype=dtype, seed=1)))
 
 
+@pytest.mark.parametrize("dtype,qk_norm,hidden_size,bias", [
+    (torch.float32, False, 0, False), (torch.bfloat16, True, 48, False), (torch.float32, False, 48, True)])
+def test_qkv_epilogue_with_loads_before_the_wait(dtype, qk_norm, hidden_size, bias):
+    # prefetch_tokens: positions, cos/sin rows and slots loaded before the PDL wait, the same
+    # results bit for bit as the kernel without (7 tokens: on at 7 and 8, off at 6)
+    case = _epilogue_case(7, 4, 2, 16, dtype, qk_norm, seed=61 + hidden_size, hidden_size=hidden_size,
+                          bias=bias)
+    plain = _run_epilogue(case)
+    for prefetch in (7, 8, 6):
+        early = _run_epilogue(case, prefetch_tokens=prefetch)
+        _check_epilogue(case, *early[:6])
+        for a, b in zip(plain[3:6], early[3:6]):
+            torch.testing.assert_close(a, b, atol=0, rtol=0, equal_nan=True)
+
+
 def test_epilogue_launch_shape():
     # 1024-element blocks at decode sizes, 2048 at prefill sizes, 4 warps; in batch-invariant
     # mode one shape at every token count (the rstd and q/k norm reductions keep their order)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from async_mix import make_tokenized_tiny_llama, mix, run_mix
-from helpers import PagedModelRunner, smollm2_hf
+from helpers import PagedModelRunner
 
 from slipstream import LLM, SamplingParams
 from slipstream.model.loader import load_model
@@ -97,10 +97,10 @@ def test_bf16_logits_close_to_transformers(tiny_model, kind):
         *bf16_logits_vs_transformers(model, hf, np.random.default_rng(1).integers(3, 256, 100).tolist()))
 
 
-def test_smollm2_bf16_logits_close_to_transformers():
+def test_smollm2_bf16_logits_close_to_transformers(smollm2_transformers):
     model, _ = load_model(None, dtype="bfloat16", device="cuda")
     prompt = np.random.default_rng(2).integers(3, 49000, 300).tolist()
-    ours, ref, truth = bf16_logits_vs_transformers(model, smollm2_hf(), prompt)
+    ours, ref, truth = bf16_logits_vs_transformers(model, smollm2_transformers, prompt)
     assert_bf16_as_accurate_as_transformers(ours, ref, truth)
     assert (ours.argmax(-1) == truth.argmax(-1)).float().mean() >= (ref.argmax(-1) == truth.argmax(-1)).float().mean() - 0.05
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9

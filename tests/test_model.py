@@ -7,7 +7,7 @@ generation against `generate` goes through the engine: tests/test_engine.py.
 """
 import pytest
 import torch
-from helpers import TINY_MODELS, PagedModelRunner, hf_logits, smollm2, smollm2_hf
+from helpers import TINY_MODELS, PagedModelRunner, hf_logits, smollm2
 
 from slipstream.model.loader import load_model
 from slipstream.model.llama import rope_inv_freq
@@ -65,11 +65,11 @@ def test_llama3_rope_scaling_changes_frequencies(family):
 
 
 @pytest.mark.slow
-def test_smollm2_gguf_logits_match_hf():
+def test_smollm2_gguf_logits_match_hf(smollm2_transformers):
     model, _, tokenizer = smollm2()
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}])
     ours = PagedModelRunner(model, block_size=16).step([(0, prompt)])
-    assert_logits_close(ours, hf_logits(smollm2_hf(), prompt))
+    assert_logits_close(ours, hf_logits(smollm2_transformers, prompt))
 
 
 def test_set_batch_invariant_reaches_every_linear_and_attention(family):

@@ -141,11 +141,14 @@ def qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
     returned q and must not rely on qkv afterwards.
     """
     if qkv.is_cuda:
+        from slipstream.ops import triton_attention
         from slipstream.ops.triton_qkv_epilogue import qkv_epilogue_triton
+        # loads before the PDL wait at the decode kernel's small batches (one knob for both)
+        prefetch = triton_attention.DEFAULT_DECODE_CONFIG.prefetch_batch
         return qkv_epilogue_triton(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                                    num_heads, num_kv_heads, head_dim, q_norm_weight,
                                    k_norm_weight, eps, hidden=hidden, bias=bias,
-                                   batch_invariant=batch_invariant)
+                                   batch_invariant=batch_invariant, prefetch_tokens=prefetch)
     return qkv_epilogue_ref(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                             num_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight, eps,
                             hidden=hidden, bias=bias)

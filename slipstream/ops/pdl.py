@@ -7,9 +7,13 @@ pays ~260 times (only between two PDL kernels: cuBLAS's GEMMs are launched norma
 The rule every PDL kernel here follows: `pdl_start(USE_PDL)` is its first statement, in
 every program, before any load or store and before any early return. So a kernel finishes
 only after the one before it has finished and flushed its writes, and an output is visible
-to every later kernel as without PDL. The one exception: loads of memory no kernel ever
-writes (the weights) may come first, so that they stream while the previous kernel ends
-(`triton_gemv.py`). Kernels that are not Triton's (cuBLAS, torch) are
+to every later kernel as without PDL; and since a kernel lets the next one launch only
+after its own wait, a kernel that starts early finds every kernel before the previous one
+finished. The exceptions are loads of memory no kernel of the step writes, which may come
+first so that they stream while the previous kernel ends: the weights (`triton_gemv.py`),
+and with `DecodeConfig.prefetch_batch` the decode kernel's row metadata (uploaded before
+the step) and first KV tile except each row's newest position (written by earlier steps;
+`triton_attention_kernels.py`). Kernels that are not Triton's (cuBLAS, torch) are
 launched normally: they wait for the complete previous kernel.
 
 `use_pdl(device)`: on for CUDA devices of compute capability 9.0+ when this Triton has the

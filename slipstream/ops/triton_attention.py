@@ -21,6 +21,10 @@ Kernels
   split writes a normalised partial output and its log-sum-exp (base 2), and the last split
   of a (row, KV head) to finish merges them (an atomic counter in `meta.split_counters`,
   reset by that program) -- or, without counters, `_decode_reduce_kernel` does.
+  With `DecodeConfig.prefetch_batch` (off by default, not yet timed) a batch of that many
+  rows or fewer reads each program's row metadata and first KV tile, except the row's
+  newest position, before waiting for the previous kernel (PDL, `ops/pdl.py`): the qkv
+  epilogue before it is writing that position only, which is read after the wait.
 * Mixed batches with `meta.num_decode > 0`: the decode kernel takes the first num_decode
   rows of `meta.decode_order`, where the single-token rows come first, and skips any that
   has not exactly one query token (`SINGLE_ONLY`: a mixed CUDA graph covers every row);
@@ -41,7 +45,8 @@ reference.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import os
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
@@ -54,6 +59,14 @@ LOG2E = 1.4426950408889634
 
 
 # ----------------------------------------------------------------------------- tunables
+
+def _env_rows(name: str) -> int:
+    """A row count from the environment (A/B runs); unset: 0."""
+    value = os.environ.get(name, "0")
+    if not value.isdigit():
+        raise ValueError(f"{name}={value!r}: expected a row count (0 or more)")
+    return int(value)
+
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -85,6 +98,15 @@ class DecodeConfig:
     # 128 for every batch size cost small-256 0.2-0.4%, hence only small batches
     small_batch: int = 8
     small_min_chunk: int = 128
+    # a batch of at most prefetch_batch rows (0: none) loads each program's row metadata and
+    # first KV tile (all but the row's newest position) before waiting for the previous
+    # kernel, so that they stream while the qkv epilogue ends (module doc).  Off until it is
+    # timed: 9e3d30b's version (docs/kernel-notes.md, "Loads before the PDL wait") made
+    # small-bs1 faster but also changed the kernels of larger batches; this one leaves them
+    # compiled as they were (benchmarks/ptx_diff.py).  The qkv epilogue of a batch of that
+    # many tokens or fewer loads its positions, rotary rows and slots early too (ops/fused.py).
+    # `SLIPSTREAM_PREFETCH_BATCH=8` in the environment turns both on (A/B runs)
+    prefetch_batch: int = field(default_factory=lambda: _env_rows("SLIPSTREAM_PREFETCH_BATCH"))
 
 
 @dataclass(frozen=True)
@@ -272,7 +294,7 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
         MERGE=merge, SINGLE_ONLY=subset, NUM_KV_HEADS=num_kv_heads, IEEE=ieee, UPCAST=upcast,
-        num_warps=cfg.num_warps,
+        PREFETCH=0 < num_rows <= cfg.prefetch_batch, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl)
     if split and not merge:
         assert not subset, "a row subset needs split_counters (the reduce pass runs over every row)"

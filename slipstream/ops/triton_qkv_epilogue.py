@@ -100,11 +100,12 @@ def _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF: tl.constexpr):
 
 @triton.jit
 def _epi_q(row, bias_ptr, h_row, pos_ptr, cs_ptr, w_ptr, out_ptr, t, h0, n_q_heads, eps,
-           stride_cs, stride_ot, stride_oh,
+           stride_cs, stride_ot, stride_oh, cos, sin,
            HALF: tl.constexpr, BLOCK_H: tl.constexpr, HAS_NORM: tl.constexpr,
            MID_FP32: tl.constexpr, PRE: tl.constexpr, HAS_BIAS: tl.constexpr,
-           N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr):
-    cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
+           N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr, EARLY: tl.constexpr):
+    if not EARLY:  # else cos / sin were loaded before the PDL wait
+        cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
     h = h0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, HALF)
     mask = (h < n_q_heads)[:, None] & (d < HALF)[None, :]
@@ -119,12 +120,14 @@ def _epi_q(row, bias_ptr, h_row, pos_ptr, cs_ptr, w_ptr, out_ptr, t, h0, n_q_hea
 
 @triton.jit
 def _epi_k(row, bias_ptr, h_row, pos_ptr, cs_ptr, w_ptr, slot_ptr, cache_ptr, t, h0, n_q_heads,
-           n_kv_heads, eps, stride_cs, stride_cb, stride_cs_slot, stride_ch,
+           n_kv_heads, eps, stride_cs, stride_cb, stride_cs_slot, stride_ch, cos, sin, slot,
            HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr,
            HAS_NORM: tl.constexpr, MID_FP32: tl.constexpr, PRE: tl.constexpr,
-           HAS_BIAS: tl.constexpr, N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr):
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
+           HAS_BIAS: tl.constexpr, N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr,
+           EARLY: tl.constexpr):
+    if not EARLY:  # else slot, cos and sin were loaded before the PDL wait
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
     h = h0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, HALF)
     # (slot broadcast before the compare: Triton's interpreter turns `tensor & scalar bool`
@@ -145,11 +148,12 @@ def _epi_k(row, bias_ptr, h_row, pos_ptr, cs_ptr, w_ptr, slot_ptr, cache_ptr, t,
 
 @triton.jit
 def _epi_v(row, bias_ptr, h_row, slot_ptr, cache_ptr, t, h0, n_q_heads, n_kv_heads, eps,
-           stride_cb, stride_cs_slot, stride_ch,
+           stride_cb, stride_cs_slot, stride_ch, slot,
            HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr,
            PRE: tl.constexpr, HAS_BIAS: tl.constexpr, N_HIDDEN: tl.constexpr,
-           BLOCK_HID: tl.constexpr):
-    slot = tl.load(slot_ptr + t).to(tl.int64)
+           BLOCK_HID: tl.constexpr, EARLY: tl.constexpr):
+    if not EARLY:  # else slot was loaded before the PDL wait
+        slot = tl.load(slot_ptr + t).to(tl.int64)
     h = h0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, HEAD_DIM)
     mask = ((h < n_kv_heads) & (h * 0 + slot >= 0))[:, None] & (d < HEAD_DIM)[None, :]
@@ -182,29 +186,42 @@ def _qkv_epilogue_kernel(
     PRE: tl.constexpr,  # N_HIDDEN > 0 or HAS_BIAS
     BLOCK_HID: tl.constexpr,
     USE_PDL: tl.constexpr,
+    EARLY: tl.constexpr = False,
 ):
-    pdl_start(USE_PDL)
+    # EARLY (small batches, `prefetch_tokens`): the token's position, rotary row and cache
+    # slot are loaded before the PDL wait: no kernel of the step writes them (uploaded before
+    # it; the cos/sin table is constant), so their dependent loads overlap the previous
+    # kernel's end.  Without it the statements run in their measured order (`if not EARLY`
+    # keeps that kernel's compiled code as it was: benchmarks/ptx_diff.py).
+    if not EARLY:
+        pdl_start(USE_PDL)
     # grid: (tokens, q head blocks + k head blocks + v head blocks); each branch is a
     # helper so that no value escapes an `if` (its types differ between branches)
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
+    cos, sin, slot = t, t, t  # placeholders: without EARLY the helpers load these
+    if EARLY:
+        cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        pdl_start(USE_PDL)
     n_qb = tl.cdiv(n_q_heads, BLOCK_H)
     n_kb = tl.cdiv(n_kv_heads, BLOCK_H)
     row = qkv_ptr + t * stride_t
     h_row = h_ptr + t * stride_h
     if hb < n_qb:
         _epi_q(row, bias_ptr, h_row, pos_ptr, cs_ptr, qw_ptr, q_out_ptr, t, hb * BLOCK_H,
-               n_q_heads, eps, stride_cs, stride_ot, stride_oh,
-               HALF, BLOCK_H, Q_NORM, Q_MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
+               n_q_heads, eps, stride_cs, stride_ot, stride_oh, cos, sin,
+               HALF, BLOCK_H, Q_NORM, Q_MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID, EARLY)
     elif hb < n_qb + n_kb:
         _epi_k(row, bias_ptr, h_row, pos_ptr, cs_ptr, kw_ptr, slot_ptr, k_cache_ptr, t,
                (hb - n_qb) * BLOCK_H, n_q_heads, n_kv_heads, eps,
-               stride_cs, stride_kcb, stride_kcs, stride_kch,
-               HALF, BLOCK_H, BLOCK_SIZE, K_NORM, K_MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
+               stride_cs, stride_kcb, stride_kcs, stride_kch, cos, sin, slot,
+               HALF, BLOCK_H, BLOCK_SIZE, K_NORM, K_MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID,
+               EARLY)
     else:
         _epi_v(row, bias_ptr, h_row, slot_ptr, v_cache_ptr, t, (hb - n_qb - n_kb) * BLOCK_H,
-               n_q_heads, n_kv_heads, eps, stride_vcb, stride_vcs, stride_vch,
-               2 * HALF, BLOCK_H, BLOCK_SIZE, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
+               n_q_heads, n_kv_heads, eps, stride_vcb, stride_vcs, stride_vch, slot,
+               2 * HALF, BLOCK_H, BLOCK_SIZE, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID, EARLY)
 
 
 def epilogue_launch(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -238,7 +255,8 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
                         out: torch.Tensor | None = None,
                         block_h: int | None = None,
                         num_warps: int | None = None,
-                        batch_invariant: bool = False) -> torch.Tensor:
+                        batch_invariant: bool = False,
+                        prefetch_tokens: int = 0) -> torch.Tensor:
     """`qkv_epilogue_ref` in one kernel launch; returns q [T, num_heads, head_dim].
 
     qkv: [T, (Hq + 2 Hk) * D] with a contiguous last dim (any row stride).
@@ -252,7 +270,10 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     is folded into the qkv weights; bias [(Hq + 2 Hk) D]: the qkv bias, added after the
     row scale (`scale_rows_ref`).  `block_h` / `num_warps` override the launch heuristic
     (benchmarks); batch_invariant: a launch shape that does not depend on T
-    (`epilogue_launch`).  No host syncs: CUDA-graph capturable.
+    (`epilogue_launch`).  prefetch_tokens: a batch of at most that many tokens loads its
+    positions, rotary rows and cache slots before waiting for the previous kernel (PDL;
+    0: never; not yet timed on the GPU, so off by default).  No host syncs: CUDA-graph
+    capturable.
     """
     num_tokens = qkv.shape[0]
     D = head_dim
@@ -316,7 +337,7 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
         HALF=D // 2, BLOCK_H=bh, BLOCK_SIZE=block_size,
         Q_NORM=q_norm, K_NORM=k_norm, Q_MID_FP32=q_mid_fp32, K_MID_FP32=k_mid_fp32,
         N_HIDDEN=n_hidden, HAS_BIAS=bias is not None, PRE=n_hidden > 0 or bias is not None,
-        BLOCK_HID=row_block(n_hidden),
+        BLOCK_HID=row_block(n_hidden), EARLY=0 < num_tokens <= prefetch_tokens,
         num_warps=num_warps, **pdl_launch(qkv.device),
         # no FMA contraction: the products and sums are rounded like the torch reference's
         enable_fp_fusion=False,
