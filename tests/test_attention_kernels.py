@@ -191,7 +191,10 @@ def test_decode_large_batch_tiles():
     check_attention(DECODE_SEQS, 2, 4, 32, 8, torch.float32, seed=15, decode_config=cfg)
 
 
-PREFETCH_DECODE = replace(SMALL_DECODE, prefetch_batch=8)
+def prefetch_decode() -> DecodeConfig:
+    # (made in the tests, not at import: benchmarks/ptx_diff.py runs this file's compile
+    # check in older trees, whose DecodeConfig has no prefetch_batch)
+    return replace(SMALL_DECODE, prefetch_batch=8)
 
 
 def _decode_launches(monkeypatch):
@@ -227,14 +230,14 @@ def test_decode_prefetch_matches_the_reference(dtype, num_kv_heads, group, split
     # row metadata and first KV tile loaded before the PDL wait, the newest position after it
     launches = _decode_launches(monkeypatch)
     check_attention(DECODE_SEQS, num_kv_heads, group, 32, 8, dtype, seed=40 + group,
-                    decode_config=PREFETCH_DECODE, num_splits=splits)
+                    decode_config=prefetch_decode(), num_splits=splits)
     assert [kw["PREFETCH"] for kw in launches] == [True]
 
 
 def test_decode_prefetch_only_up_to_prefetch_batch(monkeypatch):
     launches = _decode_launches(monkeypatch)
     check_attention(DECODE_SEQS + [(3, 1)], 2, 2, 32, 8, torch.float32, seed=44,
-                    decode_config=PREFETCH_DECODE)
+                    decode_config=prefetch_decode())
     check_attention(DECODE_SEQS[:1], 2, 2, 32, 8, torch.float32, seed=45, decode_config=SMALL_DECODE)
     assert [kw["PREFETCH"] for kw in launches] == [False, False]
 
@@ -250,7 +253,7 @@ def test_mixed_decode_rows_with_prefetch(graph_layout, monkeypatch):
     expected = paged_attention_ref(q, k_cache, v_cache, meta, scale)
     launches = _decode_launches(monkeypatch)
     out = torch.full_like(q, float("nan"))
-    paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out, decode_config=PREFETCH_DECODE,
+    paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out, decode_config=prefetch_decode(),
                            prefill_config=SMALL_PREFILL, num_splits=3)
     assert [kw["PREFETCH"] for kw in launches] == [True]
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
