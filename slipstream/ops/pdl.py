@@ -13,7 +13,8 @@ finished. The exceptions are loads of memory no kernel of the step writes, which
 first so that they stream while the previous kernel ends: the weights (`triton_gemv.py`),
 and with `DecodeConfig.prefetch_batch` the decode kernel's row metadata (uploaded before
 the step) and first KV tile except each row's newest position (written by earlier steps;
-`triton_attention_kernels.py`). Kernels that are not Triton's (cuBLAS, torch) are
+`triton_attention_kernels.py`), and the qkv epilogue's positions, cos/sin rows and cache
+slots (`triton_qkv_epilogue.py`). Kernels that are not Triton's (cuBLAS, torch) are
 launched normally: they wait for the complete previous kernel.
 
 `use_pdl(device)`: on for CUDA devices of compute capability 9.0+ when this Triton has the

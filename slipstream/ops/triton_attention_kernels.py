@@ -157,6 +157,20 @@ def _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_vali
 
 
 @triton.jit
+def _decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER: tl.constexpr):
+    """The batch row a decode program serves, and its query tokens [q_tok, q_end).
+    HAS_ORDER: programs take rows longest first (order = argsort(-seq_lens), built on the
+    host), so the last programs to start are the short rows: no long tail on ragged batches."""
+    if HAS_ORDER:
+        seq = tl.load(order_ptr + pid)
+    else:
+        seq = pid
+    q_tok = tl.load(qsl_ptr + seq)
+    q_end = tl.load(qsl_ptr + seq + 1)
+    return seq, q_tok, q_end
+
+
+@triton.jit
 def _prefetch_first_tile(k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, bt_ptr, order_ptr, pid, split,
                          kvh, num_splits, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs,
                          stride_vch, stride_bt, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -167,12 +181,7 @@ def _prefetch_first_tile(k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, bt_ptr
     below seq_len - 1 (written by earlier steps).  The newest position, seq_len - 1, is the
     one the qkv epilogue (the kernel before) is writing: `_attend_prefetched_tile` reads it
     after the wait.  Loads only, no stores; a row with nothing to do here loads no K/V."""
-    if HAS_ORDER:
-        seq = tl.load(order_ptr + pid)
-    else:
-        seq = pid
-    q_tok = tl.load(qsl_ptr + seq)
-    q_end = tl.load(qsl_ptr + seq + 1)
+    seq, q_tok, q_end = _decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER)
     seq_len = tl.load(seq_lens_ptr + seq)
     chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
     start = split * chunk
@@ -246,15 +255,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
             _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
                        GROUP, BLOCK_G, HEAD_DIM)
     if not PREFETCH:
-        # HAS_ORDER: programs take rows longest first (order = argsort(-seq_lens), built on
-        # the host), so the last programs to start are the short rows: no long tail on
-        # ragged batches.
-        if HAS_ORDER:
-            seq = tl.load(order_ptr + pid)
-        else:
-            seq = pid
-        q_tok = tl.load(qsl_ptr + seq)
-        q_end = tl.load(qsl_ptr + seq + 1)
+        seq, q_tok, q_end = _decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER)
     if q_end <= q_tok:
         return  # no query token in this row
     if SINGLE_ONLY:
