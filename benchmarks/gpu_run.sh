@@ -3,7 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
-#         prefill-long gemv profile-start ab-gemv probe-cudnn ab-prefetch gputests-prefetch
+#         prefill-long gemv profile-start ab-gemv probe-cudnn ab-prefetch
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -146,15 +146,14 @@ for stage in "$@"; do
                  run "ab-gemv-$w-on-$i" 200 python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure
                done
              done ;;
-    # loads before the PDL wait at small batches (DecodeConfig.prefetch_batch) off and on,
-    # alternately, REPS times; then the GPU tests with them on
+    # loads before the PDL wait at small batches (DecodeConfig.prefetch_batch, 8 by default)
+    # off and on, alternately, REPS times
     ab-prefetch) for i in $(seq 1 "${REPS:-2}"); do
                    for w in ${WORKLOADS:-small-bs1 seed-8b-bs1 seed-8b-bs8 seed-8b-short small-256}; do
-                     run "ab-prefetch-$w-off-$i" 200 python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure
+                     run "ab-prefetch-$w-off-$i" 200 env SLIPSTREAM_PREFETCH_BATCH=0 python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure
                      run "ab-prefetch-$w-on-$i" 200 env SLIPSTREAM_PREFETCH_BATCH=8 python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure
                    done
                  done ;;
-    gputests-prefetch) run gputests-prefetch 420 env SLIPSTREAM_PREFETCH_BATCH=8 python3 -m pytest -q -m gpu tests/test_attention_kernels.py tests/test_gpu_engine.py -k "not smollm2" ;;
     profile-bs1) run profile-bs1 300 python3 benchmarks/profile_step.py --case llama-3.1-8b:1:512 --case qwen3-0.6b:1:512 --out "$RES/bs1" ;;
     bs1-small) run bs1-small 200 python3 -m slipstream.cli bench --workload small-bs1 --mode async --out "$RES/bs1" ;;
     bs1) run bs1-seed 200 python3 -m slipstream.cli bench --workload seed-8b-bs1 --mode async --out "$RES/bs1" ;;

@@ -24,7 +24,7 @@ from slipstream.ops.triton_attention import (DecodeConfig, DecodeSplitPolicy, Pr
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 # Tiny tiles for the interpreter: many KV tiles, many splits, many query tiles.
-SMALL_DECODE = DecodeConfig(block_n=16, min_chunk=16, num_warps=1, num_stages=1)
+SMALL_DECODE = DecodeConfig(block_n=16, min_chunk=16, num_warps=1, num_stages=1, prefetch_batch=0)
 SMALL_PREFILL = PrefillConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
 
 
@@ -193,7 +193,8 @@ def test_decode_large_batch_tiles():
 
 def prefetch_decode() -> DecodeConfig:
     # (made in the tests, not at import: benchmarks/ptx_diff.py runs this file's compile
-    # check in older trees, whose DecodeConfig has no prefetch_batch)
+    # check in older trees, whose DecodeConfig has no prefetch_batch; SMALL_DECODE, the
+    # plain path, names it since this tree's default is 8)
     return replace(SMALL_DECODE, prefetch_batch=8)
 
 
@@ -215,9 +216,11 @@ def _decode_launches(monkeypatch):
 
 def test_prefetch_batch_from_the_environment(monkeypatch):
     monkeypatch.delenv("SLIPSTREAM_PREFETCH_BATCH", raising=False)
-    assert DecodeConfig().prefetch_batch == 0  # off unless asked for (not yet timed)
-    monkeypatch.setenv("SLIPSTREAM_PREFETCH_BATCH", "8")
-    assert DecodeConfig().prefetch_batch == 8
+    assert DecodeConfig().prefetch_batch == 8  # on by default (timed: module doc)
+    monkeypatch.setenv("SLIPSTREAM_PREFETCH_BATCH", "0")
+    assert DecodeConfig().prefetch_batch == 0
+    monkeypatch.setenv("SLIPSTREAM_PREFETCH_BATCH", "16")
+    assert DecodeConfig().prefetch_batch == 16
     monkeypatch.setenv("SLIPSTREAM_PREFETCH_BATCH", "eight")
     with pytest.raises(ValueError, match="SLIPSTREAM_PREFETCH_BATCH='eight'"):
         DecodeConfig()

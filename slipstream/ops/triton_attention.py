@@ -21,7 +21,7 @@ Kernels
   split writes a normalised partial output and its log-sum-exp (base 2), and the last split
   of a (row, KV head) to finish merges them (an atomic counter in `meta.split_counters`,
   reset by that program) -- or, without counters, `_decode_reduce_kernel` does.
-  With `DecodeConfig.prefetch_batch` (off by default, not yet timed) a batch of that many
+  With `DecodeConfig.prefetch_batch` (8 by default) a batch of that many
   rows or fewer reads each program's row metadata and first KV tile, except the row's
   newest position, before waiting for the previous kernel (PDL, `ops/pdl.py`): the qkv
   epilogue before it is writing that position only, which is read after the wait.
@@ -60,9 +60,9 @@ LOG2E = 1.4426950408889634
 
 # ----------------------------------------------------------------------------- tunables
 
-def _env_rows(name: str) -> int:
-    """A row count from the environment (A/B runs); unset: 0."""
-    value = os.environ.get(name, "0")
+def _env_rows(name: str, default: int) -> int:
+    """A row count from the environment (A/B runs); unset: default."""
+    value = os.environ.get(name, str(default))
     if not value.isdigit():
         raise ValueError(f"{name}={value!r}: expected a row count (0 or more)")
     return int(value)
@@ -100,13 +100,14 @@ class DecodeConfig:
     small_min_chunk: int = 128
     # a batch of at most prefetch_batch rows (0: none) loads each program's row metadata and
     # first KV tile (all but the row's newest position) before waiting for the previous
-    # kernel, so that they stream while the qkv epilogue ends (module doc).  Off until it is
-    # timed: 9e3d30b's version (docs/kernel-notes.md, "Loads before the PDL wait") made
-    # small-bs1 faster but also changed the kernels of larger batches; this one leaves them
-    # compiled as they were (benchmarks/ptx_diff.py).  The qkv epilogue of a batch of that
-    # many tokens or fewer loads its positions, rotary rows and slots early too (ops/fused.py).
-    # `SLIPSTREAM_PREFETCH_BATCH=8` in the environment turns both on (A/B runs)
-    prefetch_batch: int = field(default_factory=lambda: _env_rows("SLIPSTREAM_PREFETCH_BATCH"))
+    # kernel, so that they stream while the qkv epilogue ends (module doc); the qkv epilogue
+    # of a batch of that many tokens or fewer loads its positions, rotary rows and slots
+    # early too (ops/fused.py).  Larger batches compile to the same PTX as without it
+    # (benchmarks/ptx_diff.py).  H200, 2026-12-02, 297a843, 0 / 8 alternately, twice
+    # (benchmarks/results/2026-12-02-297a843): small-bs1 0.91 -> 0.88 ms a step, seed-8b-bs8
+    # 4.87 -> 4.79, seed-8b-bs1, seed-8b-short and small-256 unchanged.
+    # `SLIPSTREAM_PREFETCH_BATCH=0` in the environment turns both off (A/B runs)
+    prefetch_batch: int = field(default_factory=lambda: _env_rows("SLIPSTREAM_PREFETCH_BATCH", 8))
 
 
 @dataclass(frozen=True)
