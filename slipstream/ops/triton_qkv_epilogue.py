@@ -272,7 +272,7 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     (benchmarks); batch_invariant: a launch shape that does not depend on T
     (`epilogue_launch`).  prefetch_tokens: a batch of at most that many tokens loads its
     positions, rotary rows and cache slots before waiting for the previous kernel (PDL;
-    0: never; not yet timed on the GPU, so off by default).  No host syncs: CUDA-graph
+    0: never; `ops/fused.py` passes `DecodeConfig.prefetch_batch`, 8 by default).  No host syncs: CUDA-graph
     capturable.
     """
     num_tokens = qkv.shape[0]
