@@ -77,10 +77,11 @@ def hf_logits(hf_model, prompt: list[int]) -> torch.Tensor:
         return hf_model(torch.tensor([prompt])).logits[0].float()
 
 
-def write_gguf(hf_model, path: str) -> None:
+def write_gguf(hf_model, path: str, qtype: str | None = None) -> None:
     """Write a tiny HF Llama/Qwen2/Qwen3 model as an F32 GGUF the way llama.cpp's converter
     does: its tensor names (from the gguf package's own name map), q/k rows of the llama
-    architecture permuted, Llama 3.1 rope scaling as a `rope_freqs` tensor."""
+    architecture permuted, Llama 3.1 rope scaling as a `rope_freqs` tensor.  qtype (e.g.
+    "Q8_0"): every matrix whose rows are whole blocks of 32 stored in that type instead."""
     import gguf
     import numpy as np
 
@@ -124,7 +125,11 @@ def write_gguf(hf_model, path: str) -> None:
             w = permute(w, cfg.num_key_value_heads)
         gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name, name
-        writer.add_tensor(gguf_name, np.ascontiguousarray(w))
+        if qtype and w.ndim == 2 and w.shape[1] % 32 == 0:
+            q = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(gguf_name, gguf.quants.quantize(np.ascontiguousarray(w), q), raw_dtype=q)
+        else:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(w))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -166,7 +166,8 @@ def test_two_ranks_on_the_async_mix(tokenized_tiny):
 
 @pytest.mark.parametrize("kind", ["llama", "llama3"])
 def test_each_rank_loads_its_shard(tiny_model, tmp_path, kind):
-    """safetensors slices, GGUF tensors narrowed, dummy weights drawn whole and narrowed: each
+    """safetensors slices, GGUF tensors (F32 narrowed; Q8_0 and Q4_1 dequantized for the
+    rank's rows or blocks of columns only), dummy weights drawn whole and narrowed: each
     rank's parameters are its slice of the one-rank model's (no process group needed)."""
     import torch
 
@@ -174,8 +175,11 @@ def test_each_rank_loads_its_shard(tiny_model, tmp_path, kind):
     from slipstream.model.loader import load_model
     from slipstream.model.parallel import TPGroup
     folder, hf = tiny_model(kind)
-    write_gguf(hf, str(tmp_path / "m.gguf"))
-    for source, fmt in ((folder, "auto"), (str(tmp_path / "m.gguf"), "gguf"), (folder, "dummy")):
+    ggufs = []
+    for qtype in (None, "Q8_0", "Q4_1"):
+        ggufs.append((str(tmp_path / f"m-{qtype}.gguf"), "gguf"))
+        write_gguf(hf, ggufs[-1][0], qtype)
+    for source, fmt in ((folder, "auto"), *ggufs, (folder, "dummy")):
         whole, cfg = load_model(source, fmt)
         d, a = cfg.head_dim, whole.layers[0].self_attn
         for rank in range(2):

@@ -3,7 +3,9 @@
 The header is parsed here directly (it is a simple little-endian layout) because
 `gguf.GGUFReader` builds a numpy view per vocabulary string, which costs seconds on a 49k-token
 vocabulary; we skip the string arrays we do not need.  The `gguf` package still provides the
-type tables and the dequantization (`gguf.quants.dequantize`).
+type tables and the dequantization of every type but the plain block formats, which
+model/gguf_dequant.py dequantizes in torch (bit for bit the same, twice as fast, and a
+tensor-parallel rank's slice only).
 
 llama.cpp's converter permutes the rows of q/k projections of the `llama` architecture so that
 its RoPE can rotate interleaved pairs; we undo that to get the Hugging Face (rotate-half) layout.
@@ -18,7 +20,9 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from slipstream.model import gguf_dequant
 from slipstream.model.config import ModelConfig
+from slipstream.model.shards import Slice
 
 # GGUF general.architecture -> (HF architecture, q/k rows permuted by llama.cpp)
 GGUF_ARCHITECTURES = {
@@ -151,17 +155,29 @@ class GGUFFile:
             self.tensors[name] = GGUFTensorInfo(name, shape, qtype, data_start + offset, nbytes)
 
     # --- tensors --------------------------------------------------------------------------
-    def read(self, name: str) -> np.ndarray:
-        """Tensor `name` dequantized to float32, in the (torch-order) shape of the file."""
+    def read(self, name: str, s: Slice | None = None) -> torch.Tensor:
+        """Tensor `name` dequantized to float32, in the (torch-order) shape of the file, or
+        only slice `s` of it.  Q4_0 / Q4_1 / Q8_0 are dequantized here (model/gguf_dequant.py),
+        of a slice only where it is whole rows or whole blocks of columns; other types by
+        `gguf.quants.dequantize`, whole, then narrowed."""
         info = self.tensors[name]
         raw = np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+        if gguf_dequant.supported(info.qtype.name) and len(info.shape) == 2:
+            rows = cols = None
+            if s is not None and s.dim == 0:
+                rows = (s.start, s.length)
+            elif s is not None and s.start % gguf_dequant.BLOCK == 0 and s.length % gguf_dequant.BLOCK == 0:
+                cols = (s.start, s.length)
+            t = gguf_dequant.dequantize(raw, info.qtype.name, info.shape, rows=rows, cols=cols)
+            return t if s is None or rows or cols else t.narrow(s.dim, s.start, s.length)
         block, type_size = self._gguf.GGML_QUANT_SIZES[info.qtype]
         cols = info.shape[-1] if info.shape else 1
         raw = raw.reshape(-1, cols // block * type_size)
         out = np.asarray(self._gguf.quants.dequantize(raw, info.qtype), dtype=np.float32)
         if not out.flags.writeable:  # float32 tensors come back as views of the mapped file
             out = out.copy()
-        return out.reshape(info.shape)
+        t = torch.from_numpy(out.reshape(info.shape))
+        return t if s is None else t.narrow(s.dim, s.start, s.length)
 
     def config(self) -> ModelConfig:
         return config_from_gguf_metadata(self.metadata, self.tensors, self)
@@ -179,7 +195,7 @@ class GGUFFile:
                 continue
             hf_name = gguf_to_hf_name(name)
             if hf_name is None:
-                yield f"gguf:{name}", info.shape, lambda s=None, name=name: torch.from_numpy(self.read(name))
+                yield f"gguf:{name}", info.shape, lambda s=None, name=name: self.read(name, s)
                 continue
             heads = None
             if permuted and ".self_attn.q_proj." in hf_name:
@@ -187,9 +203,14 @@ class GGUFFile:
             elif permuted and ".self_attn.k_proj." in hf_name:
                 heads = config.num_kv_heads
 
-            def load(s=None, name=name, heads=heads):
-                t = torch.from_numpy(self.read(name))  # (dequantized whole, then narrowed)
-                t = unpermute_qk(t, heads) if heads else t
+            def load(s=None, name=name, heads=heads, rows=info.shape[0] if info.shape else 1):
+                if not heads:
+                    return self.read(name, s)
+                head_dim = rows // heads
+                if s is not None and s.dim == 0 and s.start % head_dim == 0 and s.length % head_dim == 0:
+                    # whole heads (tensor parallelism): llama.cpp's row order is within a head
+                    return unpermute_qk(self.read(name, s), s.length // head_dim)
+                t = unpermute_qk(self.read(name), heads)
                 return t if s is None else t.narrow(s.dim, s.start, s.length)
 
             yield hf_name, info.shape, load
