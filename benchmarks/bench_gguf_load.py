@@ -1,6 +1,6 @@
-"""Dequantizing a GGUF file's tensors: the `gguf` package's numpy path (the reference)
-against `GGUFFile.read` (model/gguf_dequant.py for Q4_0 / Q4_1 / Q8_0), alternately, on
-the CPU.  `python benchmarks/bench_gguf_load.py [--model FILE.gguf] [--reps 3]` (default:
+"""Dequantizing a GGUF file's tensors: the `gguf` package's numpy path (the reference,
+`GGUFFile.read_reference`) against `GGUFFile.read` (model/gguf_dequant.py for Q4_0 / Q4_1 /
+Q8_0), alternately, on the CPU.  `python benchmarks/bench_gguf_load.py [--model FILE.gguf] [--reps 3]` (default:
 the embedded SmolLM2).  Prints seconds per pass over every tensor."""
 from __future__ import annotations
 
@@ -8,27 +8,17 @@ import argparse
 import importlib.metadata
 import time
 
-import gguf
-import numpy as np
 import torch
 
 from slipstream.model.gguf import GGUFFile
 from slipstream.model.loader import embedded_model_path
 
 
-def reference_pass(f: GGUFFile) -> float:
-    t = time.perf_counter()
-    for info in f.tensors.values():
-        raw = np.frombuffer(f._buf, dtype=np.uint8, count=info.nbytes, offset=info.offset)
-        rows = info.shape[0] if len(info.shape) > 1 else 1
-        np.asarray(gguf.quants.dequantize(raw.reshape(rows, -1), info.qtype), dtype=np.float32)
-    return time.perf_counter() - t
-
-
-def read_pass(f: GGUFFile) -> float:
+def timed_pass(f: GGUFFile, read) -> float:
+    """Seconds to dequantize every tensor of `f` with read(f, name)."""
     t = time.perf_counter()
     for name in f.tensors:
-        f.read(name)
+        read(f, name)
     return time.perf_counter() - t
 
 
@@ -43,7 +33,7 @@ def main() -> int:
           f"{torch.get_num_threads()} threads, gguf {importlib.metadata.version('gguf')}")
     print("| rep | gguf.quants.dequantize | GGUFFile.read | ratio |\n|---|---|---|---|")
     for rep in range(1, args.reps + 1):
-        ref, new = reference_pass(f), read_pass(f)
+        ref, new = timed_pass(f, GGUFFile.read_reference), timed_pass(f, GGUFFile.read)
         print(f"| {rep} | {ref:.3f} s | {new:.3f} s | {ref / new:.2f}x |", flush=True)
     return 0
 
