@@ -15,11 +15,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from slipstream.ops.attention import AttentionMetadata, paged_attention, paged_attention_ref
+from slipstream.ops.attention import AttentionMetadata, QKVEpilogue, paged_attention, paged_attention_ref
+from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue_ref
 from slipstream.ops.triton_attention import (DecodeConfig, DecodeSplitPolicy, PrefillConfig,
                                              choose_num_splits, decode_attention, decode_split_options,
                                              effective_decode_config, effective_prefill_config,
-                                             paged_attention_triton, pick_decode_splits, prefill_attention)
+                                             epilogue_in_decode_applies, paged_attention_triton,
+                                             pick_decode_splits, prefill_attention)
+from slipstream.ops.triton_qkv_epilogue import qkv_epilogue_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -360,6 +363,113 @@ def test_paged_attention_dispatch_out():
     torch.testing.assert_close(out, paged_attention_ref(q, k_cache, v_cache, meta, 0.2))
 
 
+# ----------------------------------------------------------------------------- the qkv epilogue inside
+
+def epilogue_case(lens, num_kv_heads, group, head_dim, block_size, dtype, *, seed, norms=False,
+                  pre=False, device=DEVICE, max_seq_len=None):
+    """A decode batch as the layer hands it over: the qkv GEMM's output [rows, (Hq + 2 Hk) D],
+    the epilogue's inputs (rotary rows at each row's newest position; Qwen3's q/k norm
+    weights with `norms`; with `pre` an unfinished GEMM output: the residual stream and a
+    bias), and caches whose newest slots hold NaN until something stores them.  Returns
+    (qkv, epi, k_cache, v_cache, meta)."""
+    _, kc, vc, meta = make_batch([(n, 1) for n in lens], num_kv_heads, group, head_dim, block_size, dtype,
+                                 seed=seed, device=device, max_seq_len=max_seq_len)
+    g = torch.Generator().manual_seed(seed + 1)
+    bt = meta.block_table.cpu()
+    newest = torch.tensor([int(bt[r, (n - 1) // block_size]) * block_size + (n - 1) % block_size if n else -1
+                           for r, n in enumerate(lens)], dtype=torch.int32)
+    meta = replace(meta, slot_mapping=newest.to(device))
+    for slot in newest[newest >= 0].tolist():
+        kc[slot // block_size, slot % block_size] = float("nan")
+        vc[slot // block_size, slot % block_size] = float("nan")
+    width = (num_kv_heads * group + 2 * num_kv_heads) * head_dim
+    qkv = torch.randn(len(lens), width, generator=g).to(dtype)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2) / head_dim))
+
+    def weight(n):
+        return (1 + 0.2 * torch.randn(n, generator=g)).to(dtype).to(device)
+
+    epi = QKVEpilogue(torch.tensor([max(n - 1, 0) for n in lens], dtype=torch.int32, device=device),
+                      build_cos_sin_cache(inv_freq, max(lens) + 8).to(device),
+                      weight(head_dim) if norms else None, weight(head_dim) if norms else None, 1e-6,
+                      hidden=torch.randn(len(lens), 48, generator=g).to(dtype).to(device) if pre else None,
+                      bias=weight(width) if pre else None)
+    return qkv.to(device), epi, kc, vc, meta
+
+
+def epilogue_then_attention(qkv, epi, kc, vc, meta, num_heads, **kwargs):
+    """The two-kernel path: the qkv epilogue kernel, then the decode kernel."""
+    num_kv_heads, head_dim = kc.shape[2], kc.shape[3]
+    q = qkv_epilogue_triton(qkv.clone(), epi.positions, epi.cos_sin_cache, kc, vc, meta.slot_mapping,
+                            num_heads, num_kv_heads, head_dim, epi.q_norm_weight, epi.k_norm_weight, epi.eps,
+                            hidden=epi.hidden, bias=epi.bias)
+    return paged_attention_triton(q, kc, vc, meta, head_dim ** -0.5, **kwargs)
+
+
+def attention_with_epilogue_inside(qkv, epi, kc, vc, meta, num_heads, **kwargs):
+    head_dim = kc.shape[3]
+    raw_q = qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
+    return paged_attention_triton(raw_q, kc, vc, meta, head_dim ** -0.5, epilogue=epi, **kwargs)
+
+
+@pytest.mark.parametrize("dtype,num_kv_heads,group,norms,pre,splits,prefetch", [
+    (torch.float32, 2, 2, True, False, None, 0),   # Qwen3: q/k norms, qkv finished by the GEMV
+    (torch.float32, 1, 3, False, True, 3, 8),      # Qwen2 / 8B at 2-8 rows: row scale + bias
+    (torch.bfloat16, 2, 4, True, True, 1, 8),      # one split: the output written directly
+    (torch.bfloat16, 2, 1, False, False, 7, 0),    # Llama at one row
+])
+def test_decode_with_the_epilogue_inside_equals_the_two_kernels(dtype, num_kv_heads, group, norms, pre,
+                                                                 splits, prefetch, monkeypatch):
+    """Bit for bit the epilogue kernel + decode kernel: the same output and the same K/V
+    stored (every newest slot starts as NaN, so a read before the store, or a missing store,
+    fails), and close to the torch references.  Rows: empty (padding), 1 token (the newest is
+    position 0), at / across the 8-token tile and chunk edges."""
+    lens = [0, 1, 7, 8, 9, 16, 17, 50]
+    cfg = replace(SMALL_DECODE, prefetch_batch=prefetch)
+    launches = _decode_launches(monkeypatch)
+    qkv, epi, kc, vc, meta = epilogue_case(lens, num_kv_heads, group, 16, 8, dtype, seed=70 + group,
+                                           norms=norms, pre=pre)
+    num_heads = num_kv_heads * group
+    kc2, vc2 = kc.clone(), vc.clone()
+    two = epilogue_then_attention(qkv, epi, kc2, vc2, meta, num_heads, decode_config=cfg, num_splits=splits)
+    one = attention_with_epilogue_inside(qkv, epi, kc, vc, meta, num_heads, decode_config=cfg,
+                                         num_splits=splits)
+    assert [kw.get("EPILOGUE", False) for kw in launches] == [False, True]
+    assert not torch.isnan(one).any()
+    assert torch.equal(one, two)
+    assert torch.equal(kc.nan_to_num(7.0), kc2.nan_to_num(7.0)) and torch.equal(vc.nan_to_num(7.0), vc2.nan_to_num(7.0))
+    assert not kc[meta.slot_mapping[1] // 8, meta.slot_mapping[1] % 8].isnan().any()
+    kr, vr = kc.clone(), vc.clone()
+    q_ref = qkv_epilogue_ref(qkv, epi.positions, epi.cos_sin_cache, kr, vr, meta.slot_mapping, num_heads,
+                             num_kv_heads, 16, epi.q_norm_weight, epi.k_norm_weight, epi.eps,
+                             hidden=epi.hidden, bias=epi.bias)
+    # bf16: q and K are each within one bf16 step of the reference's (the epilogue kernel's
+    # tolerance, tests/test_fused_kernels.py), and attention carries that over
+    atol, rtol = tolerances(dtype) if dtype == torch.float32 else (8e-2, 5e-2)
+    torch.testing.assert_close(one.float(), paged_attention_ref(q_ref, kr, vr, meta, 0.25).float(),
+                               atol=atol, rtol=rtol)
+    assert (meta.split_counters == 0).all()
+
+
+def test_epilogue_inside_applies_to_small_decode_batches_only(monkeypatch):
+    monkeypatch.delenv("SLIPSTREAM_EPILOGUE_BATCH", raising=False)
+    assert DecodeConfig().epilogue_batch == 8
+    qkv, epi, kc, vc, meta = epilogue_case([5] * 8, 2, 2, 16, 8, torch.bfloat16, seed=80, norms=True)
+    assert epilogue_in_decode_applies(qkv, epi, kc, meta, 4)
+    nine = epilogue_case([5] * 9, 2, 2, 16, 8, torch.bfloat16, seed=81)
+    assert not epilogue_in_decode_applies(nine[0], nine[1], nine[2], nine[4], 4)  # > epilogue_batch rows
+    assert not epilogue_in_decode_applies(qkv, epi, kc, meta, 4, replace(SMALL_DECODE, epilogue_batch=0))
+    assert not epilogue_in_decode_applies(qkv, epi, kc, replace(meta, max_query_len=2), 4)  # a prefill row
+    assert not epilogue_in_decode_applies(torch.cat([qkv, qkv[:1]]), epi, kc, meta, 4)  # a token in no row
+    fp32_norm = replace(epi, q_norm_weight=epi.q_norm_weight.float())  # a float32 intermediate
+    assert not epilogue_in_decode_applies(qkv, fp32_norm, kc, meta, 4)
+    assert not epilogue_in_decode_applies(qkv, epi, kc.half(), meta, 4)
+    monkeypatch.setenv("SLIPSTREAM_EPILOGUE_BATCH", "0")
+    assert not epilogue_in_decode_applies(qkv, epi, kc, meta, 4, DecodeConfig())
+    with pytest.raises(ValueError, match="decode batch"):
+        attention_with_epilogue_inside(qkv, epi, kc, vc, replace(meta, max_query_len=2), 4)
+
+
 # ----------------------------------------------------------------------------- prefill / mixed
 
 MIXED_SEQS = [(20, 20), (37, 5), (9, 1), (0, 3), (33, 33), (16, 16), (48, 17)]
@@ -501,11 +611,24 @@ def compile_for_hopper(ptx_dir: str | None = None) -> None:
     for rows, group in [(1, 2), (8, 4)]:
         q, kc, vc, meta = make_batch([(512, 1)] * rows, 8, group, 128, 16, torch.bfloat16, seed=0)
         ta.paged_attention_triton(q, kc, vc, meta, 0.1, decode_config=DecodeConfig(prefetch_batch=8))
+    # with the qkv epilogue inside (DecodeConfig.epilogue_batch): one row of the 0.6B shape
+    # with Qwen3's q/k norms (qkv finished by the GEMV), eight of the 8B shape with the
+    # folded norm's row scale and a bias (cuBLAS's unfinished output)
+    from slipstream.ops.attention import QKVEpilogue
+    for rows, group, norms, pre in [(1, 2, True, False), (8, 4, False, True)]:
+        q, kc, vc, meta = make_batch([(512, 1)] * rows, 8, group, 128, 16, torch.bfloat16, seed=0)
+        width = (8 * group + 16) * 128
+        qkv = torch.zeros(rows, width, dtype=torch.bfloat16)
+        w = torch.ones(128, dtype=torch.bfloat16) if norms else None
+        epi = QKVEpilogue(torch.zeros(rows, dtype=torch.int32), build_cos_sin_cache(torch.ones(64), 64),
+                          w, w, 1e-6, hidden=torch.zeros(rows, 4096, dtype=torch.bfloat16) if pre else None,
+                          bias=torch.zeros(width, dtype=torch.bfloat16) if pre else None)
+        ta.paged_attention_triton(qkv[:, :8 * group * 128].view(rows, 8 * group, 128), kc, vc, meta, 0.1,
+                                  epilogue=epi)
     # the layer's other Triton kernels with the folded norms' row scale (8B shape, bf16):
     # the qkv epilogue (with q/k norms, and with a qkv bias), SiLU·mul, the final RMSNorm
     import slipstream.ops.triton_fused as tf
     import slipstream.ops.triton_qkv_epilogue as te
-    from slipstream.ops.fused import build_cos_sin_cache
     te._qkv_epilogue_kernel = Capture(te._qkv_epilogue_kernel)
     tf._silu_and_mul_kernel = Capture(tf._silu_and_mul_kernel)
     tf._rms_norm_kernel = Capture(tf._rms_norm_kernel)
@@ -542,10 +665,18 @@ def compile_for_hopper(ptx_dir: str | None = None) -> None:
         opts = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3), "launch_pdl": True}
         if "enable_fp_fusion" in kw:  # a compile option, not an argument (the qkv epilogue's)
             opts["enable_fp_fusion"] = kw.pop("enable_fp_fusion")
-        names = [n for n in fn.arg_names if n not in kw]
-        assert len(names) == len(args)
-        sig, consts, attrs = {}, dict(kw), {}
-        for n, v in zip(names, args):
+        # every argument by name: positional ones, keywords, and the defaults of the rest; the
+        # constexpr parameters are constants, the others typed as the launcher would
+        values = {p.name: p.default for p in fn.params if p.has_default}
+        values.update(zip([n for n in fn.arg_names if n not in kw], args))
+        values.update(kw)
+        assert set(values) == set(fn.arg_names), set(fn.arg_names) ^ set(values)
+        constexpr = {p.name for p in fn.params if p.is_constexpr}
+        sig, attrs = {}, {}
+        consts = {n: v for n, v in values.items() if n in constexpr or v is None}
+        for n, v in values.items():
+            if n in consts:
+                continue
             i = fn.arg_names.index(n)
             if isinstance(v, torch.Tensor):
                 sig[n] = ty[v.dtype]
@@ -580,7 +711,7 @@ def test_kernels_compile_for_hopper():
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 26, r.stdout
+    assert r.stdout.count("compiled") == 28, r.stdout
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes
@@ -657,15 +788,18 @@ def test_gpu_other_shapes(group, head_dim, block_size):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("inside", [False, True])
 @pytest.mark.parametrize("prefetch", [0, 8])
 @pytest.mark.parametrize("lens", [[1], [64], [65], [300], [1000], [129, 64, 1, 700]])
-def test_gpu_decode_after_the_epilogue_reads_the_newest_position(lens, prefetch):
+def test_gpu_decode_after_the_epilogue_reads_the_newest_position(lens, prefetch, inside):
     """The engine's chain at small batches: the qkv epilogue stores each row's newest K/V and
     the decode kernel, launched right after it with PDL, must read them (a decode kernel
     that loaded its KV before waiting for the epilogue would not). Captured as the engine
     runs it (epilogue, then attention, in one graph) with the newest slots poisoned before
     every replay: a stale read of that position gives NaN.  prefetch: the decode kernel
-    loads the rest of its first tile before the wait (DecodeConfig.prefetch_batch)."""
+    loads the rest of its first tile before the wait (DecodeConfig.prefetch_batch).  inside:
+    the decode kernel does the epilogue's work itself, so its own store of the newest K/V
+    must come before its own reads of them."""
     from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue, qkv_epilogue_ref
     kvh, group, d, bs = 8, 2, 128, 16
     q, kc, vc, meta = make_batch([(n, 1) for n in lens], kvh, group, d, bs, torch.bfloat16, seed=21,
@@ -683,11 +817,17 @@ def test_gpu_decode_after_the_epilogue_reads_the_newest_position(lens, prefetch)
     q_ref = qkv_epilogue_ref(qkv, positions, cos_sin, kc_ref, vc_ref, newest, kvh * group, kvh, d)
     expected = paged_attention_ref(q_ref, kc_ref, vc_ref, meta, d ** -0.5)
 
+    cfg = DecodeConfig(prefetch_batch=prefetch)
+
     def step():
         qkv_in.copy_(qkv)  # the epilogue writes q into its input
+        if inside:
+            raw_q = qkv_in[:, :kvh * group * d].view(rows, kvh * group, d)
+            paged_attention_triton(raw_q, kc, vc, meta, d ** -0.5, out=out, decode_config=cfg,
+                                   epilogue=QKVEpilogue(positions, cos_sin))
+            return
         qq = qkv_epilogue(qkv_in, positions, cos_sin, kc, vc, newest, kvh * group, kvh, d)
-        paged_attention_triton(qq, kc, vc, meta, d ** -0.5, out=out,
-                               decode_config=DecodeConfig(prefetch_batch=prefetch))
+        paged_attention_triton(qq, kc, vc, meta, d ** -0.5, out=out, decode_config=cfg)
 
     step()  # compile outside the capture
     torch.cuda.synchronize()
@@ -703,6 +843,35 @@ def test_gpu_decode_after_the_epilogue_reads_the_newest_position(lens, prefetch)
         torch.cuda.synchronize()
         assert not torch.isnan(out).any(), "the newest position was read before the epilogue wrote it"
         torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b"])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_gpu_epilogue_inside_real_shapes(shape, rows):
+    """The engine's small decode batches with the epilogue inside the decode kernel, on the
+    two benchmark shapes (Qwen3: q/k norms on a finished qkv; Llama 8B: the folded norm's
+    row scale), against the two-kernel path and the torch references.  (The two kernels
+    are compiled apart, so their reductions may round differently: close, not equal.)"""
+    group, norms, pre = (2, True, False) if shape == "qwen3-0.6b" else (4, False, True)
+    lens = [4096, 1, 700, 129, 64, 2000, 3, 513][:rows]
+    qkv, epi, kc, vc, meta = epilogue_case(lens, 8, group, 128, 16, torch.bfloat16, seed=90 + rows,
+                                           norms=norms, pre=pre, max_seq_len=8192)
+    if pre:  # the residual stream of the 8B shape
+        epi = replace(epi, hidden=torch.randn(rows, 4096, device=DEVICE).to(torch.bfloat16), bias=None)
+    kc2, vc2 = kc.clone(), vc.clone()
+    two = epilogue_then_attention(qkv, epi, kc2, vc2, meta, 8 * group)
+    one = attention_with_epilogue_inside(qkv, epi, kc, vc, meta, 8 * group)
+    assert not torch.isnan(one).any()
+    torch.testing.assert_close(one.float(), two.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(kc.nan_to_num(7.0), kc2.nan_to_num(7.0), atol=2e-2, rtol=1.6e-2)
+    torch.testing.assert_close(vc.nan_to_num(7.0), vc2.nan_to_num(7.0), atol=2e-2, rtol=1.6e-2)
+    kr, vr = kc.clone(), vc.clone()
+    q_ref = qkv_epilogue_ref(qkv, epi.positions, epi.cos_sin_cache, kr, vr, meta.slot_mapping, 8 * group, 8,
+                             128, epi.q_norm_weight, epi.k_norm_weight, epi.eps, hidden=epi.hidden)
+    torch.testing.assert_close(one.float(), paged_attention_ref(q_ref, kr, vr, meta, 128 ** -0.5).float(),
+                               atol=8e-2, rtol=5e-2)
+    assert (meta.split_counters == 0).all()
+
 
 if __name__ == "__main__" and "--compile-for-hopper" in sys.argv:
     compile_for_hopper(sys.argv[sys.argv.index("--ptx-dir") + 1] if "--ptx-dir" in sys.argv else None)

@@ -38,8 +38,8 @@ from torch import nn
 
 from slipstream.model.config import ModelConfig
 from slipstream.model.parallel import TPGroup, TPShard
-from slipstream.ops.attention import AttentionMetadata, paged_attention
-from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue, rms_norm, silu_and_mul
+from slipstream.ops.attention import AttentionMetadata, QKVEpilogue, attention_after_qkv
+from slipstream.ops.fused import build_cos_sin_cache, rms_norm, silu_and_mul
 from slipstream.ops.linear import linear, linear_add_, linear_into_, norm_linear, silu_mul_linear_add_
 
 
@@ -178,16 +178,16 @@ class Attention(nn.Module):
         proj = self.qkv_proj
         qkv, finished = norm_linear(h, proj.weight, proj.bias, self.eps, proj.batch_invariant)
         k_cache, v_cache = kv_cache
-        # (row scale + bias,) q/k norm (Qwen3), RoPE, KV-cache store: one kernel on CUDA
-        # (q is then a view into qkv), the torch reference on CPU
-        q = qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
-                         self.num_heads, self.num_kv_heads, self.head_dim,
-                         q_norm_weight=self.q_norm.weight if self.qk_norm else None,
-                         k_norm_weight=self.k_norm.weight if self.qk_norm else None,
-                         eps=self.eps, hidden=None if finished else h,
-                         bias=None if finished else proj.bias,
-                         batch_invariant=self.batch_invariant)
-        out = paged_attention(q, k_cache, v_cache, meta, self.scale, batch_invariant=self.batch_invariant)
+        # (row scale + bias,) q/k norm (Qwen3), RoPE, KV-cache store, then attention: on CUDA
+        # the epilogue kernel and the attention kernels, or for a small decode batch one
+        # kernel for both; the torch references on CPU
+        epi = QKVEpilogue(positions, cos_sin_cache,
+                          q_norm_weight=self.q_norm.weight if self.qk_norm else None,
+                          k_norm_weight=self.k_norm.weight if self.qk_norm else None,
+                          eps=self.eps, hidden=None if finished else h,
+                          bias=None if finished else proj.bias)
+        out = attention_after_qkv(qkv, epi, k_cache, v_cache, meta, self.scale, self.num_heads,
+                                  self.num_kv_heads, self.head_dim, self.batch_invariant)
         return self.o_proj.add_into(h, out.reshape(num_tokens, self.q_size))
 
 

@@ -48,6 +48,20 @@ class AttentionMetadata:
         return self.seq_lens.shape[0]
 
 
+@dataclass(frozen=True)
+class QKVEpilogue:
+    """What the qkv epilogue (`slipstream.ops.fused.qkv_epilogue`) needs besides qkv, the
+    caches and the slots (meta.slot_mapping): the rotary inputs, Qwen3's q/k norm weights, and
+    for an unfinished GEMM output the residual stream it read (folded norm) and the bias."""
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    q_norm_weight: torch.Tensor | None = None
+    k_norm_weight: torch.Tensor | None = None
+    eps: float = 1e-6
+    hidden: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+
 def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
     """Write k, v [num_tokens, num_kv_heads, head_dim] into their cache slots."""
@@ -105,3 +119,25 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
         return result
     out.copy_(result)
     return out
+
+
+def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMetadata, scale: float, num_heads: int, num_kv_heads: int,
+                        head_dim: int, batch_invariant: bool = False) -> torch.Tensor:
+    """A layer's attention from its qkv GEMM's output: the qkv epilogue (q/k norm, RoPE, the
+    new K/V into the cache), then paged attention; returns [T, num_heads, head_dim].
+
+    On CUDA a small decode batch runs both in one kernel (the decode kernel with the
+    epilogue inside: `triton_attention.epilogue_in_decode_applies`), else the epilogue
+    kernel, then the attention kernels.  qkv's contents are consumed either way."""
+    from slipstream.ops.fused import qkv_epilogue
+    if qkv.is_cuda and not batch_invariant:
+        from slipstream.ops import triton_attention as ta
+        if ta.epilogue_in_decode_applies(qkv, epi, k_cache, meta, num_heads):
+            raw_q = qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
+            return ta.paged_attention_triton(raw_q, k_cache, v_cache, meta, scale, epilogue=epi)
+    q = qkv_epilogue(qkv, epi.positions, epi.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
+                     num_heads, num_kv_heads, head_dim, q_norm_weight=epi.q_norm_weight,
+                     k_norm_weight=epi.k_norm_weight, eps=epi.eps, hidden=epi.hidden, bias=epi.bias,
+                     batch_invariant=batch_invariant)
+    return paged_attention(q, k_cache, v_cache, meta, scale, batch_invariant=batch_invariant)

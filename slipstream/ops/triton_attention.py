@@ -51,9 +51,11 @@ from dataclasses import dataclass, field, replace
 import torch
 import triton
 
+from slipstream.ops.attention import QKVEpilogue
 from slipstream.ops.device import dot_flags, sm_count
 from slipstream.ops.pdl import pdl_launch
 from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel, _prefill_kernel
+from slipstream.ops.triton_fused import row_block
 
 LOG2E = 1.4426950408889634
 
@@ -108,6 +110,10 @@ class DecodeConfig:
     # 4.87 -> 4.79, seed-8b-bs1, seed-8b-short and small-256 unchanged.
     # `SLIPSTREAM_PREFETCH_BATCH=0` in the environment turns both off (A/B runs)
     prefetch_batch: int = field(default_factory=lambda: _env_rows("SLIPSTREAM_PREFETCH_BATCH", 8))
+    # a decode batch of at most epilogue_batch rows (0: none) runs the qkv epilogue (q/k norm,
+    # RoPE, the KV store) inside the decode kernel (`decode_attention(epilogue=)`): one
+    # kernel a layer fewer.  `SLIPSTREAM_EPILOGUE_BATCH=0` turns it off (A/B runs)
+    epilogue_batch: int = field(default_factory=lambda: _env_rows("SLIPSTREAM_EPILOGUE_BATCH", 8))
 
 
 @dataclass(frozen=True)
@@ -248,11 +254,15 @@ def decode_num_splits(meta, num_kv_heads: int, dtype: torch.dtype, head_dim: int
 
 
 def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
-                     config: DecodeConfig | None = None, *, num_rows: int | None = None) -> None:
+                     config: DecodeConfig | None = None, *, num_rows: int | None = None,
+                     epilogue: QKVEpilogue | None = None) -> None:
     """The decode (split-KV) kernel alone, into `out`: over all rows, or over the `num_rows`
     first rows of meta.decode_order (the single-token rows of a mixed batch; needs
     meta.split_counters).  `paged_attention_triton` picks this or `prefill_attention` (or
-    both for a mixed batch); benchmarks call them directly to time one kernel."""
+    both for a mixed batch); benchmarks call them directly to time one kernel.
+    epilogue: q is the unrotated q columns of the qkv GEMM's output ([T, Hq, D] view of
+    qkv), and the kernel does the qkv epilogue's work itself (`attention_after_qkv`, which
+    checks `epilogue_in_decode_applies`)."""
     cfg = config or DEFAULT_DECODE_CONFIG
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -296,7 +306,7 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
         MERGE=merge, SINGLE_ONLY=subset, NUM_KV_HEADS=num_kv_heads, IEEE=ieee, UPCAST=upcast,
         PREFETCH=0 < num_rows <= cfg.prefetch_batch, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl)
+        num_stages=cfg.num_stages, **pdl, **_epilogue_args(epilogue, q, meta))
     if split and not merge:
         assert not subset, "a row subset needs split_counters (the reduce pass runs over every row)"
         _decode_reduce_kernel[(num_seqs, num_kv_heads)](
@@ -305,6 +315,43 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
             part_lse.stride(0), part_lse.stride(1),
             GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n,
             MIN_CHUNK=cfg.min_chunk, num_warps=4, **pdl)
+
+
+def _epilogue_args(epi: QKVEpilogue | None, q: torch.Tensor, meta) -> dict:
+    """The decode kernel's epilogue arguments (none without one).  Absent tensors are
+    passed as q (never read: their constexpr switches are off)."""
+    if epi is None:
+        return {}
+    cs = epi.cos_sin_cache if epi.cos_sin_cache.stride(-1) == 1 else epi.cos_sin_cache.contiguous()
+    n_hidden = epi.hidden.shape[1] if epi.hidden is not None else 0
+    return dict(
+        pos_ptr=epi.positions, cs_ptr=cs, slot_ptr=meta.slot_mapping,
+        qw_ptr=q if epi.q_norm_weight is None else epi.q_norm_weight,
+        kw_ptr=q if epi.k_norm_weight is None else epi.k_norm_weight,
+        h_ptr=q if epi.hidden is None else epi.hidden, bias_ptr=q if epi.bias is None else epi.bias,
+        stride_cs=cs.stride(0), stride_h=epi.hidden.stride(0) if epi.hidden is not None else 0,
+        eps=float(epi.eps), EPILOGUE=True, Q_NORM=epi.q_norm_weight is not None,
+        K_NORM=epi.k_norm_weight is not None, HAS_BIAS=epi.bias is not None,
+        PRE=n_hidden > 0 or epi.bias is not None, N_HIDDEN=n_hidden, BLOCK_HID=row_block(n_hidden),
+        # no FMA contraction, as the qkv epilogue kernel is compiled: q and the stored K/V are
+        # bit for bit that kernel's
+        enable_fp_fusion=False)
+
+
+def epilogue_in_decode_applies(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tensor, meta,
+                               num_heads: int, config: DecodeConfig | None = None) -> bool:
+    """Whether `attention_after_qkv` runs the qkv epilogue inside the decode kernel: a
+    decode batch (one token a row, every token in a row) of at most
+    `DecodeConfig.epilogue_batch` rows, whose q/k norms and cache keep qkv's dtype (the
+    epilogue kernel's float32-intermediate variants stay separate)."""
+    cfg = config or DEFAULT_DECODE_CONFIG
+    rows = meta.num_seqs
+    if not (meta.max_query_len <= 1 and 0 < rows <= cfg.epilogue_batch and qkv.shape[0] == rows):
+        return False
+    same = [torch.promote_types(w.dtype, qkv.dtype) == qkv.dtype
+            for w in (epi.q_norm_weight, epi.k_norm_weight) if w is not None]
+    head_dim = k_cache.shape[-1]
+    return all(same) and k_cache.dtype == qkv.dtype and qkv.shape[1] == (num_heads + 2 * k_cache.shape[2]) * head_dim
 
 
 def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
@@ -340,7 +387,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            decode_config: DecodeConfig | None = None,
                            prefill_config: PrefillConfig | None = None,
                            num_splits: int | None = None,
-                           batch_invariant: bool = False) -> torch.Tensor:
+                           batch_invariant: bool = False,
+                           epilogue: QKVEpilogue | None = None) -> torch.Tensor:
     """Causal paged attention of q [num_tokens, num_heads, head_dim]; same result as
     `paged_attention_ref`.  Writes into `out` (same shape/dtype as q) if given.
 
@@ -349,6 +397,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     `batch_invariant` sends decode batches to the prefill kernel too: its result for a query token depends only on that token's q and
     context (KV tiles from position 0, fixed order), not on the batch, the split count or
     the chunking of a prompt.
+    `epilogue`: q is the qkv GEMM's unrotated q columns and the decode kernel does the qkv
+    epilogue's work too (decode batches only: `epilogue_in_decode_applies`).
     """
     num_tokens, num_heads, head_dim = q.shape
     _, num_kv_heads, hd = _check_cache(k_cache, v_cache)
@@ -368,8 +418,11 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if num_splits is not None:
         decode_cfg = replace(decode_cfg, num_splits=num_splits)
     prefill_cfg = prefill_config or DEFAULT_PREFILL_CONFIG
+    if epilogue is not None and (meta.max_query_len > 1 or batch_invariant):
+        raise ValueError("the qkv epilogue runs inside the decode kernel only: a decode batch, "
+                         "not batch-invariant")
     if meta.max_query_len <= 1 and not batch_invariant:
-        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg)
+        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, epilogue=epilogue)
     elif meta.num_decode and not batch_invariant and meta.decode_order is not None \
             and meta.split_counters is not None:
         # a mixed batch: its single-token rows read their whole context, which the split-KV
@@ -385,4 +438,5 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 __all__ = ["DecodeConfig", "PrefillConfig", "set_default_configs", "choose_num_splits",
            "decode_split_options", "pick_decode_splits", "DecodeSplitPolicy", "decode_num_splits",
            "effective_decode_config", "effective_prefill_config", "decode_attention", "prefill_attention",
+           "epilogue_in_decode_applies",
            "paged_attention_triton"]

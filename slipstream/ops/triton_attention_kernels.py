@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_start
+from slipstream.ops.triton_qkv_epilogue import decode_epilogue, decode_epilogue_inputs
 
 _NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked rows never make NaN
 
@@ -227,7 +228,18 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
                    SPLIT: tl.constexpr, HAS_ORDER: tl.constexpr, MERGE: tl.constexpr,
                    SINGLE_ONLY: tl.constexpr, NUM_KV_HEADS: tl.constexpr, IEEE: tl.constexpr,
-                   UPCAST: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = False):
+                   UPCAST: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
+                   # the qkv epilogue inside (EPILOGUE): q_ptr is then qkv's q columns, unrotated
+                   pos_ptr=None, cs_ptr=None, slot_ptr=None, qw_ptr=None, kw_ptr=None, h_ptr=None,
+                   bias_ptr=None, stride_cs=None, stride_h=None, eps=None,
+                   EPILOGUE: tl.constexpr = False, Q_NORM: tl.constexpr = False,
+                   K_NORM: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
+                   PRE: tl.constexpr = False, N_HIDDEN: tl.constexpr = 0,
+                   BLOCK_HID: tl.constexpr = 1):
+    # EPILOGUE (small decode batches, `DecodeConfig.epilogue_batch`): this kernel also does the
+    # qkv epilogue's work (`decode_epilogue`), so a layer has one kernel fewer.  Each
+    # program rotates its own q heads; the program whose split holds the row's newest
+    # position stores that position's K/V, before any tile load of its own reads it.
     # PREFETCH (small batches, `DecodeConfig.prefetch_batch`): the row's metadata and its
     # first KV tile are loaded before the PDL wait (`_prefetch_first_tile`).  Without it every
     # statement below runs in the order whose speed was measured: `if not PREFETCH` keeps
@@ -249,6 +261,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
             k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, bt_ptr, order_ptr, pid, split, kvh,
             num_splits, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
             stride_bt, BLOCK_G, HEAD_DIM, BLOCK_SIZE, BLOCK_N, MIN_CHUNK, HAS_ORDER)
+        if EPILOGUE:
+            cos, sin, slot = decode_epilogue_inputs(pos_ptr, cs_ptr, slot_ptr, q_tok, stride_cs, HEAD_DIM // 2)
         pdl_start(USE_PDL)
     if pid == 0:
         if split == 0:
@@ -278,8 +292,18 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
             return  # past the end (the merge ignores this split)
     end = tl.minimum(start + chunk, seq_len)
 
-    q = tl.load(q_ptr + q_tok * stride_qt + (head0 + offs_g[:, None]) * stride_qh + offs_d[None, :],
-                mask=gmask[:, None], other=0.0)
+    if EPILOGUE:
+        if not PREFETCH:
+            cos, sin, slot = decode_epilogue_inputs(pos_ptr, cs_ptr, slot_ptr, q_tok, stride_cs, HEAD_DIM // 2)
+        q = decode_epilogue(q_ptr + q_tok * stride_qt, bias_ptr, h_ptr + q_tok * stride_h, qw_ptr, kw_ptr,
+                            k_cache_ptr, v_cache_ptr, cos, sin, slot, kvh, NUM_KV_HEADS, eps,
+                            stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+                            (start <= seq_len - 1) & (seq_len - 1 < end),
+                            GROUP, BLOCK_G, HEAD_DIM // 2, BLOCK_SIZE, Q_NORM, K_NORM, HAS_BIAS, PRE,
+                            N_HIDDEN, BLOCK_HID)
+    else:
+        q = tl.load(q_ptr + q_tok * stride_qt + (head0 + offs_g[:, None]) * stride_qh + offs_d[None, :],
+                    mask=gmask[:, None], other=0.0)
     if not PREFETCH:
         acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
                                                                    stride_vch, BLOCK_G, HEAD_DIM)
