@@ -55,7 +55,6 @@ from slipstream.ops.attention import QKVEpilogue
 from slipstream.ops.device import dot_flags, sm_count
 from slipstream.ops.pdl import pdl_launch
 from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel, _prefill_kernel
-from slipstream.ops.triton_fused import row_block
 
 LOG2E = 1.4426950408889634
 
@@ -110,9 +109,11 @@ class DecodeConfig:
     # 4.87 -> 4.79, seed-8b-bs1, seed-8b-short and small-256 unchanged.
     # `SLIPSTREAM_PREFETCH_BATCH=0` in the environment turns both off (A/B runs)
     prefetch_batch: int = field(default_factory=lambda: _env_rows("SLIPSTREAM_PREFETCH_BATCH", 8))
-    # a decode batch of at most epilogue_batch rows (0: none) runs the qkv epilogue (q/k norm,
-    # RoPE, the KV store) inside the decode kernel (`decode_attention(epilogue=)`): one
-    # kernel a layer fewer.  `SLIPSTREAM_EPILOGUE_BATCH=0` turns it off (A/B runs)
+    # a decode batch of at most epilogue_batch rows (0: none) whose qkv is finished (today: one
+    # row on the GEMV, ops/linear.py) runs the qkv epilogue (q/k norm, RoPE, the KV store)
+    # inside the decode kernel (`decode_attention(epilogue=)`): one kernel a layer fewer.
+    # H200, 2026-12-02, c3e8880 against 5c8d221 alternately, twice: small-bs1 0.88 -> 0.86 ms
+    # a step.  `SLIPSTREAM_EPILOGUE_BATCH=0` turns it off (A/B runs)
     epilogue_batch: int = field(default_factory=lambda: _env_rows("SLIPSTREAM_EPILOGUE_BATCH", 8))
 
 
@@ -318,23 +319,22 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
 
 
 def _epilogue_args(epi: QKVEpilogue | None, q: torch.Tensor, meta) -> dict:
-    """The decode kernel's epilogue arguments (none without one).  Absent tensors are
+    """The decode kernel's epilogue arguments (none without one).  Absent norm weights are
     passed as q (never read: their constexpr switches are off)."""
     if epi is None:
         return {}
+    if epi.hidden is not None or epi.bias is not None:
+        raise ValueError("the qkv epilogue inside the decode kernel takes a finished qkv "
+                         "(no row scale or bias left to apply)")
     cs = epi.cos_sin_cache if epi.cos_sin_cache.stride(-1) == 1 else epi.cos_sin_cache.contiguous()
-    n_hidden = epi.hidden.shape[1] if epi.hidden is not None else 0
     return dict(
         pos_ptr=epi.positions, cs_ptr=cs, slot_ptr=meta.slot_mapping,
         qw_ptr=q if epi.q_norm_weight is None else epi.q_norm_weight,
         kw_ptr=q if epi.k_norm_weight is None else epi.k_norm_weight,
-        h_ptr=q if epi.hidden is None else epi.hidden, bias_ptr=q if epi.bias is None else epi.bias,
-        stride_cs=cs.stride(0), stride_h=epi.hidden.stride(0) if epi.hidden is not None else 0,
-        eps=float(epi.eps), EPILOGUE=True, Q_NORM=epi.q_norm_weight is not None,
-        K_NORM=epi.k_norm_weight is not None, HAS_BIAS=epi.bias is not None,
-        PRE=n_hidden > 0 or epi.bias is not None, N_HIDDEN=n_hidden, BLOCK_HID=row_block(n_hidden),
+        stride_cs=cs.stride(0), eps=float(epi.eps), EPILOGUE=True,
+        Q_NORM=epi.q_norm_weight is not None, K_NORM=epi.k_norm_weight is not None,
         # no FMA contraction, as the qkv epilogue kernel is compiled: q and the stored K/V are
-        # bit for bit that kernel's
+        # that kernel's
         enable_fp_fusion=False)
 
 
@@ -342,11 +342,16 @@ def epilogue_in_decode_applies(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: tor
                                num_heads: int, config: DecodeConfig | None = None) -> bool:
     """Whether `attention_after_qkv` runs the qkv epilogue inside the decode kernel: a
     decode batch (one token a row, every token in a row) of at most
-    `DecodeConfig.epilogue_batch` rows, whose q/k norms and cache keep qkv's dtype (the
-    epilogue kernel's float32-intermediate variants stay separate)."""
+    `DecodeConfig.epilogue_batch` rows whose qkv is finished (the one-row GEMV applied the
+    folded norm's row scale and the bias: `ops/linear.py`), and whose q/k norms and cache
+    keep qkv's dtype (the epilogue kernel's float32-intermediate variants stay separate).
+    An unfinished qkv stays with the epilogue kernel: a first version that applied the row
+    scale in every decode program made seed-8b-bs8 2.3% slower (4.71 -> 4.82 ms a step,
+    H200, 2026-12-02, benchmarks/results/2026-12-02-c3e8880)."""
     cfg = config or DEFAULT_DECODE_CONFIG
     rows = meta.num_seqs
-    if not (meta.max_query_len <= 1 and 0 < rows <= cfg.epilogue_batch and qkv.shape[0] == rows):
+    if not (meta.max_query_len <= 1 and 0 < rows <= cfg.epilogue_batch and qkv.shape[0] == rows
+            and epi.hidden is None and epi.bias is None):
         return False
     same = [torch.promote_types(w.dtype, qkv.dtype) == qkv.dtype
             for w in (epi.q_norm_weight, epi.k_norm_weight) if w is not None]

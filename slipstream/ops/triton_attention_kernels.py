@@ -230,12 +230,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                    SINGLE_ONLY: tl.constexpr, NUM_KV_HEADS: tl.constexpr, IEEE: tl.constexpr,
                    UPCAST: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr = False,
                    # the qkv epilogue inside (EPILOGUE): q_ptr is then qkv's q columns, unrotated
-                   pos_ptr=None, cs_ptr=None, slot_ptr=None, qw_ptr=None, kw_ptr=None, h_ptr=None,
-                   bias_ptr=None, stride_cs=None, stride_h=None, eps=None,
-                   EPILOGUE: tl.constexpr = False, Q_NORM: tl.constexpr = False,
-                   K_NORM: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
-                   PRE: tl.constexpr = False, N_HIDDEN: tl.constexpr = 0,
-                   BLOCK_HID: tl.constexpr = 1):
+                   pos_ptr=None, cs_ptr=None, slot_ptr=None, qw_ptr=None, kw_ptr=None, stride_cs=None,
+                   eps=None, EPILOGUE: tl.constexpr = False, Q_NORM: tl.constexpr = False,
+                   K_NORM: tl.constexpr = False):
     # EPILOGUE (small decode batches, `DecodeConfig.epilogue_batch`): this kernel also does the
     # qkv epilogue's work (`decode_epilogue`), so a layer has one kernel fewer.  Each
     # program rotates its own q heads; the program whose split holds the row's newest
@@ -295,12 +292,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
     if EPILOGUE:
         if not PREFETCH:
             cos, sin, slot = decode_epilogue_inputs(pos_ptr, cs_ptr, slot_ptr, q_tok, stride_cs, HEAD_DIM // 2)
-        q = decode_epilogue(q_ptr + q_tok * stride_qt, bias_ptr, h_ptr + q_tok * stride_h, qw_ptr, kw_ptr,
-                            k_cache_ptr, v_cache_ptr, cos, sin, slot, kvh, NUM_KV_HEADS, eps,
-                            stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-                            (start <= seq_len - 1) & (seq_len - 1 < end),
-                            GROUP, BLOCK_G, HEAD_DIM // 2, BLOCK_SIZE, Q_NORM, K_NORM, HAS_BIAS, PRE,
-                            N_HIDDEN, BLOCK_HID)
+        q = decode_epilogue(q_ptr + q_tok * stride_qt, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, cos, sin,
+                            slot, kvh, NUM_KV_HEADS, eps, stride_kcb, stride_kcs, stride_kch, stride_vcb,
+                            stride_vcs, stride_vch, (start <= seq_len - 1) & (seq_len - 1 < end),
+                            GROUP, BLOCK_G, HEAD_DIM // 2, BLOCK_SIZE, Q_NORM, K_NORM)
     else:
         q = tl.load(q_ptr + q_tok * stride_qt + (head0 + offs_g[:, None]) * stride_qh + offs_d[None, :],
                     mask=gmask[:, None], other=0.0)

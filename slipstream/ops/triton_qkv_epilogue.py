@@ -176,35 +176,31 @@ def decode_epilogue_inputs(pos_ptr, cs_ptr, slot_ptr, t, stride_cs, HALF: tl.con
 
 
 @triton.jit
-def decode_epilogue(row, bias_ptr, h_row, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, cos, sin, slot,
-                    kvh, n_kv_heads, eps, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs,
-                    stride_vch, stores,
+def decode_epilogue(row, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, cos, sin, slot, kvh, n_kv_heads, eps,
+                    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stores,
                     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, PRE: tl.constexpr, N_HIDDEN: tl.constexpr,
-                    BLOCK_HID: tl.constexpr):
+                    BLOCK_SIZE: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr):
     """The qkv epilogue of one decode row for one KV head, inside the decode kernel's program
-    (`triton_attention.decode_attention(epilogue=)`): returns the program's rotated q heads
-    [BLOCK_G, 2 * HALF] (rows >= GROUP zero) in qkv's dtype, computed by the same helpers
-    as `_epi_q`, so bit for bit what that kernel stores; and, where `stores` (the program whose
-    split holds the row's newest position), writes the row's K and V of head kvh into the
-    cache as `_epi_k` / `_epi_v` do, then waits at a barrier so that the program's own
-    tile loads after it read them.  Only for norm and cache dtypes equal to qkv's (no
-    float32 intermediate: the host checks)."""
+    (`triton_attention.decode_attention(epilogue=)`), for a finished qkv row (no row scale
+    or bias left to apply): returns the program's rotated q heads [BLOCK_G, 2 * HALF] (rows
+    >= GROUP zero) in qkv's dtype, computed by the same helpers as `_epi_q`, so what that
+    kernel stores; and, where `stores` (the program whose split holds the row's newest
+    position), writes the row's K and V of head kvh into the cache as `_epi_k` / `_epi_v`
+    do, then waits at a barrier so that the program's own tile loads after it read them.
+    Only for norm and cache dtypes equal to qkv's (no float32 intermediate: the host checks)."""
     n_q_heads = n_kv_heads * GROUP
     if stores:
-        _epi_k(row, bias_ptr, h_row, row, row, kw_ptr, row, k_cache_ptr, 0, kvh, n_q_heads, n_kv_heads,
+        _epi_k(row, row, row, row, row, kw_ptr, row, k_cache_ptr, 0, kvh, n_q_heads, n_kv_heads,
                eps, 0, stride_kcb, stride_kcs, stride_kch, cos, sin, slot,
-               HALF, 1, BLOCK_SIZE, K_NORM, False, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID, True)
-        _epi_v(row, bias_ptr, h_row, row, v_cache_ptr, 0, kvh, n_q_heads, n_kv_heads, eps,
-               stride_vcb, stride_vcs, stride_vch, slot,
-               2 * HALF, 1, BLOCK_SIZE, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID, True)
+               HALF, 1, BLOCK_SIZE, K_NORM, False, False, False, 0, 1, True)
+        _epi_v(row, row, row, row, v_cache_ptr, 0, kvh, n_q_heads, n_kv_heads, eps,
+               stride_vcb, stride_vcs, stride_vch, slot, 2 * HALF, 1, BLOCK_SIZE, False, False, 0, 1, True)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, HALF)
     mask = (g < GROUP)[:, None] & (d < HALF)[None, :]
     cols = (kvh * GROUP + g)[:, None] * (2 * HALF) + d[None, :]
-    o1, o2, x1 = _epi_norm_rope(row, cols, mask, bias_ptr, h_row, qw_ptr, cos, sin, eps,
-                                HALF, Q_NORM, False, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID)
+    o1, o2, x1 = _epi_norm_rope(row, cols, mask, row, row, qw_ptr, cos, sin, eps,
+                                HALF, Q_NORM, False, False, False, 0, 1)
     # [BLOCK_G, HALF] x 2 -> [BLOCK_G, 2 * HALF]: the halves side by side, as q sits in memory
     q = tl.reshape(tl.permute(tl.join(o1.to(x1.dtype), o2.to(x1.dtype)), (0, 2, 1)), (BLOCK_G, 2 * HALF))
     tl.debug_barrier()  # the K/V stores above are visible to every thread of this program
