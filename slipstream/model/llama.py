@@ -17,7 +17,8 @@ computes rstd(h) per row and scales by it. The residual adds go into the o / dow
 (`linear_add_`: cuBLAS with beta = 1, h updated in place). A layer is then 4 GEMMs and 3
 small kernels (epilogue, attention, SiLU·mul) with no norm or add kernel of its own; only
 the final norm remains. At one row (the GEMV, ops/linear.py) the row scale is applied
-inside the qkv and gate_up products and SiLU·mul inside the down product: 6 kernels a
+inside the qkv and gate_up products and SiLU·mul inside the down product, and the rest of
+the epilogue runs inside the decode attention kernel (`attention_after_qkv`): 5 kernels a
 layer. The rounding differs from transformers' (normalised x rounded to bf16, times
 gamma, rounded; the sum rounded twice) by about one bf16 step: the tests hold us to
 transformers' logits within their tolerances.

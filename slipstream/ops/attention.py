@@ -127,9 +127,10 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
     """A layer's attention from its qkv GEMM's output: the qkv epilogue (q/k norm, RoPE, the
     new K/V into the cache), then paged attention; returns [T, num_heads, head_dim].
 
-    On CUDA a small decode batch runs both in one kernel (the decode kernel with the
-    epilogue inside: `triton_attention.epilogue_in_decode_applies`), else the epilogue
-    kernel, then the attention kernels.  qkv's contents are consumed either way."""
+    On CUDA a small decode batch whose qkv is finished (one row on the GEMV) runs both in
+    one kernel (the decode kernel with the epilogue inside:
+    `triton_attention.epilogue_in_decode_applies`), else the epilogue kernel, then the
+    attention kernels.  qkv's contents are consumed either way."""
     from slipstream.ops.fused import qkv_epilogue
     if qkv.is_cuda and not batch_invariant:
         from slipstream.ops import triton_attention as ta

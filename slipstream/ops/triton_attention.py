@@ -1,6 +1,6 @@
 """Paged attention on the GPU: tunables, split heuristic and launches of the Triton kernels
 in `slipstream.ops.triton_attention_kernels`.  (New K/V are stored by the qkv epilogue
-kernel, `slipstream.ops.triton_qkv_epilogue`.)
+kernel, `slipstream.ops.triton_qkv_epilogue`, or at one row by the decode kernel itself.)
 
 Cache layout and batch semantics are those of `slipstream.ops.attention` (whose
 pure-torch references are the oracle of everything here).
@@ -25,6 +25,10 @@ Kernels
   rows or fewer reads each program's row metadata and first KV tile, except the row's
   newest position, before waiting for the previous kernel (PDL, `ops/pdl.py`): the qkv
   epilogue before it is writing that position only, which is read after the wait.
+  With `epilogue=` (a finished qkv row, at most `DecodeConfig.epilogue_batch` rows: one row
+  on the GEMV today) the kernel does the qkv epilogue itself: each program rotates its q
+  heads from qkv's raw q columns, and the program whose split holds a row's newest position
+  stores that position's K/V before its own tile loads read it (`decode_epilogue`).
 * Mixed batches with `meta.num_decode > 0`: the decode kernel takes the first num_decode
   rows of `meta.decode_order`, where the single-token rows come first, and skips any that
   has not exactly one query token (`SINGLE_ONLY`: a mixed CUDA graph covers every row);
