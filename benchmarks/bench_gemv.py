@@ -7,6 +7,11 @@ layer weights as a step does (more than L2).
     python benchmarks/bench_gemv.py [--out DIR] [--models 0.6b,135m,8b] [--rows 1,2,4,8]
                                     [--variant NAME:k=v,...]
 
+A model name with `-l2` (e.g. `0.6b-l2`) runs the same chain with every layer sharing the
+first layer's weights (the 0.6B layer's 30 MB fit in the H200's L2): what the chain costs
+when its weights come from L2 instead of DRAM, i.e. the most that prefetching the next
+layers' weights into L2 could give it.
+
 One CUDA graph per (model shape, M, implementation) holds the whole chain; the median of
 20 replays is reported, with its bytes' time at the measured copy bandwidth.  Every
 implementation is first checked against F.linear on the first layer.  Variants override
@@ -117,7 +122,11 @@ def main() -> int:
     print("| model | M | impl | chain us | per layer us | weight MB | bytes' time us | x floor | vs cublas |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
-        weights = layer_weights(SHAPES[model], dev, dt, gen)
+        shape = SHAPES[model.removesuffix("-l2")]
+        if model.endswith("-l2"):  # one layer's weights, read by every layer (from L2)
+            weights = layer_weights((1, *shape[1:]), dev, dt, gen) * shape[0]
+        else:
+            weights = layer_weights(shape, dev, dt, gen)
         nbytes = sum(w.numel() * w.element_size() for lw in weights for w in lw.values())
         floor_us = nbytes / bw * 1e6
         errs = {name: check(weights, cfg, dev, dt) for name, cfg in impls.items() if cfg is not None}
