@@ -137,16 +137,6 @@ DEFAULT_DECODE_CONFIG = DecodeConfig()
 DEFAULT_PREFILL_CONFIG = PrefillConfig()
 
 
-def set_default_configs(decode: DecodeConfig | None = None,
-                        prefill: PrefillConfig | None = None) -> None:
-    """Change the configs used when a call passes none (e.g. after tuning)."""
-    global DEFAULT_DECODE_CONFIG, DEFAULT_PREFILL_CONFIG
-    if decode is not None:
-        DEFAULT_DECODE_CONFIG = decode
-    if prefill is not None:
-        DEFAULT_PREFILL_CONFIG = prefill
-
-
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int,
                       cfg: DecodeConfig, num_sms: int) -> int:
     """Host-side split count: enough programs to fill the GPU, none shorter than
@@ -444,7 +434,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-__all__ = ["DecodeConfig", "PrefillConfig", "set_default_configs", "choose_num_splits",
+__all__ = ["DecodeConfig", "PrefillConfig", "choose_num_splits",
            "decode_split_options", "pick_decode_splits", "DecodeSplitPolicy", "decode_num_splits",
            "effective_decode_config", "effective_prefill_config", "decode_attention", "prefill_attention",
            "epilogue_in_decode_applies",
