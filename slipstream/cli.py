@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--output", default=None, help="JSONL results (default: stdout)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.add_argument("--resume", action="store_true",
-                   help="with --input/--output: skip ids already in the output, append the rest")
+                   help="with --input/--output: skip ids already in the output (error rows too), append the rest")
     g.add_argument("--workload", default=None,
                    help="run a benchmark workload (seed-8b, seed-8b-short, small-256, tiny; latency: "
                         "seed-8b-bs1, seed-8b-bs8, small-bs1); "
