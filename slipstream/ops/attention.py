@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from slipstream.ops.fused import qkv_epilogue
+
 
 @dataclass
 class AttentionMetadata:
@@ -131,7 +133,6 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
     one kernel (the decode kernel with the epilogue inside:
     `triton_attention.epilogue_in_decode_applies`), else the epilogue kernel, then the
     attention kernels.  qkv's contents are consumed either way."""
-    from slipstream.ops.fused import qkv_epilogue
     if qkv.is_cuda and not batch_invariant:
         from slipstream.ops import triton_attention as ta
         if ta.epilogue_in_decode_applies(qkv, epi, k_cache, meta, num_heads):

@@ -116,8 +116,10 @@ class DecodeConfig:
     # a decode batch of at most epilogue_batch rows (0: none) whose qkv is finished (today: one
     # row on the GEMV, ops/linear.py) runs the qkv epilogue (q/k norm, RoPE, the KV store)
     # inside the decode kernel (`decode_attention(epilogue=)`): one kernel a layer fewer.
-    # H200, 2026-12-02, c3e8880 against 5c8d221 alternately, twice: small-bs1 0.88 -> 0.86 ms
-    # a step.  `SLIPSTREAM_EPILOGUE_BATCH=0` turns it off (A/B runs)
+    # H200, 2026-12-02, against 5c8d221 in one call: small-bs1 0.88 -> 0.86 ms a step (607a253,
+    # this form; c3e8880 twice alternately the same), seed-8b-bs8, seed-8b-short and small-256
+    # unchanged (benchmarks/results/2026-12-02-607a253).  `SLIPSTREAM_EPILOGUE_BATCH=0` turns
+    # it off (A/B runs)
     epilogue_batch: int = field(default_factory=lambda: _env_rows("SLIPSTREAM_EPILOGUE_BATCH", 8))
 
 
