@@ -5,7 +5,7 @@ layer GEMMs, as the model runs them: every layer's qkv, o (+= residual), gate_up
 layer weights as a step does (more than L2).
 
     python benchmarks/bench_gemv.py [--out DIR] [--models 0.6b,135m,8b] [--rows 1,2,4,8]
-                                    [--variant NAME:k=v,...]
+                                    [--variant NAME:k=v,...] [--fused]
 
 A model name with `-l2` (e.g. `0.6b-l2`) runs the same chain with every layer sharing the
 first layer's weights (the 0.6B layer's 30 MB fit in the H200's L2): what the chain costs
@@ -47,8 +47,10 @@ def layer_weights(shape, dev, dt, gen):
                  down=w(hidden, inter)) for _ in range(layers)]
 
 
-def chain(weights, m, impl, cfg, dev, dt):
-    """A closure running every layer's four GEMMs at batch m with `impl`."""
+def chain(weights, m, impl, cfg, dev, dt, fused=False):
+    """A closure running every layer's four GEMMs at batch m with `impl`; `fused`: in the
+    forms the model's one-row layer takes (qkv and gate_up scaled by the input row's rstd,
+    down's input silu(gate) * up of gate_up's output), for the GEMV only."""
     hidden = weights[0]["o"].shape[0]
     h = torch.randn(m, hidden, device=dev, dtype=dt)
     attn = torch.randn(m, weights[0]["o"].shape[1], device=dev, dtype=dt)
@@ -63,6 +65,11 @@ def chain(weights, m, impl, cfg, dev, dt):
                 h.addmm_(attn, lw["o"].t())
                 torch.matmul(h, lw["gate_up"].t(), out=gu)
                 h.addmm_(act, lw["down"].t())
+            elif fused:
+                gemv(h, lw["qkv"], out=qkv, cfg=cfg, row_scale_eps=1e-6)
+                gemv(attn, lw["o"], residual=h, out=h, cfg=cfg)
+                gemv(h, lw["gate_up"], out=gu, cfg=cfg, row_scale_eps=1e-6)
+                gemv(gu, lw["down"], residual=h, out=h, cfg=cfg, silu_mul=True)
             else:
                 gemv(h, lw["qkv"], out=qkv, cfg=cfg)
                 gemv(attn, lw["o"], residual=h, out=h, cfg=cfg)
@@ -107,6 +114,7 @@ def main() -> int:
     ap.add_argument("--models", default="0.6b,135m,8b")
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--variant", action="append", default=[])
+    ap.add_argument("--fused", action="store_true", help="the GEMVs in the model's one-row forms (chain())")
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     sms = sm_count(dev)
@@ -133,9 +141,10 @@ def main() -> int:
         for m in (int(r) for r in args.rows.split(",")):
             base = None
             for name, cfg in impls.items():
-                us = time_graph([chain(weights, m, "cublas" if cfg is None else "gemv", cfg, dev, dt)]) * 1e3
+                us = time_graph([chain(weights, m, "cublas" if cfg is None else "gemv", cfg, dev, dt,
+                                       args.fused)]) * 1e3
                 base = base or us
-                row = dict(model=model, m=m, impl=name, config=dataclasses.asdict(cfg) if cfg else None,
+                row = dict(model=model, m=m, impl=name, fused=args.fused, config=dataclasses.asdict(cfg) if cfg else None,
                            us=us, per_layer_us=us / len(weights), weight_bytes=nbytes, floor_us=floor_us,
                            x_floor=us / floor_us, vs_cublas=us / base, max_rel_err=errs.get(name))
                 rows.append(row)

@@ -3,7 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
-#         prefill-long gemv profile-start ab-gemv probe-cudnn ab-prefetch
+#         prefill-long gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -139,6 +139,16 @@ for stage in "$@"; do
                   done
                 done
               done ;;
+    # one benchmark under several environments (ARMS="A=1 B=2;A=0", arms split on ';'), alternately, REPS times
+    ab-env) IFS=';' read -r -a arms <<< "${ARMS:-}"
+            for i in $(seq 1 "${REPS:-2}"); do
+              for w in ${WORKLOADS:-small-bs1}; do
+                for a in "${arms[@]}"; do
+                  read -r -a kv <<< "$a"
+                  run "ab-env-$w-$(echo "$a" | tr -c 'A-Za-z0-9=\n' _ | tr '=' -)-$i" 200 env "${kv[@]}" python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure
+                done
+              done
+            done ;;
     # the small-batch GEMV off (SLIPSTREAM_GEMV=0: cuBLAS) and on, alternately, REPS times
     ab-gemv) for i in $(seq 1 "${REPS:-2}"); do
                for w in ${WORKLOADS:-small-bs1 seed-8b-bs1}; do

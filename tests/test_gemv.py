@@ -97,7 +97,7 @@ def test_which_products_take_the_gemv():
     assert gemv_applies(torch.empty(8, 1024), w, GemvConfig(max_rows=8))
     assert not gemv_applies(torch.empty(0, 1024), w)
     assert not gemv_applies(torch.empty(1, 4096), torch.empty(4096, 4096, dtype=torch.bfloat16))  # 8B's o: 32 MiB
-    assert not gemv_applies(torch.empty(1, 16384), torch.empty(16, 16384))  # K past max_k
+    assert not gemv_applies(torch.empty(1, 32768), torch.empty(16, 32768))  # K past max_k
     assert not gemv_applies(torch.empty(1, 64), torch.empty(64, 128).t())  # weight not row-major
 
 
@@ -138,3 +138,25 @@ def test_fused_norm_and_silu_paths_match_the_unfused_ones_on_cuda():
         silu_mul_linear_add_(out, gate_up[:rows], wd)
         expect = r[:rows].float() + F.linear(silu_and_mul_ref(gate_up[:rows]).float(), wd.float())
         torch.testing.assert_close(out.float(), expect, atol=5e-2, rtol=2e-2)
+
+
+STREAM = GemvConfig(stream_weight_bytes=0, stream_block_n=4, stream_block_k=32, stream_stages=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_streaming_kernel_every_form_at_one_row(dtype):
+    # K = 200 in 32-wide chunks: six full chunks and a masked tail; N = 37, a ragged last block
+    from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref
+    w, x, b, r = _data(1, 37, 200, dtype, seed=3)
+    x = x * 7.0
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    ref = F.linear(x.float(), w.float(), b.float())
+    torch.testing.assert_close(gemv(x, w, b, cfg=STREAM).float(), ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(gemv(x, w, b, row_scale_eps=1e-5, cfg=STREAM).float(),
+                               scale_rows_ref(F.linear(x.float(), w.float()), x.float(), 1e-5, b.float()),
+                               atol=tol, rtol=tol)
+    gate_up = torch.randn(1, 400, generator=torch.Generator().manual_seed(4)).to(dtype).to(DEVICE)
+    expect = r.float() + F.linear(silu_and_mul_ref(gate_up).float(), w.float())
+    out = gemv(gate_up, w, residual=r, out=r, silu_mul=True, cfg=STREAM)
+    assert out.data_ptr() == r.data_ptr()
+    torch.testing.assert_close(r.float(), expect, atol=tol, rtol=tol)

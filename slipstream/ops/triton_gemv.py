@@ -19,6 +19,7 @@ F.linear (`tests/test_gemv.py`).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -36,12 +37,21 @@ class GemvConfig:
     # GEMMs) and 0.45x (135M); from two rows its broadcast product loses (1.1-7x at 2-8 rows
     # on the 0.6B shape; docs/kernel-notes.md, "Small-batch GEMV")
     max_rows: int = 1
-    max_weight_bytes: int = 16 << 20  # larger ones (the 8B shape's 34-117 MB) stay on cuBLAS
-    max_k: int = 8192  # a program holds BLOCK_N x K_PAD weights in registers
+    # larger ones (the 8B shape's 34-117 MB) stay on cuBLAS; SLIPSTREAM_GEMV_MAX_MB moves the
+    # bound (A/B runs)
+    max_weight_bytes: int = int(os.environ.get("SLIPSTREAM_GEMV_MAX_MB", "16")) << 20
+    max_k: int = 16384  # a program holds BLOCK_N x K_PAD weights in registers
     block_n: int | None = None  # None: from N (`choose_block_n`), within tile_elems
     tile_elems: int = 8192  # M_PAD x BLOCK_N x K_PAD products a program, at most (registers)
     programs_per_sm: int = 4  # choose_block_n aims for at least this many programs an SM
     num_warps: int = 4
+    # weights above this many bytes take the streaming kernel (`_gemv_stream_kernel`): a loop
+    # over K in stream_block_k chunks instead of the whole K extent in registers
+    stream_weight_bytes: int = int(os.environ.get("SLIPSTREAM_GEMV_STREAM_MB", "16")) << 20
+    stream_block_n: int = 4
+    stream_block_k: int = 1024
+    stream_stages: int = 3
+    stream_warps: int = 4
 
 
 DEFAULT_GEMV_CONFIG = GemvConfig()
@@ -81,6 +91,46 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, eps,
     if HAS_RES:
         acc += tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=omask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _gemv_stream_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, N, eps, stride_wn,
+                        K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr,
+                        SILU_MUL: tl.constexpr, USE_PDL: tl.constexpr):
+    """One row, a large weight: the program's BLOCK_N columns stream through in BLOCK_K chunks
+    (a pipelined loop), products summed elementwise in fp32 and reduced once at the end.  The
+    first chunk loads before the PDL wait, as `_gemv_kernel`'s whole tile does."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    nmask = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    w0 = tl.load(w_rows, mask=nmask[:, None] & (offs_k < K)[None, :], other=0.0)
+    pdl_start(USE_PDL)
+    x0 = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0)
+    if SILU_MUL:
+        x0 = silu_mul(x0, tl.load(x_ptr + K + offs_k, mask=offs_k < K, other=0.0)).to(x0.dtype)
+    xf = x0.to(tl.float32)
+    acc = w0.to(tl.float32) * xf[None, :]
+    sq = xf * xf
+    for k in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+        kmask = (offs_k + k) < K
+        w = tl.load(w_rows + k, mask=nmask[:, None] & kmask[None, :], other=0.0)
+        x = tl.load(x_ptr + k + offs_k, mask=kmask, other=0.0)
+        if SILU_MUL:
+            x = silu_mul(x, tl.load(x_ptr + K + k + offs_k, mask=kmask, other=0.0)).to(x0.dtype)
+        xf = x.to(tl.float32)
+        acc += w.to(tl.float32) * xf[None, :]
+        sq += xf * xf
+    y = tl.sum(acc, axis=1)
+    if ROW_SCALE:
+        y = y * tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        y += tl.load(r_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> bool:
@@ -125,6 +175,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         out = torch.empty((*lead, n), dtype=x.dtype, device=x.device)
     out2 = out.view(-1, n)
     res2 = residual.view(-1, n) if residual is not None else out2
+    if m == 1 and weight.numel() * weight.element_size() > cfg.stream_weight_bytes:
+        _gemv_stream_kernel[(triton.cdiv(n, cfg.stream_block_n),)](
+            x2, weight, bias if bias is not None else weight, res2, out2, n, float(row_scale_eps or 0.0),
+            weight.stride(0), K=k, BLOCK_N=cfg.stream_block_n, BLOCK_K=cfg.stream_block_k,
+            STAGES=cfg.stream_stages, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+            ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul, num_warps=cfg.stream_warps,
+            **pdl_launch(x.device))
+        return out
     m_pad = triton.next_power_of_2(max(m, 1))
     k_pad = triton.next_power_of_2(k)
     fits = _pow2_at_most(max(cfg.tile_elems // (m_pad * k_pad), 1))  # columns whose weights fit in registers
