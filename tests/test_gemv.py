@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slipstream.ops.triton_gemv import GemvConfig, choose_block_n, gemv, gemv_applies
+from slipstream.ops.triton_gemv import GemvConfig, choose_block_n, gemv, gemv_applies, stream_columns
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY = GemvConfig(tile_elems=2048)  # K = 200 (padded to 256): 1-8 columns a program
@@ -96,8 +96,12 @@ def test_which_products_take_the_gemv():
     assert not gemv_applies(torch.empty(2, 1024), w)  # cuBLAS from 2 rows (the measured crossover)
     assert gemv_applies(torch.empty(8, 1024), w, GemvConfig(max_rows=8))
     assert not gemv_applies(torch.empty(0, 1024), w)
-    assert not gemv_applies(torch.empty(1, 4096), torch.empty(4096, 4096, dtype=torch.bfloat16))  # 8B's o: 32 MiB
-    assert not gemv_applies(torch.empty(1, 32768), torch.empty(16, 32768))  # K past max_k
+    o_8b = torch.empty(4096, 4096, dtype=torch.bfloat16)  # 32 MiB: the streaming kernel
+    assert gemv_applies(torch.empty(1, 4096), o_8b) and not gemv_applies(torch.empty(2, 4096), o_8b)
+    assert not gemv_applies(torch.empty(1, 4096), o_8b, GemvConfig(max_weight_bytes=16 << 20))
+    assert not gemv_applies(torch.empty(1, 32768), torch.empty(16, 32768))  # K past the tile kernel's max_k
+    assert gemv_applies(torch.empty(1, 32768), torch.empty(512, 32768, dtype=torch.bfloat16))  # streamed: any K
+    assert stream_columns(o_8b.numel() * 2) == 16 and stream_columns(12 << 20) == 4
     assert not gemv_applies(torch.empty(1, 64), torch.empty(64, 128).t())  # weight not row-major
 
 

@@ -37,10 +37,11 @@ class GemvConfig:
     # GEMMs) and 0.45x (135M); from two rows its broadcast product loses (1.1-7x at 2-8 rows
     # on the 0.6B shape; docs/kernel-notes.md, "Small-batch GEMV")
     max_rows: int = 1
-    # larger ones (the 8B shape's 34-117 MB) stay on cuBLAS; SLIPSTREAM_GEMV_MAX_MB moves the
-    # bound (A/B runs)
-    max_weight_bytes: int = int(os.environ.get("SLIPSTREAM_GEMV_MAX_MB", "16")) << 20
-    max_k: int = 16384  # a program holds BLOCK_N x K_PAD weights in registers
+    # no bound by default: above stream_weight_bytes the streaming kernel beats cuBLAS too (the
+    # 8B shape, lm_head included: seed-8b-bs1 4.48 -> 3.99 ms a step, docs/kernel-notes.md);
+    # SLIPSTREAM_GEMV_MAX_MB=16 keeps weights over 16 MiB on cuBLAS (A/B runs)
+    max_weight_bytes: int = int(os.environ.get("SLIPSTREAM_GEMV_MAX_MB", str(1 << 20))) << 20
+    max_k: int = 16384  # the whole-tile kernel holds BLOCK_N x K_PAD weights in registers
     block_n: int | None = None  # None: from N (`choose_block_n`), within tile_elems
     tile_elems: int = 8192  # M_PAD x BLOCK_N x K_PAD products a program, at most (registers)
     programs_per_sm: int = 4  # choose_block_n aims for at least this many programs an SM
@@ -48,7 +49,8 @@ class GemvConfig:
     # weights above this many bytes take the streaming kernel (`_gemv_stream_kernel`): a loop
     # over K in stream_block_k chunks instead of the whole K extent in registers
     stream_weight_bytes: int = int(os.environ.get("SLIPSTREAM_GEMV_STREAM_MB", "16")) << 20
-    stream_block_n: int = 4
+    stream_block_n: int | None = None  # None: `stream_columns`
+    stream_wide_bytes: int = 32 << 20  # weights from this size stream 16 columns a program, else 4
     stream_block_k: int = 1024
     stream_stages: int = 3
     stream_warps: int = 4
@@ -133,11 +135,22 @@ def _gemv_stream_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, N, eps, stride_wn,
     tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
+def stream_columns(weight_bytes: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> int:
+    """Output columns a program of the streaming kernel: every program re-reads the input row
+    (twice for silu_mul) from L2, 1 / BLOCK_N of its weight bytes, which costs a large weight
+    (the 8B shape) more than the programs it gives up; a small one wants the programs."""
+    if cfg.stream_block_n is not None:
+        return cfg.stream_block_n
+    return 16 if weight_bytes >= cfg.stream_wide_bytes else 4
+
+
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> bool:
     """Whether `gemv` takes this product (else cuBLAS): few rows, a small weight."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return (0 < rows <= cfg.max_rows and weight.shape[1] <= cfg.max_k and weight.stride(1) == 1
-            and weight.numel() * weight.element_size() <= cfg.max_weight_bytes)
+    wbytes = weight.numel() * weight.element_size()
+    streams = rows == 1 and wbytes > cfg.stream_weight_bytes  # any K: a loop over it
+    return (0 < rows <= cfg.max_rows and (streams or weight.shape[1] <= cfg.max_k) and weight.stride(1) == 1
+            and wbytes <= cfg.max_weight_bytes)
 
 
 def choose_block_n(n: int, sms: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> int:
@@ -175,10 +188,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         out = torch.empty((*lead, n), dtype=x.dtype, device=x.device)
     out2 = out.view(-1, n)
     res2 = residual.view(-1, n) if residual is not None else out2
-    if m == 1 and weight.numel() * weight.element_size() > cfg.stream_weight_bytes:
-        _gemv_stream_kernel[(triton.cdiv(n, cfg.stream_block_n),)](
+    wbytes = weight.numel() * weight.element_size()
+    if m == 1 and wbytes > cfg.stream_weight_bytes:
+        block_n = stream_columns(wbytes, cfg)
+        _gemv_stream_kernel[(triton.cdiv(n, block_n),)](
             x2, weight, bias if bias is not None else weight, res2, out2, n, float(row_scale_eps or 0.0),
-            weight.stride(0), K=k, BLOCK_N=cfg.stream_block_n, BLOCK_K=cfg.stream_block_k,
+            weight.stride(0), K=k, BLOCK_N=block_n, BLOCK_K=cfg.stream_block_k,
             STAGES=cfg.stream_stages, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
             ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul, num_warps=cfg.stream_warps,
             **pdl_launch(x.device))
