@@ -29,7 +29,7 @@ from slipstream.runner.inputs import StepPad, StepShape  # noqa: E402
 from slipstream.sampler import SamplerFlags  # noqa: E402
 
 CASES = [("llama-3.1-8b", 32, 1024), ("llama-3.1-8b", 32, 4096), ("qwen3-0.6b", 256, 1024), ("qwen3-0.6b", 48, 1024)]
-KINDS = [("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")), ("attention", ("attn", "decode", "prefill")),
+KINDS = [("gemm", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "cublas")), ("attention", ("attn", "decode", "prefill")),
          ("norm", ("rms",)), ("rope/kv", ("rope", "store", "qkv_epilogue")), ("silu", ("silu",)),
          ("sampler", ("sample", "gumbel", "argmax")), ("copy/index", ("copy", "index", "where", "gather", "scatter", "fill"))]
 

@@ -1,5 +1,5 @@
 """Linear layers: cuBLAS (`F.linear`) by default; on CUDA the small-batch GEMV
-(`slipstream.ops.triton_gemv`) for one row and a small weight; the batch-invariant
+(`slipstream.ops.triton_gemv`) for one row (its streaming kernel for weights over 16 MiB); the batch-invariant
 Triton GEMM on request.  `linear_add_` adds a linear's output into a residual stream in
 place (cuBLAS beta = 1, or the GEMV's residual input).
 

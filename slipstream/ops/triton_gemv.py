@@ -10,9 +10,15 @@ that kernel finishes, and the bytes in flight, not the arithmetic, decide the ti
 split over K, so no partials, counters or second pass: one launch, deterministic for a
 given M.
 
+A weight over `stream_weight_bytes` (16 MiB: the 8B shape's 34-117 MB layers, every
+lm_head) takes `_gemv_stream_kernel` instead: its columns stream through a pipelined loop
+over K in 1,024-wide chunks, which no register tile could hold.  There it beats cuBLAS,
+whose one-row kernels split K and add reduce kernels (the 8B shape's layer chain 0.92x
+cuBLAS's time; seed-8b-bs1 4.48 -> 3.99 ms a step: docs/kernel-notes.md, "Small-batch GEMV").
+
 `residual` adds into the output in fp32 before the one rounding, as cuBLAS's beta = 1
-does for `linear_add_`.  Used by `slipstream.ops.linear` on CUDA for M <= `max_rows` and
-weights up to `max_weight_bytes` (`GemvConfig`); CUDA-graph safe (launches depend on
+does for `linear_add_`.  Used by `slipstream.ops.linear` on CUDA for M <= `max_rows` (one)
+and weights up to `max_weight_bytes` (no bound by default; `GemvConfig`); CUDA-graph safe (launches depend on
 shapes only); launched with PDL like the other kernels of a step (`ops/pdl.py`), so at
 one row a layer is a chain of PDL kernels with no cuBLAS launch in it.  The reference is
 F.linear (`tests/test_gemv.py`).
