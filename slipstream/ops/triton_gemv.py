@@ -102,6 +102,16 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, eps,
 
 
 @triton.jit
+def _stream_input(x_ptr, offs, mask, K: tl.constexpr, SILU_MUL: tl.constexpr):
+    """One chunk of the streaming kernel's input row in fp32: x, or silu(gate) * up rounded to
+    the input dtype (x is [gate | up], as in `_gemv_kernel`)."""
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if SILU_MUL:
+        x = silu_mul(x, tl.load(x_ptr + K + offs, mask=mask, other=0.0)).to(x.dtype)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _gemv_stream_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, N, eps, stride_wn,
                         K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr,
@@ -116,19 +126,13 @@ def _gemv_stream_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, N, eps, stride_wn,
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     w0 = tl.load(w_rows, mask=nmask[:, None] & (offs_k < K)[None, :], other=0.0)
     pdl_start(USE_PDL)
-    x0 = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0)
-    if SILU_MUL:
-        x0 = silu_mul(x0, tl.load(x_ptr + K + offs_k, mask=offs_k < K, other=0.0)).to(x0.dtype)
-    xf = x0.to(tl.float32)
+    xf = _stream_input(x_ptr, offs_k, offs_k < K, K, SILU_MUL)
     acc = w0.to(tl.float32) * xf[None, :]
     sq = xf * xf
     for k in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         kmask = (offs_k + k) < K
         w = tl.load(w_rows + k, mask=nmask[:, None] & kmask[None, :], other=0.0)
-        x = tl.load(x_ptr + k + offs_k, mask=kmask, other=0.0)
-        if SILU_MUL:
-            x = silu_mul(x, tl.load(x_ptr + K + k + offs_k, mask=kmask, other=0.0)).to(x0.dtype)
-        xf = x.to(tl.float32)
+        xf = _stream_input(x_ptr, offs_k + k, kmask, K, SILU_MUL)
         acc += w.to(tl.float32) * xf[None, :]
         sq += xf * xf
     y = tl.sum(acc, axis=1)
@@ -154,9 +158,14 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig = DEFAUL
     """Whether `gemv` takes this product (else cuBLAS): few rows, a small weight."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     wbytes = weight.numel() * weight.element_size()
-    streams = rows == 1 and wbytes > cfg.stream_weight_bytes  # any K: a loop over it
-    return (0 < rows <= cfg.max_rows and (streams or weight.shape[1] <= cfg.max_k) and weight.stride(1) == 1
-            and wbytes <= cfg.max_weight_bytes)
+    # the streaming kernel takes any K (a loop over it); the whole tile at most max_k
+    return (0 < rows <= cfg.max_rows and (streams(rows, wbytes, cfg) or weight.shape[1] <= cfg.max_k)
+            and weight.stride(1) == 1 and wbytes <= cfg.max_weight_bytes)
+
+
+def streams(rows: int, weight_bytes: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> bool:
+    """Whether the product takes the streaming kernel rather than the whole tile."""
+    return rows == 1 and weight_bytes > cfg.stream_weight_bytes
 
 
 def choose_block_n(n: int, sms: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> int:
@@ -195,7 +204,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     out2 = out.view(-1, n)
     res2 = residual.view(-1, n) if residual is not None else out2
     wbytes = weight.numel() * weight.element_size()
-    if m == 1 and wbytes > cfg.stream_weight_bytes:
+    if streams(m, wbytes, cfg):
         block_n = stream_columns(wbytes, cfg)
         _gemv_stream_kernel[(triton.cdiv(n, block_n),)](
             x2, weight, bias if bias is not None else weight, res2, out2, n, float(row_scale_eps or 0.0),
