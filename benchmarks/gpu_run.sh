@@ -3,7 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
-#         prefill-long gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
+#         prefill-long prefill-tiles boundary gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -59,6 +59,17 @@ for stage in "$@"; do
                       --prefill m128n64w4:block_m=128,block_n=64,num_warps=4,num_stages=3 \
                       --only default --only m128n64w8 --only m128n64w4 --out "$RES/prefill-${heads/:/-}"
                   done ;;
+    # prefill tile configs against the default, both head shapes: TILES="name:field=v,... ..."
+    # (default: 256 q rows a program with 8 warps, and 128-wide KV tiles)
+    prefill-tiles) tiles=${TILES:-"m256n32w8s2:block_m=256,block_n=32,num_warps=8,num_stages=2 m256n32w8s3:block_m=256,block_n=32,num_warps=8,num_stages=3 m256n64w8s2:block_m=256,block_n=64,num_warps=8,num_stages=2 m128n128w8s2:block_m=128,block_n=128,num_warps=8,num_stages=2"}
+                   args=(); for v in $tiles; do args+=(--prefill "$v" --only "${v%%:*}"); done
+                   for heads in 32:8 16:8; do
+                     run "prefill-tiles-${heads/:/-}" 300 python3 benchmarks/bench_attention.py --heads "$heads" \
+                       --prefill-case 1x2048 --prefill-case 1x4096 --prefill-case 1x16384 --prefill-case 8x2048 \
+                       "${args[@]}" --only default --out "$RES/prefill-tiles-${heads/:/-}"
+                   done ;;
+    # a kernel boundary (plain, PDL) against a grid barrier in one persistent kernel
+    boundary) run boundary 120 python3 benchmarks/bench_boundary.py ;;
     gemv) run gemv 300 python3 benchmarks/bench_gemv.py --out "$RES" ${GEMV_ARGS:-} ;;
     probe-cudnn) run probe-cudnn 300 python3 benchmarks/probe_cudnn_varlen.py ;;
     profile-start) run profile-start 200 python3 benchmarks/bench_start.py --profile ;;

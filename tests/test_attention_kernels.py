@@ -572,6 +572,36 @@ def test_prefill_larger_tiles_fp16():
                     prefill_config=PrefillConfig(block_m=64, block_n=32, num_warps=2, num_stages=1))
 
 
+
+WIDE_PREFILL = PrefillConfig(block_m=32, block_n=16, num_warps=2, num_stages=1, wide_n=64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_prefill_wide_kv_tiles(dtype):
+    # Fresh prompts, a prefix-cache hit, a chunk of a long prompt, a decode row: the tiles
+    # every row sees in full go 64 positions (8 blocks) at a time, the diagonal 16 at a time.
+    seqs = [(300, 300), (260, 37), (200, 5), (129, 1), (64, 64), (63, 63), (0, 0)]
+    check_attention(seqs, 2, 2, 32, 8, dtype, seed=21, prefill_config=WIDE_PREFILL)
+
+
+def test_wide_tiles_config_rules():
+    eff = effective_prefill_config
+    assert eff(PrefillConfig(block_n=32, wide_n=100), torch.bfloat16, 128, 4).wide_n == 128
+    assert eff(PrefillConfig(block_n=32, wide_n=32), torch.bfloat16, 128, 4).wide_n == 0  # not wider
+    assert eff(PrefillConfig(wide_n=128), torch.float32, 128, 4).wide_n == 0
+    assert eff(PrefillConfig(wide_n=128), torch.bfloat16, 256, 4).wide_n == 0
+
+
+def test_batch_invariant_ignores_wide_tiles():
+    # batch-invariant results come from one tile width from position 0, whatever the config
+    q, kc, vc, meta = make_batch([(300, 300), (90, 7)], 2, 2, 32, 8, torch.bfloat16, seed=3)
+    narrow = replace(WIDE_PREFILL, wide_n=0)
+    a = paged_attention_triton(q, kc, vc, meta, 0.2, batch_invariant=True, prefill_config=WIDE_PREFILL)
+    b = paged_attention_triton(q, kc, vc, meta, 0.2, batch_invariant=True, prefill_config=narrow)
+    assert torch.equal(a, b)
+    c = paged_attention_triton(q, kc, vc, meta, 0.2, prefill_config=WIDE_PREFILL)
+    assert not torch.equal(a, c)  # the wide tiles do change the rounding outside that mode
+
 # ----------------------------------------------------------------------------- compiled for Hopper
 
 def compile_for_hopper(ptx_dir: str | None = None) -> None:

@@ -125,14 +125,18 @@ class DecodeConfig:
 
 @dataclass(frozen=True)
 class PrefillConfig:
-    """Tunables of the prefill / mixed path."""
+    """Tunables of the prefill / mixed path (None: chosen by the head shape, below)."""
     # q rows per program = query tokens x packed heads (power of two); None: 32 query
     # tokens (64..128 rows), the best on the H200 for 4 heads a KV head (8B, 128 rows) and
     # for 2 (0.6B, 64 rows: 5-13% faster than 128 on small-256's prefill steps)
     block_m: int | None = None
-    block_n: int = 32  # KV tokens per tile (power of two >= 16); 32/4 warps/3 stages measured
-    num_warps: int = 4  # best on the H200 (docs/kernel-notes.md, 2026-11-29)
+    block_n: int = 32  # KV tokens per tile on the causal diagonal (power of two >= 16)
+    num_warps: int | None = None  # None: 8 at 128+ rows a program, else 4
     num_stages: int = 3
+    # the KV tiles every row of a program sees in full go wide_n at a time (a multiple of
+    # block_n; 0: all block_n). None: 128 at 128+ rows a program, else 64 (the H200's best
+    # at 2-16K tokens, docs/benchmarks.md, "Prefill attention")
+    wide_n: int | None = None
 
 
 DEFAULT_DECODE_CONFIG = DecodeConfig()
@@ -231,16 +235,24 @@ def effective_decode_config(cfg: DecodeConfig, dtype: torch.dtype, head_dim: int
 
 def effective_prefill_config(cfg: PrefillConfig, dtype: torch.dtype, head_dim: int,
                              group: int) -> PrefillConfig:
-    block_m, block_n, num_warps = cfg.block_m, cfg.block_n, cfg.num_warps
+    block_m, block_n, num_warps, wide_n = cfg.block_m, cfg.block_n, cfg.num_warps, cfg.wide_n
     if block_m is None:
         block_m = min(128, max(64, 32 * triton.next_power_of_2(group)))
+    if num_warps is None:
+        num_warps = 8 if block_m >= 128 else 4
+    if wide_n is None:
+        wide_n = 128 if block_m >= 128 else 64
     if dtype == torch.float32:
         block_m, block_n, num_warps = min(block_m, 32), min(block_n, 32), max(num_warps, 8)
     elif head_dim > 128:
         block_m, block_n = min(block_m, 64), min(block_n, 32)
     block_m = max(triton.next_power_of_2(block_m), triton.next_power_of_2(group), 16)
     block_n = max(16, triton.next_power_of_2(block_n))
-    return replace(cfg, block_m=block_m, block_n=block_n, num_warps=num_warps)
+    if dtype == torch.float32 or head_dim > 128 or wide_n <= block_n:
+        wide_n = 0
+    else:
+        wide_n = triton.next_power_of_2(wide_n)
+    return replace(cfg, block_m=block_m, block_n=block_n, num_warps=num_warps, wide_n=wide_n)
 
 
 def decode_num_splits(meta, num_kv_heads: int, dtype: torch.dtype, head_dim: int,
@@ -378,7 +390,7 @@ def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         bt.stride(0),
         GROUP=group, GROUP_P=group_p, BLOCK_M=cfg.block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SEQ_CHUNK=128, SKIP_SINGLE=skip_single,
+        BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, WIDE_N=cfg.wide_n, SEQ_CHUNK=128, SKIP_SINGLE=skip_single,
         IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_launch(q.device))
 
@@ -419,6 +431,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if num_splits is not None:
         decode_cfg = replace(decode_cfg, num_splits=num_splits)
     prefill_cfg = prefill_config or DEFAULT_PREFILL_CONFIG
+    if batch_invariant:  # every token's tiles from position 0 at one width: no wide tiles
+        prefill_cfg = replace(prefill_cfg, wide_n=0)
     if epilogue is not None and (meta.max_query_len > 1 or batch_invariant):
         raise ValueError("the qkv epilogue runs inside the decode kernel only: a decode batch, "
                          "not batch-invariant")

@@ -375,8 +375,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
                     stride_bt,
                     GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                    BLOCK_N: tl.constexpr, SEQ_CHUNK: tl.constexpr, SKIP_SINGLE: tl.constexpr,
-                    IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+                    BLOCK_N: tl.constexpr, WIDE_N: tl.constexpr, SEQ_CHUNK: tl.constexpr,
+                    SKIP_SINGLE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+                    USE_PDL: tl.constexpr):
     pdl_start(USE_PDL)
     # Reversed order: the longest (last) query tiles of the batch start first, the short
     # ones fill the tail.
@@ -422,7 +423,15 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
     seen_by_all = tl.maximum(ctx + tok0 + 1, 0)
     kv_end = tl.minimum(seq_len, ctx + tok0 + BLOCK_Q)
     full_end = (seen_by_all // BLOCK_N) * BLOCK_N
-    for t in range(0, full_end, BLOCK_N):
+    t_narrow = 0
+    if WIDE_N > 0:  # the tiles every row sees in full, WIDE_N at a time (fewer, larger dots)
+        t_narrow = (seen_by_all // WIDE_N) * WIDE_N
+        for t in range(0, t_narrow, WIDE_N):
+            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+                                         k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
+                                         stride_kcb, stride_kcs, stride_vcb, stride_vcs,
+                                         BLOCK_SIZE, WIDE_N, HEAD_DIM, False, False, IEEE, UPCAST)
+    for t in range(t_narrow, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
