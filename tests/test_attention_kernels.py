@@ -447,9 +447,10 @@ def test_decode_with_the_epilogue_inside_equals_the_two_kernels(dtype, num_kv_he
     """Rows: empty (padding), 1 token (the newest is position 0), at / across the 8-token tile
     and chunk edges."""
     launches = _decode_launches(monkeypatch)
+    # bit for bit under the interpreter; compiled (on a GPU), within a rounding step
     check_epilogue_inside([0, 1, 7, 8, 9, 16, 17, 50], num_kv_heads, group, 16, 8, dtype, seed=70 + group,
                           norms=norms, decode_config=replace(SMALL_DECODE, prefetch_batch=prefetch),
-                          num_splits=splits)
+                          num_splits=splits, equal=DEVICE == "cpu")
     assert [kw.get("EPILOGUE", False) for kw in launches] == [False, True]
 
 
