@@ -70,9 +70,14 @@ def _persistent_kernel(buf, counter, n, phases, BLOCK: tl.constexpr, VEC: tl.con
             seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
 
 
-def chain_calls(buf: torch.Tensor, nprog: int, phases: int, pdl: bool) -> list:
+def _sizes(nprog: int) -> tuple[int, int]:
+    """(values a phase writes, the power of two a program loads them in)."""
     n = nprog * BLOCK
-    vec = triton.next_power_of_2(n)
+    return n, triton.next_power_of_2(n)
+
+
+def chain_calls(buf: torch.Tensor, nprog: int, phases: int, pdl: bool) -> list:
+    n, vec = _sizes(nprog)
     launch = pdl_launch(buf.device) if pdl else {"USE_PDL": False}
     halves = (buf[:n], buf[n:])
     return [lambda p=p: _chain_kernel[(nprog,)](halves[p % 2], halves[(p + 1) % 2], n,
@@ -81,8 +86,7 @@ def chain_calls(buf: torch.Tensor, nprog: int, phases: int, pdl: bool) -> list:
 
 
 def persistent_call(buf: torch.Tensor, counter: torch.Tensor, nprog: int, phases: int):
-    n = nprog * BLOCK
-    vec = triton.next_power_of_2(n)
+    n, vec = _sizes(nprog)
 
     def call():
         counter.zero_()
@@ -90,9 +94,9 @@ def persistent_call(buf: torch.Tensor, counter: torch.Tensor, nprog: int, phases
     return call
 
 
-def run_variant(name: str, nprog: int, phases: int, device: str) -> tuple[float, float]:
-    """(µs a phase, the check value: every value after one pass of the phases, from zeros)."""
-    n = nprog * BLOCK
+def run_variant(name: str, nprog: int, phases: int, device: str) -> tuple[float, tuple[float, float]]:
+    """(µs a phase, (min, max) of the values after one pass of the phases from zeros)."""
+    n, _ = _sizes(nprog)
     buf = torch.zeros(2 * n, dtype=torch.float32, device=device)
     if name == "persistent":
         counter = torch.zeros(1, dtype=torch.int32, device=device)
@@ -104,7 +108,7 @@ def run_variant(name: str, nprog: int, phases: int, device: str) -> tuple[float,
         c()
     out = buf[(phases % 2) * n:(phases % 2) * n + n]
     check = float(out.min()), float(out.max())
-    ms = time_graph(calls, device=device) * len(calls)  # the whole chain / launch
+    ms = time_graph(calls, device=device) * len(calls)  # per call -> all phases
     return ms * 1e3 / phases, check
 
 

@@ -573,7 +573,6 @@ def test_prefill_larger_tiles_fp16():
                     prefill_config=PrefillConfig(block_m=64, block_n=32, num_warps=2, num_stages=1))
 
 
-
 WIDE_PREFILL = PrefillConfig(block_m=32, block_n=16, num_warps=2, num_stages=1, wide_n=64)
 
 
@@ -602,6 +601,7 @@ def test_batch_invariant_ignores_wide_tiles():
     assert torch.equal(a, b)
     c = paged_attention_triton(q, kc, vc, meta, 0.2, prefill_config=WIDE_PREFILL)
     assert not torch.equal(a, c)  # the wide tiles do change the rounding outside that mode
+
 
 # ----------------------------------------------------------------------------- compiled for Hopper
 

@@ -244,14 +244,12 @@ def effective_prefill_config(cfg: PrefillConfig, dtype: torch.dtype, head_dim: i
         wide_n = 128 if block_m >= 128 else 64
     if dtype == torch.float32:
         block_m, block_n, num_warps = min(block_m, 32), min(block_n, 32), max(num_warps, 8)
+        wide_n = 0
     elif head_dim > 128:
-        block_m, block_n = min(block_m, 64), min(block_n, 32)
+        block_m, block_n, wide_n = min(block_m, 64), min(block_n, 32), 0
     block_m = max(triton.next_power_of_2(block_m), triton.next_power_of_2(group), 16)
     block_n = max(16, triton.next_power_of_2(block_n))
-    if dtype == torch.float32 or head_dim > 128 or wide_n <= block_n:
-        wide_n = 0
-    else:
-        wide_n = triton.next_power_of_2(wide_n)
+    wide_n = triton.next_power_of_2(wide_n) if wide_n > block_n else 0
     return replace(cfg, block_m=block_m, block_n=block_n, num_warps=num_warps, wide_n=wide_n)
 
 
