@@ -146,6 +146,7 @@ def test_an_exception_in_a_step_ends_every_stream_and_the_engine(tokenized_tiny)
             t0 = time.monotonic()
             outs = await asyncio.wait_for(asyncio.gather(*tasks), 10)
             elapsed = time.monotonic() - t0
+            assert llm.is_dead  # the death comes with the error outputs, not after them
             with pytest.raises(EngineDeadError, match="injected CUDA error"):
                 async for _ in llm.generate("more", sp):
                     pass
@@ -157,6 +158,62 @@ def test_an_exception_in_a_step_ends_every_stream_and_the_engine(tokenized_tiny)
     outs, elapsed = asyncio.run(main())
     assert all(o.finish_reason == "error" and "injected CUDA error" in o.error for o in outs)
     assert elapsed < 1.0 + 0.5  # (the steps before the failure included)
+
+
+def test_a_dying_core_sends_its_error_outputs_and_its_death_in_one_message(tokenized_tiny):
+    """Two messages would let a request arrive between them, be taken by the front end and
+    then end with an error output instead of EngineDeadError."""
+    from slipstream.config import EngineConfig
+    from slipstream.core.client import CoreClient
+    from slipstream.core.messages import AddRequest, CoreDead, StepOutputs
+    client = CoreClient(EngineConfig.from_kwargs(model=tokenized_tiny, **COMMON), "thread")
+    try:
+        client.wait_ready(60)
+        launch, calls = client.core.runner.launch, []
+
+        def failing_launch(batch):
+            calls.append(1)
+            if len(calls) > 2:
+                raise RuntimeError("injected CUDA error")
+            return launch(batch)
+
+        client.core.runner.launch = failing_launch
+        params = SamplingParams(max_tokens=40, ignore_eos=True).to_dict()
+        client.send_many([AddRequest(f"r{i}", [1, 2, 3, 4 + i], params) for i in range(2)])
+        deadline, msgs = time.monotonic() + 30, []
+        while time.monotonic() < deadline and not (msgs and isinstance(msgs[-1], CoreDead)):
+            msg = client.recv(200)
+            if msg is not None:
+                msgs.append(msg)
+        dead = msgs[-1]
+        assert isinstance(dead, CoreDead) and "injected CUDA error" in dead.message
+        assert sorted(o.request_id for o in dead.outputs) == ["r0", "r1"]
+        assert all(o.finish_reason == "error" and "injected CUDA error" in o.error for o in dead.outputs)
+        steps = [o for m in msgs[:-1] for o in m.outputs]
+        assert all(isinstance(m, StepOutputs) for m in msgs[:-1]) and not any(o.error for o in steps)
+    finally:
+        client.close()
+
+
+def test_a_core_thread_that_dies_ends_the_offline_batch_with_errors(tokenized_tiny):
+    llm = LLM(tokenized_tiny, core="thread", **COMMON)
+    try:
+        launch, calls = llm.engine.runner.launch, []
+
+        def failing_launch(batch):
+            calls.append(1)
+            if len(calls) > 3:
+                raise RuntimeError("injected CUDA error")
+            return launch(batch)
+
+        llm.engine.runner.launch = failing_launch
+        outs = llm.generate(prompts(4), SamplingParams(max_tokens=50, ignore_eos=True))
+        assert [o.outputs[0].finish_reason for o in outs] == ["error"] * 4
+        assert all("injected CUDA error" in o.error for o in outs)
+        with pytest.raises(EngineDeadError, match="injected CUDA error"):
+            llm.generate("more", SamplingParams(max_tokens=5))
+    finally:
+        llm.shutdown()
 
 
 def test_n_completions_share_the_prompt_and_have_their_own_seeds(tokenized_tiny):

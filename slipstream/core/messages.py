@@ -81,7 +81,10 @@ class StartupFailed(msgspec.Struct, tag="startup_failed", array_like=True):
 
 
 class CoreDead(msgspec.Struct, tag="dead", array_like=True):
+    """The core died: `outputs` end every request it held, in the same message as the
+    death, so no request can arrive at a front end between the two and wait forever."""
     message: str
+    outputs: list[CoreOutput] = []
 
 
 ToCore = Union[AddRequest, Abort, Call, Shutdown]

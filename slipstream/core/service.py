@@ -3,8 +3,8 @@
 `run_core` builds an `EngineCore` and serves it over two ZMQ sockets (PULL for messages
 from the front end, PUSH for its outputs), in a thread of the caller's process
 (`inproc://`) or in a process of its own (`python -m slipstream.core`, `ipc://`).
-An exception inside a step marks the core dead: every open request ends with an error,
-then `CoreDead` is sent and the loop returns.  A core process exits when its parent dies.
+An exception inside a step marks the core dead: one `CoreDead` carries the death and the
+error outputs of every open request, and the loop returns.  A core process exits when its parent dies.
 """
 from __future__ import annotations
 
@@ -116,8 +116,7 @@ def _die(core, e: BaseException, send) -> None:
     message = dead_message(e)
     traceback.print_exc(file=sys.stderr)
     try:
-        send(encoder.encode(StepOutputs(core.fail_all(message))))
-        send(encoder.encode(CoreDead(message)))
+        send(encoder.encode(CoreDead(message, core.fail_all(message))))
     except zmq.ZMQError:
         pass
 

@@ -178,17 +178,22 @@ class AsyncLLM:
                 for frame in frames:
                     msg = from_core_decoder.decode(frame)
                     if isinstance(msg, StepOutputs):
-                        touched, aborts = self.processor.process(msg.outputs)
-                        self._client.abort(aborts)
-                        for state in touched:
-                            if state.waiter is not None:
-                                state.waiter.set()
+                        self._client.abort(self._process(msg.outputs))
                     elif isinstance(msg, CallResult):
                         self._resolve(msg)
                     elif isinstance(msg, CoreDead):
-                        return self._die(msg.message)
+                        self._process(msg.outputs)  # the core's error outputs, then the death,
+                        return self._die(msg.message)  # with no await between them
         except (zmq.ZMQError, asyncio.CancelledError):
             return
+
+    def _process(self, outputs) -> list[str]:
+        """Hand the core's outputs to their streams; returns the ids to abort in the core."""
+        touched, aborts = self.processor.process(outputs)
+        for state in touched:
+            if state.waiter is not None:
+                state.waiter.set()
+        return aborts
 
     def _resolve(self, msg: CallResult) -> None:
         fut = self._calls.pop(msg.call_id, None)

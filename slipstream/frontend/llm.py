@@ -72,7 +72,7 @@ class _RemoteCore:
             if isinstance(msg, StepOutputs):
                 return msg.outputs
             if isinstance(msg, CoreDead):
-                raise _Died(msg.message, [])
+                raise _Died(msg.message, msg.outputs)
 
     def close(self) -> None:
         self.client.close()
