@@ -3,7 +3,7 @@
 head_dim 128, bf16, block_size 16, block tables in random order), one CUDA GPU.
 
     python benchmarks/bench_attention_small256.py [--tree DIR] [--out DIR] [--label NAME]
-        [--decode NAME:k=v,...] [--prefill NAME:k=v,...] [--stages decode,mixed]
+        [--decode NAME:k=v,...] [--prefill NAME:k=v,...] [--stages decode,mixed] [--budget N]
 
 decode: after the prompts are in, decode step t holds the requests with max_tokens > t,
 each at context prompt_len + t + 1.  For several t, one layer's decode attention is timed
@@ -14,7 +14,8 @@ tokens of a block contiguous).  % of copy: K/V bytes over the time, against 4.26
 
 mixed: the prefill phase's steps as the scheduler builds them (running rows first: one
 token for a decode, a chunk for a prompt; then prompts first-come first-served, all within
-8,192 tokens).  Each step's attention is timed as the runner runs it (the prefill kernel
+`--budget` tokens, 16,384 by default as in the engine on the H200); every other one is
+timed.  Each step's attention is timed as the runner runs it (the prefill kernel
 skipping single-token rows, then the decode kernel over those rows), and its two kernels
 alone; the prefill kernel with other configs too (--prefill, PrefillConfig fields).
 TFLOP/s of the prefill kernel: 4 x head_dim x q heads x causal query-key pairs.
@@ -57,8 +58,8 @@ SCALE = HEAD_DIM ** -0.5
 COPY_BW, MATMUL = 4.26e12, 792e12  # design brief §5
 STEPS = (20, 150, 300, 450, 600, 750, 900, 980)
 FORCED = (1, 2, 3, 4)
-MIXED_STEPS = (0, 4, 9, 14, 18)
-BUDGET = 8192
+MIXED_EVERY = 2  # every other step with prompt tokens is timed
+BUDGET = 16384  # tokens a step: the engine's default on the H200 (config.default_max_num_batched_tokens)
 # (batches of more than large_batch rows run large_block_n / large_num_warps: by default
 # 32-token tiles, 2 stages, one warp; "L-*" name the large-batch tiles a variant runs)
 DECODE_VARIANTS = {"always-n64w4": "large_batch=1000", "always-n32w1": "large_batch=0",
@@ -66,8 +67,9 @@ DECODE_VARIANTS = {"always-n64w4": "large_batch=1000", "always-n32w1": "large_ba
                    "L-n16s4w1": "large_block_n=16,num_stages=4", "L-n64s2w1": "large_block_n=64"}
 # KV cache layouts: (block_size, heads outer) -- see make_batch
 LAYOUTS = {"hnd64": (64, True)}
-PREFILL_VARIANTS = {"m128n32w4s3": "block_m=128", "m64n64w4s3": "block_m=64,block_n=64",
-                    "m64n32w4s2": "block_m=64,num_stages=2", "m32n32w4s3": "block_m=32"}
+PREFILL_VARIANTS = {"narrow": "wide_n=0", "m128-wide128-w8": "block_m=128,num_warps=8,wide_n=128",
+                    "m128-wide64-w8": "block_m=128,num_warps=8,wide_n=64", "m32": "block_m=32",
+                    "m64-wide128": "wide_n=128"}
 
 
 def workload() -> list[tuple[int, int]]:
@@ -79,30 +81,30 @@ def decode_lens(t: int) -> list[int]:
     return [p + t + 1 for p, m in workload() if m > t]
 
 
-def mixed_steps() -> list[tuple[list[int], list[int]]]:
+def mixed_steps(budget: int = BUDGET) -> list[tuple[list[int], list[int]]]:
     """(seq_lens, query_lens) of the steps that hold prompt tokens, as the scheduler
     builds them (one token per decode row a step; the output tokens do not matter here)."""
     prompts = [p for p, _ in workload()]
     waiting, running, steps = list(range(len(prompts))), [], []
     done = [0] * len(prompts)  # KV tokens computed
     while waiting or any(done[r] < prompts[r] for r in running):
-        budget, lens, qlens = BUDGET, [], []
+        left, lens, qlens = budget, [], []
         for r in running:
-            if budget <= 0:
+            if left <= 0:
                 break
-            n = min(prompts[r] - done[r], budget) if done[r] < prompts[r] else 1
+            n = min(prompts[r] - done[r], left) if done[r] < prompts[r] else 1
             lens.append(done[r] + n)
             qlens.append(n)
             done[r] += n
-            budget -= n
-        while waiting and budget > 0 and len(running) < 256:
+            left -= n
+        while waiting and left > 0 and len(running) < 256:
             r = waiting.pop(0)
-            n = min(prompts[r], budget)
+            n = min(prompts[r], left)
             running.append(r)
             lens.append(n)
             qlens.append(n)
             done[r] = n
-            budget -= n
+            left -= n
         steps.append((lens, qlens))
     return steps
 
@@ -199,12 +201,12 @@ def bench_decode(decode_variants, gen, device, label, rows):
         del sets
 
 
-def bench_mixed(prefill_variants, gen, device, label, rows):
-    steps = mixed_steps()
-    print(f"\n{len(steps)} steps with prompt tokens")
+def bench_mixed(prefill_variants, gen, device, label, rows, budget):
+    steps = mixed_steps(budget)
+    print(f"\n{len(steps)} steps with prompt tokens ({budget} tokens a step)")
     print("| tree | step | rows | decode rows | prompt tokens | part | variant | us | TFLOP/s or % of copy |\n"
           "|---|---|---|---|---|---|---|---|---|")
-    for i in MIXED_STEPS:
+    for i in range(0, len(steps), MIXED_EVERY):
         lens, qlens = steps[i]
         sets = [make_batch(lens, qlens, gen, device) for _ in range(3)]
         meta = sets[0][3]
@@ -244,6 +246,7 @@ def main() -> None:
     ap.add_argument("--decode", action="append", default=[], metavar="NAME:k=v,...")
     ap.add_argument("--prefill", action="append", default=[], metavar="NAME:k=v,...")
     ap.add_argument("--stages", default="decode,mixed")
+    ap.add_argument("--budget", type=int, default=BUDGET, help="tokens a step (max_num_batched_tokens)")
     ap.add_argument("--no-variants", action="store_true", help="only the runner's configs and forced splits")
     args = ap.parse_args()
     device = torch.device("cuda")
@@ -260,7 +263,7 @@ def main() -> None:
     if "decode" in args.stages:
         bench_decode(decode_variants, gen, device, label, rows)
     if "mixed" in args.stages:
-        bench_mixed(prefill_variants, gen, device, label, rows)
+        bench_mixed(prefill_variants, gen, device, label, rows, args.budget)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"attention_small256_{label}.json"), "w") as f:

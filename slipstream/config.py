@@ -82,7 +82,7 @@ def default_max_num_batched_tokens(device_type: str, total_memory: int = 0, name
     class), 8192 elsewhere, and never fewer than max_num_seqs. vLLM's offline engine makes the
     same choice (not on the A100, where it measured a loss). Fewer, larger prefill steps: on
     the H200, small-256's prefill phase took 10 steps and 0.330 s of GPU time against 19 steps
-    and 0.362 s (docs/benchmarks.md, seventh session)."""
+    and 0.362 s (docs/benchmarks.md, measured on 1879a42)."""
     big = device_type == "cuda" and total_memory >= 70 * 2**30 and "a100" not in name.lower()
     return max(16384 if big else 8192, max_num_seqs)
 

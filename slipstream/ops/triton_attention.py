@@ -92,7 +92,7 @@ class DecodeConfig:
     # a batch of more than large_batch rows runs these tiles instead (more programs resident
     # on an SM): on small-256's own batches (0.6B shape, H200) +2-4 points of copy bandwidth
     # at 149-256 rows, -5 at 76-112; one warp rather than two: small-256 0.8% faster
-    # (docs/kernel-notes.md, sixth session)
+    # (docs/kernel-notes.md, "Tiles by batch size", measured on 969d311)
     large_batch: int = 128
     large_block_n: int = 32
     large_num_warps: int = 1
