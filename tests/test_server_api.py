@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -125,6 +126,31 @@ def test_tokenize_matches_the_tokenizer(server):
     assert r2["tokens"] == tok.apply_chat_template(msgs)
     back = httpx.post(server.url + "/detokenize", json={"tokens": r["tokens"]}, timeout=10).json()
     assert back["prompt"] == tok.decode(r["tokens"], skip_special_tokens=False)
+
+
+def test_a_long_prompt_is_tokenized_off_the_event_loop(server):
+    # ~880 KB of text is ~200K tokens: tokenizing it takes a good fraction of a second, and
+    # the server goes on answering meanwhile (on the event loop it would answer nothing)
+    text = "The quick brown fox jumps over the lazy dog, again and again. " * 14000
+    done: dict = {}
+
+    def send():
+        t0 = time.monotonic()
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": text, "max_tokens": 1},
+                       timeout=120)
+        done.update(status=r.status_code, error=r.json()["error"]["message"], s=time.monotonic() - t0)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    waits = []
+    while sender.is_alive() and len(waits) < 2000:
+        t0 = time.monotonic()
+        assert httpx.get(server.url + "/v1/models", timeout=60).status_code == 200
+        waits.append(time.monotonic() - t0)
+    sender.join(120)
+    assert done["status"] == 400 and "maximum context length" in done["error"]  # after tokenizing
+    assert done["s"] > 0.2  # long enough for the polls to mean something
+    assert max(waits) < done["s"] / 2 and len(waits) >= 3, (max(waits), len(waits), done["s"])
 
 
 def test_async_client_and_concurrent_streams_with_disconnects(server):

@@ -24,7 +24,7 @@ from slipstream.server.metrics import CONTENT_TYPE
 from slipstream.server.protocol import (ChatCompletionRequest, CompletionRequest,
                                         DetokenizeRequest, TokenizeRequest)
 from slipstream.server.serving_chat import complete_chat, prepare_chat, render_prompt, stream_chat
-from slipstream.server.serving_common import PromptRun, ServingState
+from slipstream.server.serving_common import PromptRun, ServingState, off_loop
 from slipstream.server.serving_completions import (complete, prepare_completion,
                                                    stream_completion)
 
@@ -153,6 +153,15 @@ async def race_disconnect(request: Request, coro):
     return JSONResponse(task.result())
 
 
+def _tokenize(state: ServingState, req: TokenizeRequest) -> list[int]:
+    tok = state.need_tokenizer()
+    if req.messages is not None:
+        return render_prompt(state, req.messages)
+    if req.add_special_tokens:
+        return list(tok.encode(req.prompt))
+    return list(tok.hf.encode(req.prompt, add_special_tokens=False))
+
+
 def build_app(llm, args=None) -> FastAPI:
     names = _opt(args, "served_model_name", None) or [llm.model_name]
     if isinstance(names, str):
@@ -171,7 +180,7 @@ def build_app(llm, args=None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await parse_body(request, CompletionRequest, limit)
-        prep = prepare_completion(state, req)
+        prep = await off_loop(state, prepare_completion, state, req)
         if req.stream:
             run = PromptRun(state, prep.prompts, prep.params, prep.request_id)
             return _SSEResponse(stream_completion(state, prep, run), run.cancel)
@@ -180,7 +189,7 @@ def build_app(llm, args=None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         req = await parse_body(request, ChatCompletionRequest, limit)
-        prep = prepare_chat(state, req)
+        prep = await off_loop(state, prepare_chat, state, req)
         if req.stream:
             run = PromptRun(state, [prep.prompt], prep.params, prep.request_id)
             return _SSEResponse(stream_chat(state, prep, run), run.cancel)
@@ -224,13 +233,7 @@ def build_app(llm, args=None) -> FastAPI:
         state.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt and messages")
-        tok = state.need_tokenizer()
-        if req.messages is not None:
-            ids = render_prompt(state, req.messages)
-        elif req.add_special_tokens:
-            ids = list(tok.encode(req.prompt))
-        else:
-            ids = list(tok.hf.encode(req.prompt, add_special_tokens=False))
+        ids = await off_loop(state, _tokenize, state, req)
         return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,
                 "token_strs": None}
 

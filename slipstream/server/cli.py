@@ -118,7 +118,10 @@ async def _serve(a: argparse.Namespace) -> int:
                                 lifespan="off", access_log=a.log_level in ("info", "debug"),
                                 timeout_graceful_shutdown=5)
         server = _Server(config, app.state.serving, a.shutdown_timeout)
-        await server.serve()
+        try:
+            await server.serve()
+        finally:
+            app.state.serving.close()
         if not server.started:
             print(f"error: could not listen on {a.host}:{a.port}", file=sys.stderr)
             return 1

@@ -19,7 +19,7 @@ from slipstream.server.app import parse_json
 from slipstream.server.errors import APIError, error_body
 from slipstream.server.protocol import ChatCompletionRequest, CompletionRequest
 from slipstream.server.serving_chat import complete_chat, prepare_chat
-from slipstream.server.serving_common import ServingState
+from slipstream.server.serving_common import ServingState, off_loop
 from slipstream.server.serving_completions import complete, prepare_completion
 
 ENDPOINTS = {
@@ -67,7 +67,7 @@ async def run_one(state: ServingState, custom_id, url: str, body: dict) -> dict:
         if body.get("stream"):
             raise APIError(400, "stream is not supported in a batch", "stream")
         req = parse_json(json.dumps(body), model)
-        result = await run(state, prepare(state, req))
+        result = await run(state, await off_loop(state, prepare, state, req))
     except APIError as e:
         out = _failure(custom_id, e.status, e.message, error_body(e.status, "")["error"]["type"])
         out["response"]["request_id"] = request_id
@@ -128,6 +128,7 @@ async def run_batch_file(a) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     dst = sys.stdout if a.output_file == "-" else open(a.output_file, "w", encoding="utf-8")
+    state = None
     try:
         names = a.served_model_name or [llm.model_name]
         state = ServingState(llm=llm, served_names=list(names))
@@ -138,6 +139,8 @@ async def run_batch_file(a) -> int:
 
         done, failed = await run_batch(state, lines, write, a.max_concurrency)
     finally:
+        if state is not None:
+            state.close()
         await llm.shutdown()
         if dst is not sys.stdout:
             dst.close()
