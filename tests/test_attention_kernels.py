@@ -605,16 +605,60 @@ def test_batch_invariant_ignores_wide_tiles():
 
 # ----------------------------------------------------------------------------- compiled for Hopper
 
+def compile_launch_for_hopper(fn, args, kw):
+    """One captured launch (`fn[grid](*args, **kw)`) compiled for sm_90 as the launcher would
+    specialise it, without a GPU: (the CompiledKernel, its constexpr launch arguments, the
+    compile options). Used by `compile_for_hopper` and `benchmarks/kernel_resources.py`."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+    kw = dict(kw, UPCAST=False) if "UPCAST" in kw else dict(kw)
+    kw.pop("launch_pdl", None)
+    if "USE_PDL" in kw:
+        kw["USE_PDL"] = True  # the Hopper path: grid-dependency wait + launch of dependents
+    opts = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3), "launch_pdl": True}
+    if "enable_fp_fusion" in kw:  # a compile option, not an argument (the qkv epilogue's)
+        opts["enable_fp_fusion"] = kw.pop("enable_fp_fusion")
+    # every argument by name: positional ones, keywords, and the defaults of the rest; the
+    # constexpr parameters are constants, the others typed as the launcher would
+    values = {p.name: p.default for p in fn.params if p.has_default}
+    values.update(zip([n for n in fn.arg_names if n not in kw], args))
+    values.update(kw)
+    assert set(values) == set(fn.arg_names), set(fn.arg_names) ^ set(values)
+    constexpr = {p.name for p in fn.params if p.is_constexpr}
+    sig, attrs = {}, {}
+    consts = {n: v for n, v in values.items() if n in constexpr or v is None}
+    for n, v in values.items():
+        if n in consts:
+            continue
+        i = fn.arg_names.index(n)
+        if isinstance(v, torch.Tensor):
+            sig[n] = ty[v.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[n] = "fp32"
+        elif v == 1:
+            consts[n] = 1  # the launcher specialises ints equal to 1
+        else:
+            sig[n] = "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    for n in consts:
+        sig[n] = "constexpr"
+    sig = {n: sig[n] for n in fn.arg_names}
+    compiled = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=opts)
+    return compiled, {k: v for k, v in kw.items() if k.isupper()}, opts
+
+
 def compile_for_hopper(ptx_dir: str | None = None) -> None:
     """Compile every kernel for sm_90 as the host code would launch it (8B shape; bf16 and
     fp32), without a GPU.  The interpreter runs kernels as Python, so it misses what only
     the compiler rejects (globals, types, shapes of dots).  Run in a process without
     TRITON_INTERPRET (see the test below).  ptx_dir: also write each compiled kernel's PTX
     there (`benchmarks/ptx_diff.py` compares two trees' with it)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     import slipstream.ops.triton_attention as ta
 
     launches = []
@@ -699,45 +743,8 @@ def compile_for_hopper(ptx_dir: str | None = None) -> None:
     tg.gemv(torch.zeros(1, 4096, dtype=bf), torch.zeros(4096, 4096, dtype=bf), residual=h8, out=h8)
     tg.gemv(torch.zeros(1, 2 * 14336, dtype=bf), torch.zeros(4096, 14336, dtype=bf), residual=h8, out=h8,
             silu_mul=True)
-    ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
     for fn, args, kw in launches:
-        kw = dict(kw, UPCAST=False) if "UPCAST" in kw else dict(kw)
-        kw.pop("launch_pdl", None)
-        if "USE_PDL" in kw:
-            kw["USE_PDL"] = True  # the Hopper path: grid-dependency wait + launch of dependents
-        opts = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3), "launch_pdl": True}
-        if "enable_fp_fusion" in kw:  # a compile option, not an argument (the qkv epilogue's)
-            opts["enable_fp_fusion"] = kw.pop("enable_fp_fusion")
-        # every argument by name: positional ones, keywords, and the defaults of the rest; the
-        # constexpr parameters are constants, the others typed as the launcher would
-        values = {p.name: p.default for p in fn.params if p.has_default}
-        values.update(zip([n for n in fn.arg_names if n not in kw], args))
-        values.update(kw)
-        assert set(values) == set(fn.arg_names), set(fn.arg_names) ^ set(values)
-        constexpr = {p.name for p in fn.params if p.is_constexpr}
-        sig, attrs = {}, {}
-        consts = {n: v for n, v in values.items() if n in constexpr or v is None}
-        for n, v in values.items():
-            if n in consts:
-                continue
-            i = fn.arg_names.index(n)
-            if isinstance(v, torch.Tensor):
-                sig[n] = ty[v.dtype]
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            elif isinstance(v, float):
-                sig[n] = "fp32"
-            elif v == 1:
-                consts[n] = 1  # the launcher specialises ints equal to 1
-            else:
-                sig[n] = "i32"
-                if v % 16 == 0:
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-        for n in consts:
-            sig[n] = "constexpr"
-        sig = {n: sig[n] for n in fn.arg_names}
-        compiled = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                                  options=opts)
-        shown = {k: v for k, v in kw.items() if k.isupper()}
+        compiled, shown, opts = compile_launch_for_hopper(fn, args, kw)
         print("compiled", fn.__name__, shown)
         if ptx_dir:
             os.makedirs(ptx_dir, exist_ok=True)
