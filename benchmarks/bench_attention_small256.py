@@ -148,10 +148,6 @@ def make_batch(lens, qlens, gen, device, block_size=BLOCK_SIZE, heads_outer=Fals
     return q, k, v, meta
 
 
-def parse(spec: str, cls):
-    return cls(**{k: int(v) for k, v in (item.split("=") for item in spec.split(",") if item)})
-
-
 def timed(sets, fn) -> float:
     """Median microseconds of fn(q, k, v, meta, out) over the rotating sets."""
     outs = [torch.empty_like(s[0]) for s in sets]
@@ -256,8 +252,9 @@ def main() -> None:
     prefill_specs = {} if args.no_variants else dict(PREFILL_VARIANTS)
     decode_specs.update(s.split(":", 1) for s in args.decode)
     prefill_specs.update(s.split(":", 1) for s in args.prefill)
-    decode_variants = {n: parse(s, ta.DecodeConfig) for n, s in decode_specs.items()}
-    prefill_variants = {n: parse(s, ta.PrefillConfig) for n, s in prefill_specs.items()}
+    from bench_attention import parse_variant  # (this script's folder is on sys.path)
+    decode_variants = {n: parse_variant(f"{n}:{s}", ta.DecodeConfig)[1] for n, s in decode_specs.items()}
+    prefill_variants = {n: parse_variant(f"{n}:{s}", ta.PrefillConfig)[1] for n, s in prefill_specs.items()}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, tree {label}")
     rows: list[dict] = []
     if "decode" in args.stages:
