@@ -128,19 +128,23 @@ def test_bad_requests_fail_alone(tokenized_tiny, reference):
         AsyncLLM.validate(type("L", (), {"tokenizer": None, "info": reference[0].info})(), [5] * 300)
 
 
+def fail_launches_after(runner, n: int) -> None:
+    """Make the runner's launches after the first `n` raise, as a CUDA error in a step would."""
+    launch, calls = runner.launch, []
+
+    def failing_launch(batch):
+        calls.append(1)
+        if len(calls) > n:
+            raise RuntimeError("injected CUDA error")
+        return launch(batch)
+
+    runner.launch = failing_launch
+
+
 def test_an_exception_in_a_step_ends_every_stream_and_the_engine(tokenized_tiny):
     async def main():
         async with AsyncLLM(tokenized_tiny, core="thread", **COMMON) as llm:
-            runner = llm.core.runner
-            launch, calls = runner.launch, []
-
-            def failing_launch(batch):
-                calls.append(1)
-                if len(calls) > 3:
-                    raise RuntimeError("injected CUDA error")
-                return launch(batch)
-
-            runner.launch = failing_launch
+            fail_launches_after(llm.core.runner, 3)
             sp = SamplingParams(max_tokens=100, ignore_eos=True)
             tasks = [asyncio.create_task(stream(llm, p, sp)) for p in prompts(5)]
             t0 = time.monotonic()
@@ -169,15 +173,7 @@ def test_a_dying_core_sends_its_error_outputs_and_its_death_in_one_message(token
     client = CoreClient(EngineConfig.from_kwargs(model=tokenized_tiny, **COMMON), "thread")
     try:
         client.wait_ready(60)
-        launch, calls = client.core.runner.launch, []
-
-        def failing_launch(batch):
-            calls.append(1)
-            if len(calls) > 2:
-                raise RuntimeError("injected CUDA error")
-            return launch(batch)
-
-        client.core.runner.launch = failing_launch
+        fail_launches_after(client.core.runner, 2)
         params = SamplingParams(max_tokens=40, ignore_eos=True).to_dict()
         client.send_many([AddRequest(f"r{i}", [1, 2, 3, 4 + i], params) for i in range(2)])
         deadline, msgs = time.monotonic() + 30, []
@@ -198,15 +194,7 @@ def test_a_dying_core_sends_its_error_outputs_and_its_death_in_one_message(token
 def test_a_core_thread_that_dies_ends_the_offline_batch_with_errors(tokenized_tiny):
     llm = LLM(tokenized_tiny, core="thread", **COMMON)
     try:
-        launch, calls = llm.engine.runner.launch, []
-
-        def failing_launch(batch):
-            calls.append(1)
-            if len(calls) > 3:
-                raise RuntimeError("injected CUDA error")
-            return launch(batch)
-
-        llm.engine.runner.launch = failing_launch
+        fail_launches_after(llm.engine.runner, 3)
         outs = llm.generate(prompts(4), SamplingParams(max_tokens=50, ignore_eos=True))
         assert [o.outputs[0].finish_reason for o in outs] == ["error"] * 4
         assert all("injected CUDA error" in o.error for o in outs)

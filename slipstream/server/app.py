@@ -24,7 +24,7 @@ from slipstream.server.metrics import CONTENT_TYPE
 from slipstream.server.protocol import (ChatCompletionRequest, CompletionRequest,
                                         DetokenizeRequest, TokenizeRequest)
 from slipstream.server.serving_chat import complete_chat, prepare_chat, render_prompt, stream_chat
-from slipstream.server.serving_common import PromptRun, ServingState, off_loop
+from slipstream.server.serving_common import PromptRun, ServingState, encode, off_loop
 from slipstream.server.serving_completions import (complete, prepare_completion,
                                                    stream_completion)
 
@@ -154,12 +154,11 @@ async def race_disconnect(request: Request, coro):
 
 
 def _tokenize(state: ServingState, req: TokenizeRequest) -> list[int]:
-    tok = state.need_tokenizer()
     if req.messages is not None:
         return render_prompt(state, req.messages)
     if req.add_special_tokens:
-        return list(tok.encode(req.prompt))
-    return list(tok.hf.encode(req.prompt, add_special_tokens=False))
+        return encode(state, req.prompt)
+    return list(state.need_tokenizer().hf.encode(req.prompt, add_special_tokens=False))
 
 
 def build_app(llm, args=None) -> FastAPI:
