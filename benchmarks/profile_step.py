@@ -54,10 +54,10 @@ def profile_case(model: str, batch: int, context: int, reps: int = 5) -> dict:
     fill_decode(runner, slot, batch, context)
     shape = StepShape.padded_to(StepPad(batch, batch), True, SamplerFlags(False, False, 0), runner.max_model_len,
                                 runner.decode_splits(slot.host, batch, batch))
-    step = time_fn(lambda: runner.graphs.replay(0, shape), 20)
+    step = time_fn(lambda: runner.replay(slot, shape), 20)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            runner.graphs.replay(0, shape)
+            runner.replay(slot, shape)
         torch.cuda.synchronize()
     kernels = collections.defaultdict(lambda: [0, 0.0])
     for ev in prof.events():

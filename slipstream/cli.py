@@ -27,6 +27,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cuda-graph-max-tokens", type=int, default=None,
                    help="largest prefill/mixed step run as a CUDA graph (default "
                         "--max-num-batched-tokens; 0: those steps run eagerly)")
+    g.add_argument("--cuda-graph-shared-from", type=int, default=8,
+                   help="decode batches of at least this many rows, and prefill/mixed steps, "
+                        "replay one CUDA graph shared by the two IO slots (half the captures "
+                        "at start, a few µs a step); above --max-num-seqs: a graph per slot")
     g.add_argument("--batch-invariant", action="store_true",
                    help="results independent of batch composition (slower; GPU)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
@@ -57,6 +61,7 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
                 gpu_memory_utilization=a.gpu_memory_utilization,
                 enable_prefix_caching=a.enable_prefix_caching, async_scheduling=a.async_scheduling,
                 enforce_eager=a.enforce_eager, cuda_graph_max_tokens=a.cuda_graph_max_tokens,
+                cuda_graph_shared_from=a.cuda_graph_shared_from,
                 batch_invariant=a.batch_invariant, tensor_parallel_size=a.tensor_parallel_size)
 
 

@@ -30,6 +30,12 @@ class EngineConfig:
     # steps run eagerly); those graphs pad rows to max_num_seqs, so they need
     # cuda_graph_max_batch >= max_num_seqs
     cuda_graph_max_tokens: int | None = None
+    # decode batches padded to at least this many rows, and steps with prompt tokens (padded
+    # to max_num_seqs rows), replay one CUDA graph shared by the two IO slots (the step's
+    # inputs copied in, its tokens out: a few µs a step) instead of one graph per slot, so
+    # half as many graphs are captured at start; smaller decode batches keep a graph per
+    # slot.  Above max_num_seqs: a graph per slot everywhere
+    cuda_graph_shared_from: int = 8
     seed: int = 0  # draws the seeds of requests that bring none
     trace: bool = False  # record a CPU/GPU timeline of every batch
     debug_kv: bool = False  # check that no block is freed while an in-flight batch uses it
@@ -56,6 +62,7 @@ class EngineConfig:
             _positive_int("num_kv_blocks", self.num_kv_blocks)
         if self.cuda_graph_max_batch is not None:
             _positive_int("cuda_graph_max_batch", self.cuda_graph_max_batch)
+        _positive_int("cuda_graph_shared_from", self.cuda_graph_shared_from)
         if self.cuda_graph_max_tokens is not None and self.cuda_graph_max_tokens != 0:
             _positive_int("cuda_graph_max_tokens", self.cuda_graph_max_tokens)
         if not (0.0 < self.gpu_memory_utilization <= 1.0):

@@ -120,6 +120,7 @@ class EngineCore:
             cpu_kv_cache_gib=c.cpu_kv_cache_gib, use_cuda_graphs=not c.enforce_eager,
             cuda_graph_max_batch=c.cuda_graph_max_batch or c.max_num_seqs,
             cuda_graph_max_tokens=(tokens if c.cuda_graph_max_tokens is None else c.cuda_graph_max_tokens),
+            cuda_graph_shared_from=c.cuda_graph_shared_from,
             trace=c.trace, cuda_used_at_start=self._gpu_used_at_start)
 
     def _worker_config(self) -> dict:

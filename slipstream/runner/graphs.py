@@ -17,8 +17,15 @@
 * A warm-up run before a capture compiles kernels and lets cuBLAS set up; one run per group
   of shapes whose kernels specialise alike (`_warmup_group`) is enough.
 
-A graph binds buffer addresses, so each IO slot gets its own graphs.  All of them are
-captured into one shared memory pool: they never run at the same time (one compute
+A graph binds buffer addresses.  Decode batches below `shared_from` rows (where a step is
+shortest and a few µs show) get a graph per IO slot, reading and writing that slot's
+buffers.  Larger decode batches and the steps with prompt tokens replay one graph shared by
+the two slots, captured on a third set of buffers, the graph slot: the runner copies the
+step's inputs into it (`ModelRunner.replay`, one device copy, the slot's index with them),
+and inside the graph the carry-over reads the other slot's tokens and the sampled tokens
+are copied into the step's own slot (`ops/carry.py`).  So the start captures about half as
+many graphs (docs/benchmarks.md, "Engine start").
+All graphs are captured into one memory pool: they never run at the same time (one compute
 stream), and everything they keep lives in static buffers allocated outside capture,
 so their scratch memory can overlap and VRAM stays flat as slots are added.
 """
@@ -68,7 +75,11 @@ def step_graphs(opts, device: torch.device, split_policy=None) -> "StepGraphs | 
         return None
     max_batch = min(opts.cuda_graph_max_batch, opts.max_num_seqs)
     return StepGraphs(capture_sizes(max_batch), mixed_token_sizes(mixed_graph_tokens(opts)),
-                      opts.max_num_seqs, opts.max_model_len, split_policy.options if split_policy else None)
+                      opts.max_num_seqs, opts.max_model_len, split_policy.options if split_policy else None,
+                      shared_from=opts.cuda_graph_shared_from)
+
+
+SHARED = "shared"  # the owner, in a graph's key, of a graph that serves both IO slots
 
 
 class StepGraphs:
@@ -76,13 +87,15 @@ class StepGraphs:
     LAZY_VARIANTS = (SamplerFlags(True, False, 0),)  # captured at their second use
 
     def __init__(self, decode_sizes: list[int], mixed_sizes: list[int], mixed_seqs: int,
-                 max_seq_len: int, split_options: Callable[[int], tuple[int, ...]] | None = None) -> None:
+                 max_seq_len: int, split_options: Callable[[int], tuple[int, ...]] | None = None,
+                 shared_from: int | None = None) -> None:
         self.decode_sizes = sorted(decode_sizes)
         self.mixed_sizes = sorted(mixed_sizes)
         self.mixed_seqs = mixed_seqs
         self.max_seq_len = max_seq_len
         # batch size -> the decode split counts to capture (None: the kernel's heuristic only)
         self.split_options = split_options or (lambda size: (None,))
+        self.shared_from = shared_from  # rows from which a graph serves both slots (None: never)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None  # the shared memory pool, made at the first capture
         self.capture_s = 0.0  # wall time of capture_all (warm-up runs, captures), for startup reports
@@ -100,17 +113,23 @@ class StepGraphs:
             return None
         return StepPad(size, self.mixed_seqs)
 
-    @staticmethod
-    def _key(slot_index: int, shape: StepShape) -> tuple:
-        return (slot_index, shape.is_decode, shape.num_tokens, shape.num_seqs,
-                shape.flags.use_top_k_top_p, shape.decode_splits)
+    def shares(self, shape: StepShape) -> bool:
+        """Whether the graph of `shape` is one for both slots, captured on the graph slot."""
+        return self.shared_from is not None and shape.num_seqs >= self.shared_from
+
+    def key(self, slot_index: int, shape: StepShape) -> tuple:
+        """A graph's key in `graphs`: its owner (the slot's index, or SHARED) and shape."""
+        return (SHARED if self.shares(shape) else slot_index, shape.is_decode, shape.num_tokens,
+                shape.num_seqs, shape.flags.use_top_k_top_p, shape.decode_splits)
 
     def can_replay(self, slot_index: int, shape: StepShape) -> bool:
         return (shape.padded and not shape.flags.use_penalties and not shape.flags.num_logprobs
-                and self._key(slot_index, shape) in self.graphs)
+                and self.key(slot_index, shape) in self.graphs)
 
     def replay(self, slot_index: int, shape: StepShape) -> None:
-        self.graphs[self._key(slot_index, shape)].replay()
+        """Replay the graph a step of `shape` on that slot takes; a shared one reads and writes
+        the graph slot (ModelRunner.replay moves the step's inputs and tokens)."""
+        self.graphs[self.key(slot_index, shape)].replay()
 
     def capture_if_seen(self, runner, slot, shape: StepShape) -> bool:
         """A step of a lazily captured variant that has no graph yet: capture it (for this
@@ -120,53 +139,57 @@ class StepGraphs:
             return False  # (no pool: nothing was captured, e.g. sizes used for padding alone)
         if not any(shape.flags == f for f in self.LAZY_VARIANTS):
             return False
-        key = self._key(slot.index, shape)
+        key = self.key(slot.index, shape)
         if key not in self.seen_lazy:
             self.seen_lazy.add(key)
             return False
         start = time.perf_counter()
-        self._capture_one(runner, slot, shape)
+        self._capture_one(runner, runner.graph_slot if self.shares(shape) else slot, shape)
         self.capture_s += time.perf_counter() - start
         return True
 
     def capture_all(self, runner, slots=None) -> None:
-        """Capture every graph, the largest first so smaller ones reuse its pool memory."""
+        """Capture every graph, the largest first so smaller ones reuse its pool memory; a
+        graph per slot of `slots` (default both), or one on the graph slot where shared."""
         slots = slots or runner.slots
         start = time.perf_counter()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        for size in reversed(self.mixed_sizes):
-            for flags in self.STARTUP_VARIANTS:
-                shape = StepShape.padded_to(StepPad(size, self.mixed_seqs), False, flags, self.max_seq_len)
-                self._capture(runner, slots, shape)
-        for size in reversed(self.decode_sizes):
-            for flags in self.STARTUP_VARIANTS:
-                for splits in self.split_options(size):
-                    shape = StepShape.padded_to(StepPad(size, size), True, flags, self.max_seq_len, splits)
-                    self._capture(runner, slots, shape)
+        for shape in self.startup_shapes():
+            self._capture(runner, slots, shape)
         self.capture_s += time.perf_counter() - start
+
+    def startup_shapes(self) -> list[StepShape]:
+        """The shapes captured at start, the largest first: mixed steps, then decode batches."""
+        shapes = [StepShape.padded_to(StepPad(size, self.mixed_seqs), False, flags, self.max_seq_len)
+                  for size in reversed(self.mixed_sizes) for flags in self.STARTUP_VARIANTS]
+        return shapes + [StepShape.padded_to(StepPad(size, size), True, flags, self.max_seq_len, splits)
+                         for size in reversed(self.decode_sizes) for flags in self.STARTUP_VARIANTS
+                         for splits in self.split_options(size)]
 
     def _capture(self, runner, slots, shape: StepShape) -> None:
         """A warm-up run where its group needs one (compiles kernels, sets up cuBLAS), then a
-        graph per slot."""
-        stream = runner.streams.compute
+        graph per slot, or one on the graph slot."""
         group = _warmup_group(shape)
-        for i, slot in enumerate(slots):
+        if group not in self.warmed:
+            runner.fill_padding(slots[0], shape)
+            start = time.perf_counter()
+            with torch.cuda.stream(runner.streams.compute):
+                runner.compute_step(slots[0], shape)
+            torch.cuda.synchronize(runner.device)
+            self.warmup_s += time.perf_counter() - start
+            self.warmed.add(group)
+        for slot in [runner.graph_slot] if self.shares(shape) else slots:
             runner.fill_padding(slot, shape)
-            if i == 0 and group not in self.warmed:
-                start = time.perf_counter()
-                with torch.cuda.stream(stream):
-                    runner.compute_step(slot, shape)
-                torch.cuda.synchronize(runner.device)
-                self.warmup_s += time.perf_counter() - start
-                self.warmed.add(group)
             self._capture_one(runner, slot, shape)
 
     def _capture_one(self, runner, slot, shape: StepShape) -> None:
+        """A graph of the step on `slot` (a shared graph's: the step of whichever slot's
+        inputs were copied into the graph slot, ModelRunner.compute_step(shared=True))."""
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=runner.streams.compute):
-            runner.compute_step(slot, shape)
-        self.graphs[self._key(slot.index, shape)] = graph
+            runner.compute_step(slot, shape, shared=self.shares(shape))
+        self.graphs[self.key(slot.index, shape)] = graph
 
 
 def _warmup_group(shape: StepShape) -> tuple:

@@ -3,9 +3,9 @@
 `launch` fills one of two IO slots, then issues three pieces of work, each on its own
 stream and ordered by events: upload (h2d), step (compute: carry-over, forward,
 sampling), download (d2h).  It returns at once; `wait` blocks on the download of that
-batch only.  A batch replays a CUDA graph captured for its slot and padded sizes
-(runner/graphs.py) when one fits; others run eagerly.  On the CPU the streams and events are no-ops and the
-same calls run one after the other.
+batch only.  A batch replays a CUDA graph captured for its padded sizes (for its slot, or
+one both slots share: runner/graphs.py) when one fits; others run eagerly.  On the CPU
+the streams and events are no-ops and the same calls run one after the other.
 
 Setup is three phases (`setup` runs them in turn; a tensor-parallel worker runs them one by
 one, because the KV pool takes the smallest block count over the ranks): the KV block
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from slipstream.ops.attention import AttentionMetadata
-from slipstream.ops.carry import carry_over
+from slipstream.ops.carry import carry_over, carry_over_shared, tokens_to_slot
 from slipstream.runner.graphs import step_graphs
 from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
@@ -55,6 +55,7 @@ class RunnerOptions:
     use_cuda_graphs: bool
     cuda_graph_max_batch: int
     cuda_graph_max_tokens: int  # largest mixed-step graph (0: mixed steps run eagerly)
+    cuda_graph_shared_from: int  # rows from which one graph serves both IO slots (graphs.py)
     trace: bool
     cuda_used_at_start: int = 0  # GPU bytes in use before the engine loaded (kv_memory.kv_budget)
 
@@ -70,10 +71,7 @@ class ModelRunner:
         self.block_size = opts.block_size
         self.max_model_len = opts.max_model_len
         self.streams = Streams(device, timing=opts.trace)
-        max_tokens = max(opts.max_num_batched_tokens, opts.max_num_seqs)
-        max_blocks = -(-opts.max_model_len // opts.block_size)
-        self.slots = [IOSlot(i, max_tokens, opts.max_num_seqs, max_blocks, device, self.streams)
-                      for i in range(2)]
+        self.slots = [self.new_slot(i) for i in range(2)]
         self.penalties = PenaltyState(opts.max_num_seqs + 1, model_config.vocab_size, device)
         # this rank's KV heads (all of them without tensor parallelism)
         self.num_kv_heads = getattr(model, "num_local_kv_heads", model_config.num_kv_heads)
@@ -84,10 +82,19 @@ class ModelRunner:
                                           dtype=torch.int32, device=device)
         self.split_policy = self._split_policy()
         self.graphs = step_graphs(opts, device, self.split_policy)
+        # the buffers a graph shared by both slots reads and writes (runner/graphs.py)
+        self.graph_slot = self.new_slot(2) if self.graphs is not None else None
         self.graph_replays = {"decode": [0, 0], "mixed": [0, 0]}  # per slot
         self.trace_origin = None
         if setup:
             self.setup()
+
+    def new_slot(self, index: int) -> IOSlot:
+        """An IO slot for this runner's largest step."""
+        opts = self.opts
+        max_tokens = max(opts.max_num_batched_tokens, opts.max_num_seqs)
+        max_blocks = -(-opts.max_model_len // opts.block_size)
+        return IOSlot(index, max_tokens, opts.max_num_seqs, max_blocks, self.device, self.streams)
 
     def setup(self) -> None:
         self.allocate(self.kv_blocks_that_fit())
@@ -130,10 +137,13 @@ class ModelRunner:
         return self.split_policy.pick(host.seq_lens[:num_rows], num_seqs)
 
     # -- the step on the compute stream (eager, or captured into a graph) ---------------
-    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None, prompt_spans=None) -> list | None:
+    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None, prompt_spans=None,
+                     shared: bool = False) -> list | None:
         """The step's work on the compute stream; with `prompt_spans` (eager only) also the
-        prompt logprobs of those spans, returned as device tensors."""
-        hidden = self.forward_hidden(slot, shape)
+        prompt logprobs of those spans, returned as device tensors.  `shared`: the step of a
+        graph both slots replay, on the graph slot, which holds a copy of the step's slot's
+        inputs: carry-over from the other slot, the sampled tokens copied to its own."""
+        hidden = self.forward_hidden(slot, shape, shared)
         prompt_lps = self.prompt_logprobs(hidden, prompt_spans) if prompt_spans else None
         logits = self.logits(slot, shape, hidden)
         if suppress:
@@ -141,23 +151,38 @@ class ModelRunner:
             cols = [t for _, ids in suppress for t in ids]
             logits[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = float("-inf")
         self.sample(slot, shape, logits)
+        if shared:
+            tokens_to_slot(slot.dev.tokens[:shape.num_samples], self._slot_tokens(), slot.dev.slot_index)
         return prompt_lps
 
     def forward(self, slot: IOSlot, shape: StepShape) -> torch.Tensor:
         """The logits of the step's sampled rows."""
         return self.logits(slot, shape, self.forward_hidden(slot, shape))
 
-    def forward_hidden(self, slot: IOSlot, shape: StepShape) -> torch.Tensor:
+    def forward_hidden(self, slot: IOSlot, shape: StepShape, shared: bool = False) -> torch.Tensor:
         d = slot.dev
-        prev = self.slots[1 - slot.index]
         T, B = shape.num_tokens, shape.num_seqs
         input_ids = d.input_ids[:T]
-        carry_over(input_ids, d.carry_idx[:T], prev.dev.tokens)
+        if shared:
+            carry_over_shared(input_ids, d.carry_idx[:T], self._slot_tokens(), d.slot_index)
+        else:
+            carry_over(input_ids, d.carry_idx[:T], self.slots[1 - slot.index].dev.tokens)
         meta = AttentionMetadata(d.query_start_loc[:B + 1], d.seq_lens[:B], d.block_table[:B],
                                  d.slot_mapping[:T], shape.max_query_len, shape.max_seq_len,
                                  decode_order=d.decode_order[:B], split_counters=self.split_counters,
                                  num_decode=shape.num_decode, num_splits=shape.decode_splits)
         return self.model(input_ids, d.positions[:T], meta, self.kv_caches)
+
+    def _slot_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.slots[0].dev.tokens, self.slots[1].dev.tokens
+
+    def replay(self, slot: IOSlot, shape: StepShape) -> None:
+        """The step's CUDA graph on the current stream, its inputs uploaded to `slot`.  A
+        graph both slots share reads the graph slot: the slot's inputs are copied there
+        first (one device copy; the graph does the rest, `compute_step(shared=True)`)."""
+        if self.graphs.shares(shape):
+            self.graph_slot.copy_inputs_from(slot, shape.num_seqs)
+        self.graphs.replay(slot.index, shape)
 
     def logits(self, slot: IOSlot, shape: StepShape, hidden: torch.Tensor) -> torch.Tensor:
         if not shape.samples_every_token:
@@ -237,7 +262,7 @@ class ModelRunner:
             if not use_graph and self.graphs is not None and not suppress and not penalty_resets and not spans:
                 use_graph = self.graphs.capture_if_seen(self, slot, shape)
             if use_graph:
-                self.graphs.replay(slot.index, shape)
+                self.replay(slot, shape)
                 self.graph_replays["decode" if shape.is_decode else "mixed"][slot.index] += 1
             else:
                 for row, prompt, outputs in penalty_resets:

@@ -1,9 +1,12 @@
 """IO slots: the pinned host inputs of one batch, their device copies, and its outputs.
 
 Two slots alternate between batches, so the CPU fills batch N+1's inputs while the GPU
-still reads batch N's.  All integer inputs share one buffer (block table last) and all
-float inputs another, so a step's upload is two copies.  Device views have fixed
-addresses: CUDA graphs captured for a slot read and write exactly these.
+still reads batch N's.  All inputs share one int32 buffer (the float inputs are float32
+views of its middle, the block table comes last), so a step's upload is one copy of its
+used prefix.  Device views have fixed addresses: CUDA graphs captured for a slot read and
+write exactly these; a graph shared by both slots reads a third slot's, which the step's
+slot is copied into (`copy_inputs_from`; runner/graphs.py).  `slot_index` holds the slot's
+own index, so such a graph knows whose step it runs.
 
 Tensor parallelism: the engine core fills a host-only slot (`host_only`), `pack` copies
 out the parts a step reads (its tokens, rows and sampling rows, the block table's used
@@ -20,7 +23,7 @@ from slipstream.sampling_columns import ALL_COLUMNS, int32_words
 
 MAX_LOGPROBS = 20
 # int inputs with one entry per token, per sequence row (query_start_loc has one more);
-# the others have int32_words entries per sampling row
+# the others have int32_words entries per sampling row, but slot_index (one, fixed)
 _PER_TOKEN = ("input_ids", "positions", "slot_mapping", "carry_idx")
 _PER_ROW = ("seq_lens", "decode_order")
 
@@ -32,28 +35,31 @@ class IOSlot:
         self.max_blocks = max_blocks
         pin = device.type == "cuda" and not host_only
         T, S = max_tokens, max_seqs
-        # the sampling columns come from their table (sampling_columns.py); block table last
+        # the sampling columns come from their table (sampling_columns.py); floats, then the
+        # block table last
         ints = [("input_ids", T), ("positions", T), ("slot_mapping", T), ("carry_idx", T),
                 ("query_start_loc", S + 1), ("seq_lens", S), ("decode_order", S), ("logits_indices", S),
-                ("token_index", S), ("state_row", S)]
+                ("token_index", S), ("state_row", S), ("slot_index", 1)]
         ints += [(c.name, int32_words(c) * S) for c in ALL_COLUMNS if c.dtype != np.float32]
-        ints.append(("block_table", S * max_blocks))
         floats = [(c.name, S) for c in ALL_COLUMNS if c.dtype == np.float32]
-        self._int_offsets, n_int = _layout(ints)
-        self._float_offsets, n_float = _layout(floats)
-        self.block_table_offset = self._int_offsets["block_table"][0]
-        self.host_int = torch.zeros(n_int, dtype=torch.int32, pin_memory=pin)
-        self.host_float = torch.zeros(n_float, dtype=torch.float32, pin_memory=pin)
+        self._int_offsets, off = _layout(ints, 0)
+        self._float_offsets, off = _layout(floats, off)
+        self._int_offsets["block_table"] = (off, S * max_blocks)
+        self.block_table_offset = off
+        self.host_int = torch.zeros(off + S * max_blocks, dtype=torch.int32, pin_memory=pin)
+        self.host_float = self.host_int.view(torch.float32)  # (the same buffer)
         if not host_only:
-            self.dev_int = torch.zeros(n_int, dtype=torch.int32, device=device)
-            self.dev_float = torch.zeros(n_float, dtype=torch.float32, device=device)
+            self.dev_int = torch.zeros(self.host_int.numel(), dtype=torch.int32, device=device)
+            self.dev_float = self.dev_int.view(torch.float32)
         # numpy views of the host side (the CPU writes these), torch views of the device side
         self.host = SimpleNamespace(**self._views(self.host_int.numpy(), self.host_float.numpy(), np))
-        # (offset, what its length counts, words per entry) of every int input but the block table
+        self.host.slot_index[0] = index
+        # (offset, what its length counts, words per entry) of every int input a step sends
+        # (not the block table, nor slot_index: each rank's slot has its own)
         words = {c.name: int32_words(c) for c in ALL_COLUMNS}
         self._int_fields = [(off, "token" if n in _PER_TOKEN else "row" if n in _PER_ROW else
                              "qsl" if n == "query_start_loc" else "sample", words.get(n, 1))
-                            for n, (off, _) in self._int_offsets.items() if n != "block_table"]
+                            for n, (off, _) in self._int_offsets.items() if n not in ("block_table", "slot_index")]
         self._float_starts = [off for off, _ in self._float_offsets.values()]
         if host_only:
             return
@@ -83,9 +89,18 @@ class IOSlot:
 
     def upload(self, num_seqs: int) -> None:
         """Copy the inputs of a batch of `num_seqs` rows (host -> device, current stream)."""
-        end = self.block_table_offset + num_seqs * self.max_blocks
+        end = self._inputs_end(num_seqs)
         self.dev_int[:end].copy_(self.host_int[:end], non_blocking=True)
-        self.dev_float.copy_(self.host_float, non_blocking=True)
+
+    def copy_inputs_from(self, other: "IOSlot", num_seqs: int) -> None:
+        """Copy another slot's device inputs of a batch of `num_seqs` rows into this slot's
+        (device -> device, current stream): what `upload` wrote there, slot_index included."""
+        end = self._inputs_end(num_seqs)
+        self.dev_int[:end].copy_(other.dev_int[:end], non_blocking=True)
+
+    def _inputs_end(self, num_seqs: int) -> int:
+        """The int inputs of `num_seqs` rows end with their block-table rows."""
+        return self.block_table_offset + num_seqs * self.max_blocks
 
     def download(self, num_samples: int, num_logprobs: int) -> None:
         """Copy the outputs back (device -> host, current stream)."""
@@ -126,8 +141,9 @@ class IOSlot:
             floats[off:off + num_samples] = fsrc[i * num_samples:(i + 1) * num_samples]
 
 
-def _layout(fields) -> tuple[dict[str, tuple[int, int]], int]:
-    offsets, off = {}, 0
+def _layout(fields, off: int) -> tuple[dict[str, tuple[int, int]], int]:
+    """(name -> (offset, size)) of fields laid out from word `off`, and where they end."""
+    offsets = {}
     for name, size in fields:
         off += off % 2  # keep 8-byte alignment so int64 views (seed) are legal
         offsets[name] = (off, size)
