@@ -32,10 +32,10 @@ class EngineConfig:
     cuda_graph_max_tokens: int | None = None
     # decode batches padded to at least this many rows, and steps with prompt tokens (padded
     # to max_num_seqs rows), replay one CUDA graph shared by the two IO slots (the step's
-    # inputs copied in, its tokens out: a few µs a step) instead of one graph per slot, so
-    # half as many graphs are captured at start; smaller decode batches keep a graph per
-    # slot.  Above max_num_seqs: a graph per slot everywhere
-    cuda_graph_shared_from: int = 8
+    # inputs copied in) instead of one graph per slot: about half the graphs captured at
+    # start, for 1-2% of throughput (docs/benchmarks.md, "Engine start").  None: a graph
+    # per slot everywhere
+    cuda_graph_shared_from: int | None = None
     seed: int = 0  # draws the seeds of requests that bring none
     trace: bool = False  # record a CPU/GPU timeline of every batch
     debug_kv: bool = False  # check that no block is freed while an in-flight batch uses it
@@ -62,7 +62,8 @@ class EngineConfig:
             _positive_int("num_kv_blocks", self.num_kv_blocks)
         if self.cuda_graph_max_batch is not None:
             _positive_int("cuda_graph_max_batch", self.cuda_graph_max_batch)
-        _positive_int("cuda_graph_shared_from", self.cuda_graph_shared_from)
+        if self.cuda_graph_shared_from is not None:
+            _positive_int("cuda_graph_shared_from", self.cuda_graph_shared_from)
         if self.cuda_graph_max_tokens is not None and self.cuda_graph_max_tokens != 0:
             _positive_int("cuda_graph_max_tokens", self.cuda_graph_max_tokens)
         if not (0.0 < self.gpu_memory_utilization <= 1.0):

@@ -44,6 +44,7 @@ def test_batch_job_bad_lines_fail_alone(tmp_path):
     (["generate", "--device", "cpu"], "give a prompt argument"),
     (["generate", "--device", "cpu", "--max-num-seqs", "0", "hi"], "max_num_seqs"),
     (["generate", "--device", "cpu", "--cuda-graph-max-tokens", "-5", "hi"], "cuda_graph_max_tokens"),
+    (["generate", "--device", "cpu", "--cuda-graph-shared-from", "0", "hi"], "cuda_graph_shared_from"),
 ])
 def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
     assert main(argv) == 2

@@ -46,7 +46,8 @@ def test_copy_inputs_from_copies_what_the_upload_wrote_for_the_batchs_rows():
 
 
 def test_cuda_graph_shared_from_is_checked():
-    assert EngineConfig().cuda_graph_shared_from == 8
+    assert EngineConfig().cuda_graph_shared_from is None  # a graph per slot unless asked
+    assert EngineConfig(cuda_graph_shared_from=8).cuda_graph_shared_from == 8
     with pytest.raises(ValueError, match="cuda_graph_shared_from"):
         EngineConfig(cuda_graph_shared_from=0)
 

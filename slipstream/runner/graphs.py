@@ -17,14 +17,15 @@
 * A warm-up run before a capture compiles kernels and lets cuBLAS set up; one run per group
   of shapes whose kernels specialise alike (`_warmup_group`) is enough.
 
-A graph binds buffer addresses.  Decode batches below `shared_from` rows (where a step is
-shortest and a few µs show) get a graph per IO slot, reading and writing that slot's
-buffers.  Larger decode batches and the steps with prompt tokens replay one graph shared by
-the two slots, captured on a third set of buffers, the graph slot: the runner copies the
-step's inputs into it (`ModelRunner.replay`, one device copy, the slot's index with them),
-and inside the graph the carry-over reads the other slot's tokens and the sampled tokens
-are copied into the step's own slot (`ops/carry.py`).  So the start captures about half as
-many graphs (docs/benchmarks.md, "Engine start").
+A graph binds buffer addresses, so each IO slot gets its own graphs.  With `shared_from`
+(EngineConfig.cuda_graph_shared_from), decode batches of at least that many rows and the
+steps with prompt tokens replay one graph shared by the two slots instead, captured on a
+third set of buffers, the graph slot: the runner copies the step's inputs into it
+(`ModelRunner.replay`, one device copy, the slot's index with them), and inside the graph
+the carry-over reads the other slot's tokens and the sampled tokens are copied into the
+step's own slot (`ops/carry.py`).  That halves the graphs captured at start but costs the
+steps 1-2% on the H200, more than the copy (docs/benchmarks.md, "Engine start"): off by
+default.
 All graphs are captured into one memory pool: they never run at the same time (one compute
 stream), and everything they keep lives in static buffers allocated outside capture,
 so their scratch memory can overlap and VRAM stays flat as slots are added.

@@ -55,7 +55,7 @@ class RunnerOptions:
     use_cuda_graphs: bool
     cuda_graph_max_batch: int
     cuda_graph_max_tokens: int  # largest mixed-step graph (0: mixed steps run eagerly)
-    cuda_graph_shared_from: int  # rows from which one graph serves both IO slots (graphs.py)
+    cuda_graph_shared_from: int | None  # rows from which one graph serves both IO slots (graphs.py)
     trace: bool
     cuda_used_at_start: int = 0  # GPU bytes in use before the engine loaded (kv_memory.kv_budget)
 
