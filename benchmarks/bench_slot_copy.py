@@ -5,11 +5,14 @@ at the measured sizes (`cuda_graph_shared_from` above them) and one sharing them
 Per slot, a step's graph reads the inputs its slot was uploaded into and writes the
 tokens its slot downloads. Shared, `ModelRunner.replay` first copies the step's inputs into
 the graph slot, and inside the graph the carry-over reads the other slot's tokens and the
-sampled tokens are copied into the step's slot (`ops/carry.py`). Each arm replays an all-padding decode batch of `rows` rows on the two
-slots in turn, as the engine does, back to back on the compute stream; the arms alternate
-twice (the copies cost the same whatever the inputs hold).
+sampled tokens are copied into the step's slot (`ops/carry.py`). Each arm replays a decode
+batch of `rows` rows on the two slots in turn, as the engine does, back to back on the
+compute stream; the arms alternate twice. The batch is all padding (rows without context:
+the attention does nothing), or with `--context N` every row has N positions of random KV
+(the engine's runs found shared steps 60-90 µs slower where this padding-only measurement
+showed 0-11: docs/benchmarks.md, "Engine start").
 
-    python benchmarks/bench_slot_copy.py [--workload small-bs1] [--rows 1,64] [--steps 400]
+    python benchmarks/bench_slot_copy.py [--workload small-bs1] [--rows 1,64] [--steps 400] [--context 1024]
 """
 from __future__ import annotations
 
@@ -31,11 +34,25 @@ def decode_shape(runner, rows: int):
                                graphs.max_seq_len, graphs.split_options(rows)[0])
 
 
-def time_replays(runner, rows: int, steps: int) -> float:
-    """µs a step of `steps` replays of the `rows`-row decode graph, the slots in turn."""
+def fill(runner, rows: int, context: int):
+    """Both slots' inputs: an all-padding batch, or `rows` rows of `context` positions each
+    (bench_step.fill_decode); the shape to replay (its split count picked as the engine does)."""
+    from dataclasses import replace
+    from bench_step import fill_decode
     shape = decode_shape(runner, rows)
     for slot in runner.slots:
-        runner.fill_padding(slot, shape)
+        if context:
+            fill_decode(runner, slot, rows, context)
+        else:
+            runner.fill_padding(slot, shape)
+    if context:
+        shape = replace(shape, decode_splits=runner.decode_splits(runner.slots[0].host, rows, rows))
+    return shape
+
+
+def time_replays(runner, rows: int, steps: int, context: int = 0) -> float:
+    """µs a step of `steps` replays of the `rows`-row decode graph, the slots in turn."""
+    shape = fill(runner, rows, context)
     with torch.cuda.stream(runner.streams.compute):
         for i in range(20):
             runner.replay(runner.slots[i % 2], shape)
@@ -48,9 +65,9 @@ def time_replays(runner, rows: int, steps: int) -> float:
     return start.elapsed_time(end) * 1e3 / steps
 
 
-def engines(workload: str, rows: list[int]):
-    """(per-slot engine, shared engine) of the workload.  A fixed KV pool (the padding rows
-    read none of it): sized from free memory, the second engine would count the first's."""
+def engines(workload: str, rows: list[int], context: int = 0):
+    """(per-slot engine, shared engine) of the workload, their KV caches random.  A fixed KV
+    pool: sized from free memory, the second engine would count the first's."""
     from slipstream.bench.workloads import get_workload
     from slipstream.config import EngineConfig
     from slipstream.core.engine_core import EngineCore
@@ -58,9 +75,13 @@ def engines(workload: str, rows: list[int]):
     per_slot_from = max(w.engine.get("max_num_seqs", 256), max(rows)) + 1
     made = []
     for shared_from in (per_slot_from, min(rows)):
-        cfg = EngineConfig(model=w.model, load_format="dummy", **{**w.engine, "num_kv_blocks": 4096,
+        blocks = max(4096, max(rows) * -(-context // 16))
+        cfg = EngineConfig(model=w.model, load_format="dummy", **{**w.engine, "num_kv_blocks": blocks,
                                                                   "cuda_graph_shared_from": shared_from})
         made.append(EngineCore(cfg))
+        for k_cache, v_cache in made[-1].runner.kv_caches:  # (zeros can run faster than real data)
+            k_cache.normal_()
+            v_cache.normal_()
     return made
 
 
@@ -69,17 +90,19 @@ def main() -> None:
     ap.add_argument("--workload", default="small-bs1")
     ap.add_argument("--rows", default="1", help="decode batch sizes (captured sizes), comma-separated")
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--context", type=int, default=0, help="positions of every row (0: all padding)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    per_slot, shared = engines(args.workload, rows)
+    per_slot, shared = engines(args.workload, rows, args.context)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, workload {args.workload}, "
-          f"{args.steps} steps each, the two arms alternately twice")
+          f"{args.steps} steps each, the two arms alternately twice, "
+          + (f"rows of {args.context} positions" if args.context else "all-padding rows"))
     print("| rows | arm | µs a step |\n|---|---|---|")
     for n in rows:
         for rep in (1, 2):
             for name, engine in (("a graph per slot", per_slot), ("one shared graph, copies around it", shared)):
                 assert engine.runner.graphs.shares(decode_shape(engine.runner, n)) == (engine is shared)
-                us = time_replays(engine.runner, n, args.steps)
+                us = time_replays(engine.runner, n, args.steps, args.context)
                 print(f"| {n} | {name} ({rep}) | {us:.1f} |", flush=True)
     for engine in (per_slot, shared):
         engine.close()

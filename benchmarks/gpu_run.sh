@@ -3,7 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
-#         prefill-long prefill-tiles boundary slot-copy capture-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
+#         prefill-long prefill-tiles boundary slot-copy slot-copy-ctx capture-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -75,6 +75,9 @@ for stage in "$@"; do
     # one CUDA graph shared by the two IO slots against a graph per slot (the engine's own decode graphs)
     slot-copy) run slot-copy-small 200 python3 benchmarks/bench_slot_copy.py --workload small-bs1 --rows 1,8,64,256
                run slot-copy-8b 240 python3 benchmarks/bench_slot_copy.py --workload seed-8b-bs1 --rows 1,8,32 ;;
+    # the same over rows with context (random KV), where the engine's runs found shared steps slower
+    slot-copy-ctx) run slot-copy-ctx-small 240 python3 benchmarks/bench_slot_copy.py --workload small-bs1 --rows 8,64,256 --context 1024
+                   run slot-copy-ctx-8b 240 python3 benchmarks/bench_slot_copy.py --workload seed-8b-bs1 --rows 8,32 --context 1024 ;;
     # one graph capture's CPU time against the same step eager (cuBLAS, Triton's launch path)
     capture-cost) run capture-cost 200 python3 benchmarks/probe_capture_cost.py --workload small-256 --rows 64 ;;
     gemv) run gemv 300 python3 benchmarks/bench_gemv.py --out "$RES" ${GEMV_ARGS:-} ;;
