@@ -26,6 +26,7 @@ the carry-over reads the other slot's tokens and the sampled tokens are copied i
 step's own slot (`ops/carry.py`).  That halves the graphs captured at start but costs the
 steps 1-2% on the H200, more than the copy (docs/benchmarks.md, "Engine start"): off by
 default.
+
 All graphs are captured into one memory pool: they never run at the same time (one compute
 stream), and everything they keep lives in static buffers allocated outside capture,
 so their scratch memory can overlap and VRAM stays flat as slots are added.
@@ -172,16 +173,19 @@ class StepGraphs:
         """A warm-up run where its group needs one (compiles kernels, sets up cuBLAS), then a
         graph per slot, or one on the graph slot."""
         group = _warmup_group(shape)
+        targets = [runner.graph_slot] if self.shares(shape) else slots
+        for slot in targets:
+            runner.fill_padding(slot, shape)
         if group not in self.warmed:
-            runner.fill_padding(slots[0], shape)
+            if slots[0] not in targets:
+                runner.fill_padding(slots[0], shape)
             start = time.perf_counter()
             with torch.cuda.stream(runner.streams.compute):
                 runner.compute_step(slots[0], shape)
             torch.cuda.synchronize(runner.device)
             self.warmup_s += time.perf_counter() - start
             self.warmed.add(group)
-        for slot in [runner.graph_slot] if self.shares(shape) else slots:
-            runner.fill_padding(slot, shape)
+        for slot in targets:
             self._capture_one(runner, slot, shape)
 
     def _capture_one(self, runner, slot, shape: StepShape) -> None:

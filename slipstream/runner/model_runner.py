@@ -83,7 +83,8 @@ class ModelRunner:
         self.split_policy = self._split_policy()
         self.graphs = step_graphs(opts, device, self.split_policy)
         # the buffers a graph shared by both slots reads and writes (runner/graphs.py)
-        self.graph_slot = self.new_slot(2) if self.graphs is not None else None
+        sharing = self.graphs is not None and opts.cuda_graph_shared_from is not None
+        self.graph_slot = self.new_slot(2) if sharing else None
         self.graph_replays = {"decode": [0, 0], "mixed": [0, 0]}  # per slot
         self.trace_origin = None
         if setup:
