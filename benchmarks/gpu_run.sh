@@ -3,7 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
-#         prefill-long prefill-tiles boundary slot-copy slot-copy-ctx capture-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
+#         prefill-long prefill-tiles boundary slot-copy slot-copy-ctx step-gaps graph-topology capture-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -78,6 +78,14 @@ for stage in "$@"; do
     # the same over rows with context (random KV), where the engine's runs found shared steps slower
     slot-copy-ctx) run slot-copy-ctx-small 240 python3 benchmarks/bench_slot_copy.py --workload small-bs1 --rows 8,64,256 --context 1024
                    run slot-copy-ctx-8b 240 python3 benchmarks/bench_slot_copy.py --workload seed-8b-bs1 --rows 8,32 --context 1024 ;;
+    # the streams' work, gaps and host API calls around real async steps: a graph per slot, shared; the traces kept
+    step-gaps) for w in ${WORKLOADS:-seed-8b-bs8}; do
+                 run "step-gaps-$w-perslot" 200 python3 benchmarks/probe_step_gaps.py --workload "$w" --trace-out "$RES/trace-$w-perslot.json.gz"
+                 run "step-gaps-$w-shared" 200 python3 benchmarks/probe_step_gaps.py --workload "$w" --shared-from 8 --trace-out "$RES/trace-$w-shared.json.gz"
+               done ;;
+    # a decode graph per slot against the shared one, alone: nodes, edges, replay time back to back (both capture orders); DOT files kept
+    graph-topology) run graph-topology 200 python3 benchmarks/probe_graph_topology.py --workload "${WORKLOAD:-seed-8b-bs8}" --rows "${ROWS:-8}" --out "$RES"
+                    run graph-topology-reverse 200 python3 benchmarks/probe_graph_topology.py --workload "${WORKLOAD:-seed-8b-bs8}" --rows "${ROWS:-8}" --reverse ;;
     # one graph capture's CPU time against the same step eager (cuBLAS, Triton's launch path)
     capture-cost) run capture-cost 200 python3 benchmarks/probe_capture_cost.py --workload small-256 --rows 64 ;;
     gemv) run gemv 300 python3 benchmarks/bench_gemv.py --out "$RES" ${GEMV_ARGS:-} ;;
@@ -160,13 +168,18 @@ for stage in "$@"; do
                   done
                 done
               done ;;
-    # one benchmark under several environments (ARMS="A=1 B=2;A=0", arms split on ';'), alternately, REPS times
+    # one benchmark under several environments and options (ARMS="A=1 B=2 --opt 8;A=0", arms split
+    # on ';', a word with '=' before the first option an environment variable), alternately, REPS times
     ab-env) IFS=';' read -r -a arms <<< "${ARMS:-}"
             for i in $(seq 1 "${REPS:-2}"); do
               for w in ${WORKLOADS:-small-bs1}; do
                 for a in "${arms[@]}"; do
-                  read -r -a kv <<< "$a"
-                  run "ab-env-$w-$(echo "$a" | tr -c 'A-Za-z0-9=\n' _ | tr '=' -)-$i" 200 env "${kv[@]}" python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure
+                  read -r -a words <<< "$a"
+                  kv=(); opts=()
+                  for x in "${words[@]}"; do
+                    if [ ${#opts[@]} -eq 0 ] && [[ $x == *=* && $x != -* ]]; then kv+=("$x"); else opts+=("$x"); fi
+                  done
+                  run "ab-env-$w-$(echo "$a" | tr -c 'A-Za-z0-9=\n' _ | tr '=' -)-$i" 200 env "${kv[@]}" python3 -m slipstream.cli bench --workload "$w" --mode async --no-measure "${opts[@]}"
                 done
               done
             done ;;

@@ -3,9 +3,10 @@
 Builds a workload's engine (dummy weights), then runs one decode shape's step eagerly and
 captures it into a throw-away graph, each `--reps` times under cProfile (warm: both already
 ran once), and prints per step: the wall time, and the own time of the calls that dominate
-(cuBLAS through `F.linear` / `addmm_`, Triton's launch path, graph instantiation).
+(cuBLAS through `F.linear` / `addmm_`, Triton's launch path, graph instantiation); then
+the capture's `--top` largest own times, whatever they are.
 
-    python benchmarks/probe_capture_cost.py [--workload small-256] [--rows 64] [--reps 10]
+    python benchmarks/probe_capture_cost.py [--workload small-256] [--rows 64] [--reps 10] [--top 15]
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--workload", default="small-256")
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--top", type=int, default=15, help="then the capture's N largest own times")
     args = ap.parse_args()
     w = get_workload(args.workload)
     engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **w.engine))
@@ -69,6 +71,7 @@ def main() -> None:
           f"{args.rows} rows, {args.reps} reps each (warm)")
     print("| arm | wall ms a step (no profiler) | profiled ms | " + " | ".join(f"{k} (calls, µs each)" for k in WATCH) + " |")
     print("|---|---|---|" + "---|" * len(WATCH))
+    tops = {}
     for name, fn in (("eager", eager), ("capture", capture)):
         fn()
         torch.cuda.synchronize()
@@ -90,6 +93,11 @@ def main() -> None:
             per = calls / args.reps
             cells.append(f"{per:.0f}, {secs / calls * 1e6:.1f}" if calls else "-")
         print(f"| {name} | {wall * 1e3:.2f} | {profiled * 1e3:.2f} | " + " | ".join(cells) + " |", flush=True)
+        tops[name] = prof
+    print(f"\nThe capture's {args.top} largest own times (µs a capture, calls a capture):")
+    for (file, line, fn), (_, ncalls, tottime, _, _) in sorted(
+            pstats.Stats(tops["capture"]).stats.items(), key=lambda kv: -kv[1][2])[:args.top]:
+        print(f"  {tottime / args.reps * 1e6:9.1f}  {ncalls / args.reps:7.1f}  {os.path.basename(file)}:{line}:{fn}")
     engine.close()
 
 

@@ -248,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--no-measure", action="store_true", help="use the recorded H200 ceilings")
     b.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens per step (prefill chunk budget); default: the workload's")
+    b.add_argument("--cuda-graph-shared-from", type=int, default=None,
+                   help="share the CUDA graphs of decode batches from this many rows between the IO slots")
     b.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="shard the model over N GPUs (N worker processes; gloo on the CPU)")
     b.set_defaults(func=cmd_bench)

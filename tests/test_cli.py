@@ -92,12 +92,13 @@ def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypat
         "unit", folder, prompts, params, dict(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=64),
         latency=True))
     assert main(["bench", "--workload", "unit", "--device", "cpu", "--max-num-batched-tokens", "16",
-                 "--out", str(tmp_path)]) == 0
+                 "--cuda-graph-shared-from", "2", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| unit | sync |" in out and "| unit | async |" in out and "identical outputs: True" in out
     assert "| steps | ms per step |" in out
     summary = json.loads((tmp_path / "unit.json").read_text())
     assert summary["engine_options"]["max_num_batched_tokens"] == 16 and summary["identical_outputs"]
+    assert summary["engine_options"]["cuda_graph_shared_from"] == 2
     async_run = summary["results"]["async"]
     assert async_run["output_tokens"] == sum(p.max_tokens for p in params)
     # 16 tokens per step: the 75 prompt tokens need at least 5 steps with a prefill chunk
@@ -106,6 +107,8 @@ def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypat
     assert async_run["ms_per_step"] == pytest.approx(1e3 * async_run["wall_s"] / async_run["steps"])
     assert f"| {async_run['steps']} | {async_run['ms_per_step']:.2f} |" in out
     assert main(["bench", "--workload", "no-such-workload", "--device", "cpu"]) == 2
+    assert main(["bench", "--workload", "unit", "--device", "cpu", "--cuda-graph-shared-from", "0"]) == 2
+    assert "cuda_graph_shared_from" in capsys.readouterr().err
 
 
 def test_generate_prints_the_answer_as_it_is_generated(tokenized_tiny, monkeypatch):
