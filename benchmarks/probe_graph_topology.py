@@ -113,6 +113,36 @@ def main() -> None:
         print(f"| {name} | {summary.get('nodes', '-')} | {summary.get('edges', '-')} | "
               f"{summary.get('max in', '-')} / {summary.get('max out', '-')} | "
               + " | ".join(f"{us:.1f}" for us in times[name]) + " |")
+    # the engine's loop, without the host: what runs before each graph on the stream
+    runner.fill_padding(runner.slots[1], shape)
+    per_slot = {}
+    for slot in runner.slots:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=runner.graphs.pool, stream=stream):
+            runner.compute_step(slot, shape)
+        per_slot[slot.index] = g
+    shared = runner.graphs.graphs[key].replay if key in runner.graphs.graphs else None
+    copy = runner.graph_slot.copy_inputs_from
+
+    def copied_shared(src):
+        copy(src, shape.num_seqs)
+        shared()
+
+    loops = {"per slot, slots in turn (the engine, no sharing)": [per_slot[0].replay, per_slot[1].replay],
+             "per slot, slot 0's twice": [per_slot[0].replay, per_slot[0].replay]}
+    if shared:
+        loops.update({"shared twice, no copy": [shared, shared],
+                      "copy from slot 0 + shared, twice": [lambda: copied_shared(runner.slots[0])] * 2,
+                      "copy from each slot + shared (the engine, shared)":
+                          [lambda: copied_shared(runner.slots[0]), lambda: copied_shared(runner.slots[1])]})
+    loop_times = {name: [] for name in loops}
+    for _ in range(args.rounds):
+        for name, pair in loops.items():
+            loop_times[name].append(replay_us(lambda: [f() for f in pair], stream, args.reps // 2) / 2)
+    print("\n| two steps in turn | " + " | ".join(f"µs a step, round {i + 1}" for i in range(args.rounds))
+          + " |\n|---|" + "---|" * args.rounds)
+    for name, us in loop_times.items():
+        print(f"| {name} | " + " | ".join(f"{u:.1f}" for u in us) + " |")
     engine.close()
 
 
