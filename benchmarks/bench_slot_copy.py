@@ -50,19 +50,25 @@ def fill(runner, rows: int, context: int):
     return shape
 
 
+def stream_us(step, stream, reps: int, warmup: int) -> float:
+    """µs a call of `step(i)` on `stream`, `reps` back to back (i = 0, 1, ...) after `warmup`
+    unmeasured, by CUDA events."""
+    with torch.cuda.stream(stream):
+        for i in range(warmup):
+            step(i)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(reps):
+            step(i)
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
+
+
 def time_replays(runner, rows: int, steps: int, context: int = 0) -> float:
     """µs a step of `steps` replays of the `rows`-row decode graph, the slots in turn."""
     shape = fill(runner, rows, context)
-    with torch.cuda.stream(runner.streams.compute):
-        for i in range(20):
-            runner.replay(runner.slots[i % 2], shape)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(steps):
-            runner.replay(runner.slots[i % 2], shape)
-        end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / steps
+    return stream_us(lambda i: runner.replay(runner.slots[i % 2], shape), runner.streams.compute, steps, 20)
 
 
 def engines(workload: str, rows: list[int], context: int = 0):

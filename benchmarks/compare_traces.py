@@ -16,6 +16,8 @@ import gzip
 import json
 import statistics
 
+from probe_step_gaps import busiest_stream, launch_calls
+
 
 def load(path: str) -> list[dict]:
     with gzip.open(path, "rt") as f:
@@ -24,13 +26,9 @@ def load(path: str) -> list[dict]:
 
 def per_kernel(events: list[dict]) -> dict[str, list[float]]:
     """name -> [launches, µs, µs idle before], summed over the busiest stream."""
-    streams = collections.defaultdict(list)
-    for e in events:
-        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            streams[e["args"].get("stream")].append(e)
     stats = collections.defaultdict(lambda: [0, 0.0, 0.0])
     end = None
-    for e in sorted(max(streams.values(), key=len), key=lambda e: e["ts"]):
+    for e in busiest_stream(events):
         s = stats[e["name"][:70]]
         s[0] += 1
         s[1] += e["dur"]
@@ -42,8 +40,7 @@ def per_kernel(events: list[dict]) -> dict[str, list[float]]:
 
 def graph_launches(events: list[dict]) -> list[tuple[float, float]]:
     """(cudaGraphLaunch µs, its end minus the graph's first kernel start µs) per graph launch."""
-    calls = {e["args"]["correlation"]: e for e in events
-             if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    calls = launch_calls(events)
     kernels = collections.defaultdict(list)
     for e in events:
         if e.get("cat") == "kernel":

@@ -40,25 +40,21 @@ def dot_summary(text: str) -> dict:
             "max out": max(out_deg.values(), default=0), "max in": max(in_deg.values(), default=0)}
 
 
-def replay_us(replay, stream, reps: int) -> float:
-    """µs a replay, `reps` back to back on `stream` after ten unmeasured."""
-    with torch.cuda.stream(stream):
-        for _ in range(10):
-            replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            replay()
-        end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
+def capture(runner, slot, shape, shared: bool, keep_graph: bool = False) -> torch.cuda.CUDAGraph:
+    """A graph of the step on `slot` in the engine's pool, as StepGraphs captures one."""
+    graph = torch.cuda.CUDAGraph(keep_graph=keep_graph)
+    with torch.cuda.graph(graph, pool=runner.graphs.pool, stream=runner.streams.compute):
+        runner.compute_step(slot, shape, shared=shared)
+    if keep_graph:
+        graph.instantiate()
+    return graph
 
 
 def main() -> None:
     from slipstream.bench.workloads import get_workload
     from slipstream.config import EngineConfig
     from slipstream.core.engine_core import EngineCore
-    from bench_slot_copy import decode_shape
+    from bench_slot_copy import decode_shape, stream_us
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="seed-8b-bs8")
@@ -90,10 +86,7 @@ def main() -> None:
     graphs = []  # (name, graph, its DOT summary), all kept alive: each capture takes its own memory
     for name, slot, shared in arms:
         runner.fill_padding(slot, shape)
-        graph = torch.cuda.CUDAGraph(keep_graph=True)
-        with torch.cuda.graph(graph, pool=runner.graphs.pool, stream=stream):
-            runner.compute_step(slot, shape, shared=shared)
-        graph.instantiate()
+        graph = capture(runner, slot, shape, shared, keep_graph=True)
         path = os.path.join(tmp, re.sub(r"\W+", "-", name) + ".dot")
         rc = lib.cuGraphDebugDotPrint(graph.raw_cuda_graph(), path.encode(), 1)
         graphs.append((name, graph.replay, dot_summary(open(path).read()) if rc == 0 else {"error": rc}))
@@ -106,8 +99,8 @@ def main() -> None:
     times = {name: [] for name, _, _ in graphs}
     for _ in range(args.rounds):  # in turn, so that a drifting clock shows in every column alike
         for name, replay, _ in graphs:
-            times[name].append(replay_us(replay, stream, args.reps))
-    print(f"| graph | nodes | edges | max in / out | " + " | ".join(f"µs a replay, round {i + 1}" for i in range(args.rounds))
+            times[name].append(stream_us(lambda i: replay(), stream, args.reps, 10))
+    print("| graph | nodes | edges | max in / out | " + " | ".join(f"µs a replay, round {i + 1}" for i in range(args.rounds))
           + " |\n|---|---|---|---|" + "---|" * args.rounds)
     for name, _, summary in graphs:
         print(f"| {name} | {summary.get('nodes', '-')} | {summary.get('edges', '-')} | "
@@ -115,12 +108,7 @@ def main() -> None:
               + " | ".join(f"{us:.1f}" for us in times[name]) + " |")
     # the engine's loop, without the host: what runs before each graph on the stream
     runner.fill_padding(runner.slots[1], shape)
-    per_slot = {}
-    for slot in runner.slots:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=runner.graphs.pool, stream=stream):
-            runner.compute_step(slot, shape)
-        per_slot[slot.index] = g
+    per_slot = {slot.index: capture(runner, slot, shape, shared=False) for slot in runner.slots}
     shared = runner.graphs.graphs[key].replay if key in runner.graphs.graphs else None
     copy = runner.graph_slot.copy_inputs_from
 
@@ -138,7 +126,7 @@ def main() -> None:
     loop_times = {name: [] for name in loops}
     for _ in range(args.rounds):
         for name, pair in loops.items():
-            loop_times[name].append(replay_us(lambda: [f() for f in pair], stream, args.reps // 2) / 2)
+            loop_times[name].append(stream_us(lambda i: pair[i % 2](), stream, args.reps, 20))
     print("\n| two steps in turn | " + " | ".join(f"µs a step, round {i + 1}" for i in range(args.rounds))
           + " |\n|---|" + "---|" * args.rounds)
     for name, us in loop_times.items():

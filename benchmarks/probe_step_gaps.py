@@ -27,16 +27,37 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_CALLS = ("cuda_runtime", "cuda_driver")
+
+
+def device_streams(events: list[dict]) -> dict:
+    """stream -> its device work (kernels, copies, memsets) in the trace's events, in time order."""
+    streams = collections.defaultdict(list)
+    for ev in events:
+        if ev.get("ph") == "X" and ev.get("cat") in DEVICE_WORK:
+            streams[ev["args"].get("stream", ev.get("tid"))].append(ev)
+    for evs in streams.values():
+        evs.sort(key=lambda e: e["ts"])
+    return streams
+
+
+def busiest_stream(events: list[dict]) -> list[dict]:
+    """The device work of the stream with the most of it, in time order."""
+    return max(device_streams(events).values(), key=len)
+
+
+def launch_calls(events: list[dict]) -> dict:
+    """correlation id -> the host's CUDA runtime or driver call that launched that work."""
+    return {ev["args"]["correlation"]: ev for ev in events
+            if ev.get("ph") == "X" and ev.get("cat") in HOST_CALLS and "correlation" in ev.get("args", {})}
+
+
 def stream_summary(trace: dict, steps: int) -> list[tuple]:
     """(stream, span µs, kernels µs, kernel count, {copy kind: (µs, count)}, gaps µs, largest gap
     µs), a step each, for every stream with device work in the trace."""
-    by_stream = collections.defaultdict(list)
-    for ev in trace.get("traceEvents", []):
-        if ev.get("ph") == "X" and ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            by_stream[ev["args"].get("stream", ev.get("tid"))].append(ev)
     rows = []
-    for stream, evs in sorted(by_stream.items(), key=lambda kv: -len(kv[1])):
-        evs.sort(key=lambda e: e["ts"])
+    for stream, evs in sorted(device_streams(trace.get("traceEvents", [])).items(), key=lambda kv: -len(kv[1])):
         kernels = [e for e in evs if e["cat"] == "kernel"]
         copies = collections.defaultdict(lambda: [0.0, 0])
         for e in evs:
@@ -62,14 +83,9 @@ def gap_causes(trace: dict, min_gap_us: float = 20.0, top: int = 8) -> list[tupl
     gap, its launching call, gaps, their µs, µs by which that call ended after the gap began,
     on average).  A call that ended after the gap began means the host was late with it;
     one that ended before means the device waited on something else (an event)."""
-    launches = {ev["args"]["correlation"]: ev for ev in trace.get("traceEvents", [])
-                if ev.get("ph") == "X" and ev.get("cat") in ("cuda_runtime", "cuda_driver")
-                and "correlation" in ev.get("args", {})}
-    streams = collections.defaultdict(list)
-    for ev in trace.get("traceEvents", []):
-        if ev.get("ph") == "X" and ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            streams[ev["args"].get("stream", ev.get("tid"))].append(ev)
-    evs = sorted(max(streams.values(), key=len), key=lambda e: e["ts"])
+    events = trace.get("traceEvents", [])
+    launches = launch_calls(events)
+    evs = busiest_stream(events)
     causes = collections.defaultdict(lambda: [0, 0.0, 0.0])
     end = evs[0]["ts"] + evs[0]["dur"]
     for e in evs[1:]:
@@ -91,7 +107,7 @@ def api_summary(trace: dict, steps: int, top: int = 6) -> list[tuple]:
     the host made in the window, the `top` costliest: a launch that blocks shows here."""
     calls = collections.defaultdict(list)
     for ev in trace.get("traceEvents", []):
-        if ev.get("ph") == "X" and ev.get("cat") in ("cuda_runtime", "cuda_driver"):
+        if ev.get("ph") == "X" and ev.get("cat") in HOST_CALLS:
             calls[ev["name"]].append(ev["dur"])
     rows = [(name, sum(d) / steps, len(d) / steps, max(d)) for name, d in calls.items()]
     return sorted(rows, key=lambda r: -r[1])[:top]
@@ -130,7 +146,7 @@ def main() -> None:
         with gzip.open(args.trace_out, "wt") as f:
             json.dump({"traceEvents": [e for e in trace["traceEvents"] if e.get("ph") == "X"]}, f)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, workload {args.workload}, "
-          f"shared from {args.shared_from}, copy {os.environ.get('SLIPSTREAM_SLOT_COPY', 'kernel')}, "
+          f"shared from {args.shared_from}, "
           f"steps {args.skip}..{args.skip + args.steps}; µs a step")
     print("| stream | span | kernels | kernel count | copies (µs, count) | gaps | largest gap |\n|---|---|---|---|---|---|---|")
     for stream, span, kern, count, copies, gaps, largest in stream_summary(trace, args.steps):
