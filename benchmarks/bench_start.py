@@ -3,17 +3,21 @@ the engine of a workload (dummy weights, every CUDA graph it replays) and says r
 
 Each tree given (e.g. a baseline from `git archive <commit> | tar -x -C .baseline`, then
 `.`) runs in its own process, alternately, `--reps` times; Triton's cache is warmed by a
-first, untimed start of each tree.  Prints a table of seconds per tree and run.
+first, untimed start of each tree.  Prints a table of seconds per tree and run.  A tree
+may carry engine options after commas, `DIR,key=value,...` (EngineConfig fields; values
+read as Python literals, e.g. `.,cuda_graph_clone=False`), so that two settings of one
+tree are compared in one run.
 
 `--profile` instead starts one process that times its phases (Python + torch import, CUDA
 context, slipstream imports) and runs the engine's construction under cProfile, printing
 the functions with the most own and cumulative time: where the seconds of a start go.
 
-Usage: python benchmarks/bench_start.py [--workload small-256] [--tree DIR ...] [--reps 2] [--profile]
+Usage: python benchmarks/bench_start.py [--workload small-256] [--tree DIR[,key=value] ...] [--reps 2] [--profile]
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import subprocess
 import sys
@@ -25,7 +29,7 @@ from slipstream.bench.workloads import get_workload
 from slipstream.config import EngineConfig
 from slipstream.core.engine_core import EngineCore
 w = get_workload({workload!r})
-engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **w.engine))
+engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **{{**w.engine, **{overrides!r}}}))
 print("READY", json.dumps(getattr(engine, "startup", None)), flush=True)
 """
 
@@ -67,10 +71,24 @@ def profile_once(tree: str, workload: str) -> None:
     print(f"process start to exit (profiled): {time.perf_counter() - t0:.2f} s")
 
 
-def start_once(tree: str, workload: str) -> tuple[float, str]:
+def parse_tree(arg: str) -> tuple[str, dict]:
+    """`DIR[,key=value,...]` -> (DIR, engine options)."""
+    tree, *options = arg.split(",")
+    overrides = {}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep:
+            raise SystemExit(f"--tree {arg!r}: {option!r} is not key=value")
+        overrides[key] = ast.literal_eval(value)
+    return tree, overrides
+
+
+def start_once(arg: str, workload: str) -> tuple[float, str]:
+    tree, overrides = parse_tree(arg)
     env = _tree_env(tree)
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD.format(workload=workload)], cwd=tree, env=env,
+    child = CHILD.format(workload=workload, overrides=overrides)
+    proc = subprocess.Popen([sys.executable, "-c", child], cwd=tree, env=env,
                             stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if line.startswith("READY"):
@@ -91,7 +109,7 @@ def main() -> int:
     trees = args.tree or ["."]
     if args.profile:
         for tree in trees:
-            profile_once(tree, args.workload)
+            profile_once(parse_tree(tree)[0], args.workload)
         return 0
     for tree in trees:  # warm Triton's cache (and the page cache) for every tree
         start_once(tree, args.workload)

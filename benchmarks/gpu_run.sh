@@ -47,8 +47,8 @@ for stage in "$@"; do
     gputests) run gputests 500 python3 -m pytest -q -m gpu tests/ ;;
     gputests-nosmol) run gputests-nosmol 500 python3 -m pytest -q -m gpu tests/ --ignore-glob='tests/test_server*' --ignore=tests/test_ray_data.py --ignore=tests/test_ray_serve.py --ignore=tests/test_data_parallel_serve.py -k "not smollm2 and not mixed_workload" ;;
     gputests-smol) run gputests-smol 500 python3 -m pytest -q -m gpu tests/ --ignore-glob='tests/test_server*' --ignore=tests/test_ray_data.py --ignore=tests/test_ray_serve.py --ignore=tests/test_data_parallel_serve.py -k "smollm2 or mixed_workload" ;;
-    # the engine's GPU tests that need no SmolLM2 (the engine, tensor parallelism, carry-over)
-    gputests-engine) run gputests-engine 300 python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_tensor_parallel.py tests/test_carry.py -k "not smollm2 and not mixed_workload" ;;
+    # the engine's GPU tests that need no SmolLM2 (the engine, cloned graphs, tensor parallelism, carry-over)
+    gputests-engine) run gputests-engine 300 python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_graph_clone.py tests/test_tensor_parallel.py tests/test_carry.py -k "not smollm2 and not mixed_workload" ;;
     kernels) run kernels 420 python3 -m pytest -q -x -m gpu tests/test_attention_kernels.py tests/test_fused_kernels.py tests/test_gemv.py tests/test_sampler.py ;;
     engine) run engine 420 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "not smollm2" ;;
     smollm2) if have_smol; then run smollm2 420 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k smollm2; else echo "no SmolLM2 here" | tee -a "$LOG"; fi ;;

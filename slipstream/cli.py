@@ -31,6 +31,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="decode batches of at least this many rows, and prefill/mixed steps, "
                         "replay one CUDA graph shared by the two IO slots: about half the "
                         "captures at start, for 1-2%% of throughput (default: a graph per slot)")
+    g.add_argument("--no-cuda-graph-clone", dest="cuda_graph_clone", action="store_false",
+                   help="capture the second IO slot's CUDA graphs too, instead of cloning the "
+                        "first slot's (slower start, same steps)")
     g.add_argument("--batch-invariant", action="store_true",
                    help="results independent of batch composition (slower; GPU)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
@@ -61,7 +64,7 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
                 gpu_memory_utilization=a.gpu_memory_utilization,
                 enable_prefix_caching=a.enable_prefix_caching, async_scheduling=a.async_scheduling,
                 enforce_eager=a.enforce_eager, cuda_graph_max_tokens=a.cuda_graph_max_tokens,
-                cuda_graph_shared_from=a.cuda_graph_shared_from,
+                cuda_graph_shared_from=a.cuda_graph_shared_from, cuda_graph_clone=a.cuda_graph_clone,
                 batch_invariant=a.batch_invariant, tensor_parallel_size=a.tensor_parallel_size)
 
 
@@ -250,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="tokens per step (prefill chunk budget); default: the workload's")
     b.add_argument("--cuda-graph-shared-from", type=int, default=None,
                    help="share the CUDA graphs of decode batches from this many rows between the IO slots")
+    b.add_argument("--no-cuda-graph-clone", dest="cuda_graph_clone", action="store_false",
+                   help="capture the second IO slot's CUDA graphs instead of cloning the first's")
     b.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="shard the model over N GPUs (N worker processes; gloo on the CPU)")
     b.set_defaults(func=cmd_bench)

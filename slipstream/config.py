@@ -36,6 +36,10 @@ class EngineConfig:
     # start, for 1-2% of throughput (docs/benchmarks.md, "Engine start").  None: a graph
     # per slot everywhere
     cuda_graph_shared_from: int | None = None
+    # the second IO slot's graph of each step is a copy of the first slot's, re-pointed at its
+    # buffers (runner/graph_clone.py), not a second capture: half the captures at start, the
+    # same kernels.  Off, or without a CUDA 12.4+ driver, or with tensor parallelism: captured
+    cuda_graph_clone: bool = True
     seed: int = 0  # draws the seeds of requests that bring none
     trace: bool = False  # record a CPU/GPU timeline of every batch
     debug_kv: bool = False  # check that no block is freed while an in-flight batch uses it

@@ -109,6 +109,7 @@ class EngineCore:
         return {"weights_s": round(weights_s, 3), "graphs_s": round(capture_s, 3),
                 "graph_warmups_s": round(graphs.warmup_s, 3) if graphs else 0.0,
                 "num_graphs": len(graphs.graphs) if graphs else 0,
+                "num_graphs_cloned": graphs.cloner.cloned if graphs and graphs.cloner else 0,
                 "runner_other_s": round(total_s - weights_s - capture_s, 3), "total_s": round(total_s, 3)}
 
     def _runner_options(self, tokens: int) -> RunnerOptions:
@@ -121,6 +122,8 @@ class EngineCore:
             cuda_graph_max_batch=c.cuda_graph_max_batch or c.max_num_seqs,
             cuda_graph_max_tokens=(tokens if c.cuda_graph_max_tokens is None else c.cuda_graph_max_tokens),
             cuda_graph_shared_from=c.cuda_graph_shared_from,
+            # (a rank's graphs hold NCCL kernels, whose captured state is the capture's own)
+            cuda_graph_clone=c.cuda_graph_clone and c.tensor_parallel_size == 1,
             trace=c.trace, cuda_used_at_start=self._gpu_used_at_start)
 
     def _worker_config(self) -> dict:

@@ -17,7 +17,10 @@
 * A warm-up run before a capture compiles kernels and lets cuBLAS set up; one run per group
   of shapes whose kernels specialise alike (`_warmup_group`) is enough.
 
-A graph binds buffer addresses, so each IO slot gets its own graphs.  With `shared_from`
+A graph binds buffer addresses, so each IO slot gets its own graphs.  By default
+(`clone_slots`, EngineConfig.cuda_graph_clone) only the first slot's graph of a shape is
+captured; the second slot's is a copy of it re-pointed at that slot's buffers
+(runner/graph_clone.py): the same kernels, without Python launching them again.  With `shared_from`
 (EngineConfig.cuda_graph_shared_from), decode batches of at least that many rows and the
 steps with prompt tokens replay one graph shared by the two slots instead, captured on a
 third set of buffers, the graph slot: the runner copies the step's inputs into it
@@ -38,6 +41,7 @@ from collections.abc import Callable
 
 import torch
 
+from slipstream.runner.graph_clone import ClonedGraph, SlotGraphCloner
 from slipstream.runner.inputs import StepPad, StepShape
 from slipstream.sampler import SamplerFlags
 
@@ -78,7 +82,7 @@ def step_graphs(opts, device: torch.device, split_policy=None) -> "StepGraphs | 
     max_batch = min(opts.cuda_graph_max_batch, opts.max_num_seqs)
     return StepGraphs(capture_sizes(max_batch), mixed_token_sizes(mixed_graph_tokens(opts)),
                       opts.max_num_seqs, opts.max_model_len, split_policy.options if split_policy else None,
-                      shared_from=opts.cuda_graph_shared_from)
+                      shared_from=opts.cuda_graph_shared_from, clone_slots=opts.cuda_graph_clone)
 
 
 SHARED = "shared"  # the owner, in a graph's key, of a graph that serves both IO slots
@@ -90,7 +94,7 @@ class StepGraphs:
 
     def __init__(self, decode_sizes: list[int], mixed_sizes: list[int], mixed_seqs: int,
                  max_seq_len: int, split_options: Callable[[int], tuple[int, ...]] | None = None,
-                 shared_from: int | None = None) -> None:
+                 shared_from: int | None = None, clone_slots: bool = False) -> None:
         self.decode_sizes = sorted(decode_sizes)
         self.mixed_sizes = sorted(mixed_sizes)
         self.mixed_seqs = mixed_seqs
@@ -98,7 +102,9 @@ class StepGraphs:
         # batch size -> the decode split counts to capture (None: the kernel's heuristic only)
         self.split_options = split_options or (lambda size: (None,))
         self.shared_from = shared_from  # rows from which a graph serves both slots (None: never)
-        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.clone_slots = clone_slots  # the second slot's graphs cloned from the first's
+        self.cloner: SlotGraphCloner | None = None  # made at the first capture (needs the slots)
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph | ClonedGraph] = {}
         self.pool = None  # the shared memory pool, made at the first capture
         self.capture_s = 0.0  # wall time of capture_all (warm-up runs, captures), for startup reports
         self.warmup_s = 0.0  # of which the eager warm-up runs before each capture
@@ -146,7 +152,12 @@ class StepGraphs:
             self.seen_lazy.add(key)
             return False
         start = time.perf_counter()
-        self._capture_one(runner, runner.graph_slot if self.shares(shape) else slot, shape)
+        if self.shares(shape):
+            self._capture_one(runner, runner.graph_slot, shape)
+        else:
+            other = self.graphs.get(self.key(1 - slot.index, shape))
+            if not self._clone(runner, other, slot, shape):
+                self._capture_one(runner, slot, shape, keep=self.cloner is not None)
         self.capture_s += time.perf_counter() - start
         return True
 
@@ -157,6 +168,8 @@ class StepGraphs:
         start = time.perf_counter()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
+            if self.clone_slots and len(runner.slots) == 2:
+                self.cloner = SlotGraphCloner(runner.slots)
         for shape in self.startup_shapes():
             self._capture(runner, slots, shape)
         self.capture_s += time.perf_counter() - start
@@ -185,16 +198,38 @@ class StepGraphs:
             torch.cuda.synchronize(runner.device)
             self.warmup_s += time.perf_counter() - start
             self.warmed.add(group)
-        for slot in targets:
-            self._capture_one(runner, slot, shape)
+        first, *rest = targets
+        graph = self._capture_one(runner, first, shape, keep=bool(rest) and self.cloner is not None)
+        for slot in rest:
+            if not self._clone(runner, graph, slot, shape):
+                self._capture_one(runner, slot, shape)
 
-    def _capture_one(self, runner, slot, shape: StepShape) -> None:
+    def _capture_one(self, runner, slot, shape: StepShape, keep: bool = False) -> torch.cuda.CUDAGraph:
         """A graph of the step on `slot` (a shared graph's: the step of whichever slot's
-        inputs were copied into the graph slot, ModelRunner.compute_step(shared=True))."""
-        graph = torch.cuda.CUDAGraph()
+        inputs were copied into the graph slot, ModelRunner.compute_step(shared=True));
+        `keep`: torch keeps the captured graph too, to be cloned for the other slot."""
+        graph = torch.cuda.CUDAGraph(keep_graph=keep)
         with torch.cuda.graph(graph, pool=self.pool, stream=runner.streams.compute):
             runner.compute_step(slot, shape, shared=self.shares(shape))
+        if keep:
+            graph.instantiate()
         self.graphs[self.key(slot.index, shape)] = graph
+        return graph
+
+    def _clone(self, runner, graph, slot, shape: StepShape) -> bool:
+        """`slot`'s graph of the step, cloned from the other slot's `graph` (a torch graph
+        captured with keep_graph=True); whether that worked."""
+        if self.cloner is None or not isinstance(graph, torch.cuda.CUDAGraph):
+            return False
+        try:
+            graph.raw_cuda_graph()
+        except RuntimeError:  # (captured without keep_graph)
+            return False
+        cloned = self.cloner.clone(graph, runner.streams.compute)
+        if cloned is None:
+            return False
+        self.graphs[self.key(slot.index, shape)] = cloned
+        return True
 
 
 def _warmup_group(shape: StepShape) -> tuple:

@@ -57,6 +57,8 @@ class RunnerOptions:
     cuda_graph_max_tokens: int  # largest mixed-step graph (0: mixed steps run eagerly)
     cuda_graph_shared_from: int | None  # rows from which one graph serves both IO slots (graphs.py)
     trace: bool
+    # the second IO slot's graphs cloned from the first's, not captured (runner/graph_clone.py)
+    cuda_graph_clone: bool = False
     cuda_used_at_start: int = 0  # GPU bytes in use before the engine loaded (kv_memory.kv_budget)
 
 

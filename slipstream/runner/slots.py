@@ -87,6 +87,13 @@ class IOSlot:
         v["block_table"] = v["block_table"].reshape(-1, self.max_blocks)
         return v
 
+    def device_buffers(self) -> list[tuple[int, int]]:
+        """(address, bytes) of every device buffer a step reads or writes, in a fixed order:
+        what differs between two slots' CUDA graphs of one step (runner/graph_clone.py)."""
+        d = self.dev
+        return [(t.data_ptr(), t.numel() * t.element_size())
+                for t in (self.dev_int, d.tokens, d.logprobs, d.logprob_ids)]
+
     def upload(self, num_seqs: int) -> None:
         """Copy the inputs of a batch of `num_seqs` rows (host -> device, current stream)."""
         end = self._inputs_end(num_seqs)
