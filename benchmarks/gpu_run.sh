@@ -3,7 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
-#         prefill-long prefill-tiles boundary slot-copy slot-copy-ctx step-gaps graph-topology capture-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
+#         prefill-long prefill-tiles boundary slot-copy slot-copy-ctx step-gaps step-gaps-clone graph-topology capture-cost clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -83,11 +83,19 @@ for stage in "$@"; do
                  run "step-gaps-$w-perslot" 200 python3 benchmarks/probe_step_gaps.py --workload "$w" --trace-out "$RES/trace-$w-perslot.json.gz"
                  run "step-gaps-$w-shared" 200 python3 benchmarks/probe_step_gaps.py --workload "$w" --shared-from 8 --trace-out "$RES/trace-$w-shared.json.gz"
                done ;;
+    # the async loop's steps with the second slot's graphs cloned and captured, traces compared kernel by kernel
+    step-gaps-clone) for w in ${WORKLOADS:-seed-8b-bs8}; do
+                       run "step-gaps-$w-clone" 200 python3 benchmarks/probe_step_gaps.py --workload "$w" --graph-clone --trace-out "$RES/trace-$w-clone.json.gz"
+                       run "step-gaps-$w-capture" 200 python3 benchmarks/probe_step_gaps.py --workload "$w" --trace-out "$RES/trace-$w-capture.json.gz"
+                       run "compare-$w-clone" 100 python3 benchmarks/compare_traces.py "$RES/trace-$w-capture.json.gz" "$RES/trace-$w-clone.json.gz"
+                     done ;;
     # a decode graph per slot against the shared one, alone: nodes, edges, replay time back to back (both capture orders); DOT files kept
     graph-topology) run graph-topology 200 python3 benchmarks/probe_graph_topology.py --workload "${WORKLOAD:-seed-8b-bs8}" --rows "${ROWS:-8}" --out "$RES"
                     run graph-topology-reverse 200 python3 benchmarks/probe_graph_topology.py --workload "${WORKLOAD:-seed-8b-bs8}" --rows "${ROWS:-8}" --reverse ;;
     # one graph capture's CPU time against the same step eager (cuBLAS, Triton's launch path)
     capture-cost) run capture-cost 200 python3 benchmarks/probe_capture_cost.py --workload small-256 --rows 64 ;;
+    # the second slot's graph cloned against captured: cost of each phase, replay times
+    clone-cost) for w in ${WORKLOADS:-small-256}; do run "clone-cost-$w" 200 python3 benchmarks/probe_clone_cost.py --workload "$w" --shapes "${SHAPES:-8}" ${CLONE_ARGS:-}; done ;;
     gemv) run gemv 300 python3 benchmarks/bench_gemv.py --out "$RES" ${GEMV_ARGS:-} ;;
     probe-cudnn) run probe-cudnn 300 python3 benchmarks/probe_cudnn_varlen.py ;;
     profile-start) run profile-start 200 python3 benchmarks/bench_start.py --profile ;;

@@ -12,13 +12,19 @@ from slipstream.runner.graph_clone import ClonedGraph
 
 pytestmark = pytest.mark.gpu
 
-COMMON = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=12, max_num_batched_tokens=64,
+COMMON = dict(device="cuda", max_model_len=256, max_num_seqs=12, max_num_batched_tokens=64,
               async_scheduling=True)
+CLONED = dict(COMMON, cuda_graph_clone=True)  # (off by default)
 
 
-def test_every_second_slot_graph_is_a_clone(tiny_model):
+# bf16 steps run cuBLAS kernels, whose launches pack their arguments in one buffer (`extra`)
+DTYPES = pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+
+
+@DTYPES
+def test_every_second_slot_graph_is_a_clone(tiny_model, dtype):
     folder, _ = tiny_model("llama3")
-    llm = LLM(folder, **COMMON)
+    llm = LLM(folder, dtype=dtype, **CLONED)
     graphs = llm.engine.runner.graphs
     assert graphs.cloner is not None and graphs.cloner.unsupported is None
     by_slot = {0: [], 1: []}
@@ -30,12 +36,13 @@ def test_every_second_slot_graph_is_a_clone(tiny_model):
     assert llm.engine.startup["num_graphs_cloned"] == graphs.cloner.cloned
 
 
-def test_a_clone_writes_its_slots_tokens_as_an_eager_step_does(tiny_model):
+@DTYPES
+def test_a_clone_writes_its_slots_tokens_as_an_eager_step_does(tiny_model, dtype):
     """For each shape captured at start: all-padding inputs in both slots, slot 0's tokens
     set to a token id and slot 1's to -1; slot 1's clone writes every one of slot 1's
     sampled rows (the tokens an eager step on those inputs writes) and none of slot 0's."""
     folder, _ = tiny_model("llama3")
-    llm = LLM(folder, **COMMON)
+    llm = LLM(folder, dtype=dtype, **CLONED)
     runner = llm.engine.runner
     graphs, (s0, s1), compute = runner.graphs, runner.slots, runner.streams.compute
     vocab = runner.model.config.vocab_size
@@ -66,16 +73,19 @@ def test_a_clone_writes_its_slots_tokens_as_an_eager_step_does(tiny_model):
     assert checked >= 4
 
 
-@pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (0.8, 1.0), (0.8, 0.9)])
-def test_clones_give_the_tokens_of_captured_graphs(tiny_model, temperature, top_p):
+@pytest.mark.parametrize("dtype,temperature,top_p", [("float32", 0.0, 1.0), ("float32", 0.8, 1.0),
+                                                     ("float32", 0.8, 0.9), ("bfloat16", 0.8, 1.0)])
+def test_clones_give_the_tokens_of_captured_graphs(tiny_model, dtype, temperature, top_p):
     """12 staggered requests, async (both slots replay): the same tokens with and without
-    clones; with top_p the lazily captured graphs of the second slot are clones too."""
+    clones (the same kernels on the same batches: bit-equal in bf16 too); with top_p the
+    lazily captured graphs of the second slot are clones too."""
     folder, _ = tiny_model("llama3")
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 256, int(n)).tolist() for n in rng.integers(3, 60, 12)]
     params = [SamplingParams(max_tokens=int(m), temperature=temperature, top_p=top_p, seed=i, ignore_eos=True)
               for i, m in enumerate(rng.integers(4, 48, 12))]
-    captured, cloned = LLM(folder, cuda_graph_clone=False, **COMMON), LLM(folder, **COMMON)
+    captured = LLM(folder, dtype=dtype, **COMMON)
+    cloned = LLM(folder, dtype=dtype, **CLONED)
     assert captured.engine.runner.graphs.cloner is None
     assert ([o.token_ids for o in cloned.generate(prompts, params)]
             == [o.token_ids for o in captured.generate(prompts, params)])
@@ -89,3 +99,16 @@ def test_clones_give_the_tokens_of_captured_graphs(tiny_model, temperature, top_
         pairs = [k for k in lazy if k[0] == 1 and (0,) + k[1:] in lazy]
         assert any(isinstance(lazy[k], ClonedGraph) or isinstance(lazy[(0,) + k[1:]], ClonedGraph)
                    for k in pairs), "a lazily captured shape used on both slots has a clone"
+
+
+def test_the_small_256_engine_clones_every_second_slot_graph():
+    """The Qwen3-0.6B-shaped engine of small-256 (bf16, dummy weights): its cuBLAS, Triton
+    and torch kernels all re-point, so half its graphs are clones."""
+    from slipstream.bench.workloads import get_workload
+    from slipstream.config import EngineConfig
+    from slipstream.core.engine_core import EngineCore
+    w = get_workload("small-256")
+    core = EngineCore(EngineConfig(model=w.model, load_format="dummy", **{**w.engine, "cuda_graph_clone": True}))
+    cloner = core.runner.graphs.cloner
+    assert cloner.unsupported is None
+    assert core.startup["num_graphs"] == 2 * core.startup["num_graphs_cloned"] > 0

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from slipstream.config import EngineConfig
-from slipstream.runner.graph_clone import AddressMap, SlotGraphCloner, argument_words
+from slipstream.runner.graph_clone import (AddressMap, CloneUnsupported, KernelLayout, SlotGraphCloner,
+                                          argument_words, extra_array, extra_buffer)
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
 
@@ -39,6 +40,61 @@ def test_argument_words_are_pointer_sized_arguments_and_the_aligned_words_of_str
     assert argument_words([(0, 4), (4, 4)]) == []
 
 
+def test_a_kernel_layout_reads_its_address_words_in_one_call_packed_or_scattered():
+    """The clone reads a node's arguments once (they lie packed in the driver's copy) and
+    unpacks only the words that may be addresses; scattered arguments are gathered."""
+    import ctypes
+    layout = KernelLayout(((0, 8), (8, 4), (12, 4), (16, 8), (28, 20)))
+    assert layout.span == 48 and layout.words == (0, 16, 32, 40) and layout.reader.size == 48
+    values = [0x7F0000001000, 0x7F0000001008, 0x7F0000002000, 5]
+    packed = bytearray(48)
+    for off, v in zip(layout.words, values):
+        packed[off:off + 8] = v.to_bytes(8, "little")
+    packed[8:12] = (3).to_bytes(4, "little")
+    store = (ctypes.c_char * 48).from_buffer(packed)
+    base = ctypes.addressof(store)
+    together = (ctypes.c_void_p * 5)(*[base + off for off, _ in layout.arguments])
+    assert layout.read(ctypes.addressof(together)) == bytes(packed)
+    apart = [ctypes.create_string_buffer(bytes(packed[off:off + n]), n) for off, n in layout.arguments]
+    scattered = (ctypes.c_void_p * 5)(*[ctypes.addressof(b) for b in apart])
+    gathered = layout.read(ctypes.addressof(scattered))
+    assert list(layout.reader.unpack_from(gathered)) == values
+    assert gathered[8:12] == packed[8:12] and gathered[28:48] == packed[28:48]
+    m = AddressMap.swap([(0x7F0000001000, 0x100)], [(0x7F0000009000, 0x100)])
+    assert m.touches(values) and not m.touches([5, 0x7F0000010000])  # (a gap inside may pass: a first look)
+    assert layout.within(24).words == (0, 16) and layout.within(48) is layout
+
+
+def test_lookups_find_the_range_among_many_and_miss_the_gaps_between():
+    a = [(0x10000 + 0x1000 * i, 0x100) for i in range(40)]
+    b = [(0x90000 + 0x1000 * i, 0x100) for i in range(40)]
+    m = AddressMap.swap(list(reversed(a)), list(reversed(b)))
+    assert m.get(0x10000 + 0x1000 * 17 + 0x10) == 0x90000 + 0x1000 * 17 + 0x10
+    assert m.get(0x90000 + 0x1000 * 39 + 0xFF) == 0x10000 + 0x1000 * 39 + 0xFF
+    assert m.get(0x10000 + 0x1000 * 17 + 0x100) is None  # the gap after a buffer
+    assert m.get(0x50000) is None  # between the two slots' buffers
+
+
+def test_a_packed_argument_buffer_is_read_from_and_written_as_an_extra_array():
+    """cuBLAS launches pass their arguments as one buffer (`extra`): the clone reads it,
+    re-points its words and names its own copy in a new array of the same form."""
+    import ctypes
+    m = AddressMap.swap([(0x7F0000001000, 0x100)], [(0x7F0000009000, 0x100)])
+    packed = bytearray((7).to_bytes(4, "little") + bytes(4) + (0x7F0000001040).to_bytes(8, "little"))
+    extra, parts = extra_array(packed)
+    address, size = extra_buffer(ctypes.addressof(extra))
+    assert size == 16 and ctypes.string_at(address, size) == bytes(packed)
+    copy = bytearray(ctypes.string_at(address, size))
+    assert m.remap_words(copy, range(0, size - 7, 8))
+    assert int.from_bytes(copy[8:], "little") == 0x7F0000009040 and copy[:8] == packed[:8]
+    odd = (ctypes.c_void_p * 3)(9, 0, 0)  # a key that is no CU_LAUNCH_PARAM_*
+    with pytest.raises(CloneUnsupported, match="key 9"):
+        extra_buffer(ctypes.addressof(odd))
+    empty = (ctypes.c_void_p * 1)(0)
+    with pytest.raises(CloneUnsupported, match="no argument buffer"):
+        extra_buffer(ctypes.addressof(empty))
+
+
 def test_slots_list_their_device_buffers_alike():
     cpu = torch.device("cpu")
     a, b = (IOSlot(i, 64, 8, 16, cpu, Streams(cpu)) for i in (0, 1))
@@ -64,12 +120,13 @@ def test_without_a_cuda_driver_the_cloner_says_why_and_clones_nothing(monkeypatc
     assert cloner.clone(object(), None) is None  # (and it does not try again)
 
 
-def test_cloning_is_on_by_default_and_off_with_tensor_parallelism():
+def test_cloning_is_off_by_default_on_when_asked_and_never_with_tensor_parallelism():
     from slipstream.core.engine_core import EngineCore
-    assert EngineConfig().cuda_graph_clone
+    assert not EngineConfig().cuda_graph_clone
     for tp, expected in ((1, True), (2, False)):
         core = EngineCore.__new__(EngineCore)
-        core.config, core.max_model_len, core._gpu_used_at_start = EngineConfig(tensor_parallel_size=tp), 256, 0
+        core.config = EngineConfig(tensor_parallel_size=tp, cuda_graph_clone=True)
+        core.max_model_len, core._gpu_used_at_start = 256, 0
         assert core._runner_options(64).cuda_graph_clone is expected
-    core.config = EngineConfig(cuda_graph_clone=False)
+    core.config = EngineConfig()
     assert not core._runner_options(64).cuda_graph_clone

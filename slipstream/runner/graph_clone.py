@@ -10,16 +10,22 @@ scratch memory stays where the first graph has it: graphs of the pool never run 
 (one compute stream).
 
 What is re-pointed: 8-byte kernel arguments, and the 8-byte-aligned words of larger ones
-(the structs cuBLAS and torch pass by value), that fall inside a slot buffer; the source
+(the structs cuBLAS and torch pass by value), that fall inside a slot buffer, whether a
+launch passed them one by one or packed in one buffer (`extra`); the source
 and destination of memcpy nodes and the destination of memset nodes.  Any other node kind
 (host callbacks, memory allocation, conditionals, child graphs) makes `clone_graph` raise
 `CloneUnsupported`, and the caller captures instead.  Bit-equal outputs of a clone and a
-capture are checked on the GPU (tests/test_gpu_graph_clone.py).
+capture are checked on the GPU (tests/test_gpu_graph_clone.py).  Off by default
+(EngineConfig.cuda_graph_clone): in the async loop the 8B decode steps ran 2% slower with
+clones, though a clone replays as fast as a capture on its own (benchmarks/results/2026-12-04-d0a5d44/).
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import logging
+import struct
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +39,9 @@ _INVALID_VALUE = 1  # CUDA_ERROR_INVALID_VALUE: past a function's last parameter
 _MEMCPY3D_SIZE = 200  # sizeof(CUDA_MEMCPY3D)
 _MEMCPY_SRC_DEVICE, _MEMCPY_DST_DEVICE = 48, 136  # its srcDevice and dstDevice offsets
 _MEMSET_SIZE = 40  # sizeof(CUDA_MEMSET_NODE_PARAMS); dst at offset 0
+_PARAM_END, _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE = 0, 1, 2  # the keys of a launch's `extra`
+# as torch instantiates its graphs: CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | _USE_NODE_PRIORITY
+TORCH_INSTANTIATE_FLAGS = 1 | 8
 
 
 class CloneUnsupported(RuntimeError):
@@ -42,11 +51,16 @@ class CloneUnsupported(RuntimeError):
 @dataclass(frozen=True)
 class AddressMap:
     """Half-open device address ranges [start, start + size) moved to another start."""
-    ranges: tuple[tuple[int, int, int], ...]  # (start, size, new start)
+    ranges: tuple[tuple[int, int, int], ...]  # (start, size, new start), disjoint
     low: int = field(init=False)  # where the ranges begin and end: most words fall outside
     high: int = field(init=False)
+    starts: tuple[int, ...] = field(init=False)  # the ranges' starts, sorted (bisected)
+    ordered: tuple[tuple[int, int, int], ...] = field(init=False)  # the ranges in that order
 
     def __post_init__(self) -> None:
+        ordered = tuple(sorted(self.ranges))
+        object.__setattr__(self, "ordered", ordered)
+        object.__setattr__(self, "starts", tuple(s for s, _, _ in ordered))
         object.__setattr__(self, "low", min((s for s, _, _ in self.ranges), default=0))
         object.__setattr__(self, "high", max((s + n for s, n, _ in self.ranges), default=0))
 
@@ -62,21 +76,30 @@ class AddressMap:
     def get(self, address: int) -> int | None:
         if not self.low <= address < self.high:
             return None
-        for start, size, new in self.ranges:
-            if start <= address < start + size:
-                return new + address - start
-        return None
+        i = bisect.bisect_right(self.starts, address) - 1
+        if i < 0:
+            return None
+        start, size, new = self.ordered[i]
+        return new + address - start if address < start + size else None
 
-    def remap_words(self, data: bytearray, offsets) -> bool:
-        """Re-point the 8-byte little-endian words of `data` at `offsets` in place; whether
-        any changed."""
-        changed = False
-        for off in offsets:
-            new = self.get(int.from_bytes(data[off:off + 8], "little"))
-            if new is not None:
-                data[off:off + 8] = new.to_bytes(8, "little")
-                changed = True
+    def remap_words(self, data: bytearray, offsets, values=None) -> bool:
+        """Re-point the 8-byte little-endian words of `data` at `offsets` in place (`values`:
+        those words, if already read); whether any changed."""
+        if values is None:
+            values = [int.from_bytes(data[off:off + 8], "little") for off in offsets]
+        low, high, changed = self.low, self.high, False
+        for off, value in zip(offsets, values):
+            if low <= value < high:  # (the rare word worth a lookup)
+                new = self.get(value)
+                if new is not None:
+                    data[off:off + 8] = new.to_bytes(8, "little")
+                    changed = True
         return changed
+
+    def touches(self, values) -> bool:
+        """Whether any of the words `values` may point into a range (a cheap first look)."""
+        low, high = self.low, self.high
+        return any(low <= v < high for v in values)
 
 
 def argument_words(params: list[tuple[int, int]]) -> list[int]:
@@ -93,6 +116,43 @@ def argument_words(params: list[tuple[int, int]]) -> list[int]:
     return words
 
 
+@dataclass(frozen=True)
+class KernelLayout:
+    """A kernel's arguments as the clone reads them, worked out once per kernel: each
+    argument's (offset, size), the bytes they span, the offsets of the words that may hold
+    an address, and a reader of those words from a packed buffer in one call."""
+    arguments: tuple[tuple[int, int], ...]
+    span: int = field(init=False)
+    words: tuple[int, ...] = field(init=False)
+    reader: struct.Struct = field(init=False)
+
+    def __post_init__(self) -> None:
+        words = tuple(argument_words(list(self.arguments)))
+        fmt, at = "<", 0
+        for w in words:
+            fmt += f"{w - at}xQ" if w > at else "Q"
+            at = w + 8
+        object.__setattr__(self, "span", max((o + n for o, n in self.arguments), default=0))
+        object.__setattr__(self, "words", words)
+        object.__setattr__(self, "reader", struct.Struct(fmt))
+
+    def within(self, size: int) -> "KernelLayout":
+        """The same layout cut to a packed buffer of `size` bytes (a launch's `extra`)."""
+        return self if self.span <= size else KernelLayout(tuple(a for a in self.arguments if sum(a) <= size))
+
+    def read(self, params_address: int) -> bytes:
+        """The packed arguments of a node whose parameters are `params_address`, an array of
+        pointers to each argument: one read when they lie packed as the layout has them (as
+        the driver keeps a node's), else one per argument."""
+        pointers = [ptr or 0 for ptr in (ctypes.c_void_p * len(self.arguments)).from_address(params_address)]
+        if self.arguments[0][0] == 0 and all(ptr == pointers[0] + off for ptr, (off, _) in zip(pointers, self.arguments)):
+            return ctypes.string_at(pointers[0], self.span)
+        packed = bytearray(self.span)
+        for ptr, (off, size) in zip(pointers, self.arguments):
+            packed[off:off + size] = ctypes.string_at(ptr, size)
+        return bytes(packed)
+
+
 class _KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
     _fields_ = [("func", ctypes.c_void_p), ("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
                 ("shared_mem", ctypes.c_uint), ("kernel_params", ctypes.POINTER(ctypes.c_void_p)),
@@ -107,7 +167,9 @@ class Driver:
               "cuGraphKernelNodeSetParams_v2", "cuFuncGetParamInfo", "cuKernelGetParamInfo",
               "cuGraphInstantiateWithFlags", "cuGraphUpload", "cuGraphLaunch", "cuGraphExecDestroy")
 
-    def __init__(self) -> None:
+    def __init__(self, timed: bool = False) -> None:
+        # name -> [seconds, calls] of each API call made through `call` (benchmarks)
+        self.timings: dict[str, list] | None = {} if timed else None
         try:
             self.lib = ctypes.CDLL("libcuda.so.1")
         except OSError as e:
@@ -115,16 +177,39 @@ class Driver:
         missing = [n for n in self.NEEDED if not hasattr(self.lib, n)]
         if missing:
             raise CloneUnsupported(f"the CUDA driver lacks {', '.join(missing)} (needs 12.4 or later)")
-        self.arguments: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (func, kern) -> (offset, size)s
+        self.layouts: dict[tuple[int, int], KernelLayout] = {}  # (func, kern) -> its arguments' layout
+        self.packed: dict[tuple[int, int, int], KernelLayout] = {}  # (func, kern, bytes) -> the same, packed
 
     def call(self, name: str, *args) -> None:
-        rc = getattr(self.lib, name)(*args)
+        if self.timings is None:
+            rc = getattr(self.lib, name)(*args)
+        else:
+            start = time.perf_counter()
+            rc = getattr(self.lib, name)(*args)
+            self._spent(name, start)
         if rc != 0:
             raise CloneUnsupported(f"{name} failed (CUresult {rc})")
 
-    def kernel_arguments(self, p: _KernelNodeParams) -> list[tuple[int, int]]:
+    def _spent(self, name: str, start: float) -> None:
+        spent = self.timings.setdefault(name, [0.0, 0])
+        spent[0] += time.perf_counter() - start
+        spent[1] += 1
+
+    def packed_layout(self, p: _KernelNodeParams, size: int) -> KernelLayout:
+        """The layout of a `size`-byte packed argument buffer of `p`'s kernel (`extra`): its
+        arguments that fit, or, without parameter info, every aligned word as an argument."""
+        key = (p.func or 0, p.kern or 0, size)
+        if key not in self.packed:
+            try:
+                self.packed[key] = self.kernel_layout(p).within(size)
+            except CloneUnsupported:
+                self.packed[key] = KernelLayout(tuple((off, 8) for off in range(0, size - 7, 8)))
+        return self.packed[key]
+
+    def kernel_layout(self, p: _KernelNodeParams) -> KernelLayout:
         key = (p.func or 0, p.kern or 0)
-        if key not in self.arguments:
+        if key not in self.layouts:
+            start = time.perf_counter()
             get, handle = ((self.lib.cuFuncGetParamInfo, p.func) if p.func else
                            (self.lib.cuKernelGetParamInfo, p.kern))
             found, off, size = [], ctypes.c_size_t(), ctypes.c_size_t()
@@ -135,8 +220,10 @@ class Driver:
                 if rc != 0:
                     raise CloneUnsupported(f"parameter info of a kernel failed (CUresult {rc})")
                 found.append((off.value, size.value))
-            self.arguments[key] = found
-        return self.arguments[key]
+            self.layouts[key] = KernelLayout(tuple(found))
+            if self.timings is not None:
+                self._spent("parameter info of a kernel (all calls)", start)
+        return self.layouts[key]
 
 
 @dataclass
@@ -159,23 +246,35 @@ class ClonedGraph:
             self.exec_handle = None
 
 
-def clone_graph(driver: Driver, graph_handle: int, amap: AddressMap, stream: int) -> ClonedGraph:
-    """Instantiate a copy of the captured graph `graph_handle` (cudaGraph_t) re-pointed by
-    `amap`, uploaded on `stream` (so that its first launch costs no more than a later one)."""
+def clone_graph(driver: Driver, graph_handle: int, amap: AddressMap, stream: int,
+                phases: dict[str, float] | None = None, flags: int = TORCH_INSTANTIATE_FLAGS) -> ClonedGraph:
+    """Instantiate (with `flags`) a copy of the captured graph `graph_handle` (cudaGraph_t)
+    re-pointed by `amap`, uploaded on `stream` (so that its first launch costs no more than a
+    later one).  `phases` (benchmarks): seconds of clone, repoint, instantiate and upload
+    added to it."""
+    marks = [time.perf_counter()]
     clone = ctypes.c_void_p()
     driver.call("cuGraphClone", ctypes.byref(clone), ctypes.c_void_p(graph_handle))
+    keep: list = []  # the argument buffers set on nodes, alive until the graph is instantiated
     try:
-        repointed = _repoint_nodes(driver, clone, amap)
+        marks.append(time.perf_counter())
+        repointed = _repoint_nodes(driver, clone, amap, keep)
+        marks.append(time.perf_counter())
         exec_handle = ctypes.c_void_p()
-        driver.call("cuGraphInstantiateWithFlags", ctypes.byref(exec_handle), clone, ctypes.c_ulonglong(0))
+        driver.call("cuGraphInstantiateWithFlags", ctypes.byref(exec_handle), clone, ctypes.c_ulonglong(flags))
     finally:
         driver.lib.cuGraphDestroy(clone)
+    marks.append(time.perf_counter())
     cloned = ClonedGraph(driver, exec_handle, repointed)
     driver.call("cuGraphUpload", exec_handle, ctypes.c_void_p(stream))
+    marks.append(time.perf_counter())
+    if phases is not None:
+        for name, begin, end in zip(("clone", "repoint", "instantiate", "upload"), marks, marks[1:]):
+            phases[name] = phases.get(name, 0.0) + end - begin
     return cloned
 
 
-def _graph_nodes(driver: Driver, graph: ctypes.c_void_p) -> list[ctypes.c_void_p]:
+def graph_nodes(driver: Driver, graph: ctypes.c_void_p) -> list[ctypes.c_void_p]:
     count = ctypes.c_size_t()
     driver.call("cuGraphGetNodes", graph, None, ctypes.byref(count))
     nodes = (ctypes.c_void_p * count.value)()
@@ -183,14 +282,14 @@ def _graph_nodes(driver: Driver, graph: ctypes.c_void_p) -> list[ctypes.c_void_p
     return [ctypes.c_void_p(n) for n in nodes[:count.value]]
 
 
-def _repoint_nodes(driver: Driver, graph: ctypes.c_void_p, amap: AddressMap) -> int:
+def _repoint_nodes(driver: Driver, graph: ctypes.c_void_p, amap: AddressMap, keep: list) -> int:
     """Re-point every node of `graph` in place; how many changed."""
     changed = 0
-    for node in _graph_nodes(driver, graph):
+    for node in graph_nodes(driver, graph):
         kind = ctypes.c_int()
         driver.call("cuGraphNodeGetType", node, ctypes.byref(kind))
         if kind.value == _NODE_KERNEL:
-            changed += _repoint_kernel(driver, node, amap)
+            changed += _repoint_kernel(driver, node, amap, keep)
         elif kind.value == _NODE_MEMCPY:
             changed += _repoint_raw(driver, node, amap, "Memcpy", _MEMCPY3D_SIZE,
                                     (_MEMCPY_SRC_DEVICE, _MEMCPY_DST_DEVICE))
@@ -201,26 +300,80 @@ def _repoint_nodes(driver: Driver, graph: ctypes.c_void_p, amap: AddressMap) -> 
     return changed
 
 
-def _repoint_kernel(driver: Driver, node: ctypes.c_void_p, amap: AddressMap) -> bool:
+def _kernel_arguments(driver: Driver, node: ctypes.c_void_p):
+    """A kernel node's parameters, its arguments' layout, their bytes and the words of them
+    that may hold an address (read once: given as an array of pointers to each argument, or
+    as one packed buffer, `extra`, as cuBLAS launches)."""
     p = _KernelNodeParams()
     driver.call("cuGraphKernelNodeGetParams_v2", node, ctypes.byref(p))
     if p.extra:
-        raise CloneUnsupported("a kernel node with `extra` arguments")
-    arguments = driver.kernel_arguments(p)
-    if not arguments:
+        address, size = extra_buffer(p.extra)
+        layout = driver.packed_layout(p, size)
+        data = ctypes.string_at(address, size) if layout.words else b""
+    else:
+        layout = driver.kernel_layout(p)
+        data = layout.read(ctypes.cast(p.kernel_params, ctypes.c_void_p).value) if layout.words else b""
+    return p, layout, data, layout.reader.unpack_from(data) if layout.words else ()
+
+
+def kernel_node_words(driver: Driver, node: ctypes.c_void_p) -> tuple[int, ...]:
+    """The words of a kernel node's arguments that may hold an address, as the clone reads
+    them (benchmarks compare two graphs' with it)."""
+    return _kernel_arguments(driver, node)[3]
+
+
+def _repoint_kernel(driver: Driver, node: ctypes.c_void_p, amap: AddressMap, keep: list) -> bool:
+    """Re-point a kernel node's arguments in the form they were given in; `keep` holds what
+    the driver reads at instantiation."""
+    p, layout, data, values = _kernel_arguments(driver, node)
+    if not values or not amap.touches(values):
         return False
-    end = max(off + size for off, size in arguments)
-    packed = bytearray(end)
-    for i, (off, size) in enumerate(arguments):
-        packed[off:off + size] = ctypes.string_at(p.kernel_params[i], size)
-    if not amap.remap_words(packed, argument_words(arguments)):
+    packed = bytearray(data)
+    if not amap.remap_words(packed, layout.words, values):
         return False
-    buf = (ctypes.c_char * end).from_buffer(packed)
-    base = ctypes.addressof(buf)
-    pointers = (ctypes.c_void_p * len(arguments))(*[base + off for off, _ in arguments])
-    p.kernel_params = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
-    driver.call("cuGraphKernelNodeSetParams_v2", node, ctypes.byref(p))  # (the driver copies them)
+    if p.extra:
+        extra, parts = extra_array(packed)
+        p.extra, p.kernel_params = ctypes.addressof(extra), None
+        keep += [packed, extra, parts]
+    else:
+        buf = (ctypes.c_char * layout.span).from_buffer(packed)
+        base = ctypes.addressof(buf)
+        pointers = (ctypes.c_void_p * len(layout.arguments))(*[base + off for off, _ in layout.arguments])
+        p.kernel_params = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
+        keep += [packed, buf, pointers]
+    driver.call("cuGraphKernelNodeSetParams_v2", node, ctypes.byref(p))
     return True
+
+
+def extra_buffer(extra: int) -> tuple[int, int]:
+    """(address, bytes) of the packed argument buffer of a launch's `extra` array: pairs of
+    CU_LAUNCH_PARAM_BUFFER_POINTER (1) or CU_LAUNCH_PARAM_BUFFER_SIZE (2, a pointer to a
+    size_t) and a value, ended by CU_LAUNCH_PARAM_END (0)."""
+    words = ctypes.cast(ctypes.c_void_p(extra), ctypes.POINTER(ctypes.c_void_p))
+    address = size = None
+    for i in range(0, 16, 2):  # (two pairs and the end, in practice)
+        key = words[i] or 0
+        if key == _PARAM_END:
+            break
+        if key == _PARAM_BUFFER_POINTER:
+            address = words[i + 1]
+        elif key == _PARAM_BUFFER_SIZE:
+            size = ctypes.cast(ctypes.c_void_p(words[i + 1]), ctypes.POINTER(ctypes.c_size_t))[0]
+        else:
+            raise CloneUnsupported(f"a kernel launch's `extra` holds key {key}")
+    if not address or size is None:
+        raise CloneUnsupported("a kernel launch's `extra` has no argument buffer")
+    return address, size
+
+
+def extra_array(packed: bytearray):
+    """An `extra` array naming `packed` as the argument buffer (what `extra_buffer` reads),
+    and the objects it points into (to be kept alive with it)."""
+    buf = (ctypes.c_char * len(packed)).from_buffer(packed)
+    size = ctypes.c_size_t(len(packed))
+    extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.addressof(buf), _PARAM_BUFFER_SIZE,
+                                  ctypes.addressof(size), _PARAM_END)
+    return extra, (buf, size)
 
 
 def _repoint_raw(driver: Driver, node: ctypes.c_void_p, amap: AddressMap, kind: str, size: int,
@@ -261,5 +414,6 @@ class SlotGraphCloner:
         return cloned
 
 
-__all__ = ["AddressMap", "ClonedGraph", "CloneUnsupported", "Driver", "SlotGraphCloner", "argument_words",
-           "clone_graph"]
+__all__ = ["AddressMap", "ClonedGraph", "CloneUnsupported", "Driver", "KernelLayout", "SlotGraphCloner",
+           "TORCH_INSTANTIATE_FLAGS", "argument_words",
+           "clone_graph", "extra_array", "extra_buffer", "graph_nodes", "kernel_node_words"]
