@@ -178,7 +178,12 @@ for stage in "$@"; do
               done ;;
     # one benchmark under several environments and options (ARMS="A=1 B=2 --opt 8;A=0", arms split
     # on ';', a word with '=' before the first option an environment variable), alternately, REPS times
-    ab-env) IFS=';' read -r -a arms <<< "${ARMS:-}"
+    ab-env) if [[ -z "${ARMS:-}" || "$ARMS" == ";"* || "$ARMS" == *";" || "$ARMS" == *";;"* ]]; then
+              # (bash's read drops an empty last field: an arm would vanish without a word)
+              echo "ab-env: ARMS='${ARMS:-}' has an empty arm; give each arm a no-op such as X=1" | tee -a "$LOG"
+              continue
+            fi
+            IFS=';' read -r -a arms <<< "${ARMS:-}"
             for i in $(seq 1 "${REPS:-2}"); do
               for w in ${WORKLOADS:-small-bs1}; do
                 for a in "${arms[@]}"; do
