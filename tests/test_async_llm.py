@@ -128,6 +128,51 @@ def test_bad_requests_fail_alone(tokenized_tiny, reference):
         AsyncLLM.validate(type("L", (), {"tokenizer": None, "info": reference[0].info})(), [5] * 300)
 
 
+def test_a_long_text_prompt_is_tokenized_off_the_event_loop(tokenized_tiny, reference):
+    """A text longer than `tokenize_off_loop_chars` is tokenized on a worker thread while the
+    loop goes on (a ticker keeps ticking through a 0.4 s tokenization); a short one stays on
+    the loop; the outputs are the offline engine's; two such requests racing for one id:
+    one runs, the other is refused."""
+    _, expected = reference
+
+    async def main():
+        async with AsyncLLM(tokenized_tiny, core="thread", **COMMON) as llm:
+            encode, threads = llm.tokenizer.encode, []
+
+            def slow_encode(text):
+                threads.append(threading.get_ident())
+                time.sleep(0.4)
+                return encode(text)
+            llm.tokenizer.encode = slow_encode
+            ticks = []
+
+            async def ticker():
+                while True:
+                    ticks.append(time.perf_counter())
+                    await asyncio.sleep(0.01)
+            tick_task = asyncio.create_task(ticker())
+            short = await stream(llm, prompts(2)[1], params(1))  # shorter than 1,024 characters
+            llm.tokenize_off_loop_chars = 8
+            start = time.perf_counter()
+            long = await stream(llm, prompts(3)[2], params(2))
+            ticks_meanwhile = sum(t > start for t in ticks)
+            racing = await asyncio.gather(*(stream(llm, prompts(4)[3], params(3), request_id="same")
+                                            for _ in range(2)), return_exceptions=True)
+            tick_task.cancel()
+            return short, long, ticks_meanwhile, threads, racing
+
+    short, long, ticks_meanwhile, threads, racing = asyncio.run(main())
+    loop_thread = threading.get_ident()  # (asyncio.run's loop ran on this thread)
+    assert threads[0] == loop_thread and all(t != loop_thread for t in threads[1:]) and len(threads) == 4
+    assert ticks_meanwhile >= 20, ticks_meanwhile  # the loop ran on through the 0.4 s
+    assert (short.text, short.token_ids, short.finish_reason) == expected[1]
+    assert (long.text, long.token_ids, long.finish_reason) == expected[2]
+    errors = [r for r in racing if isinstance(r, ValueError)]
+    outs = [r for r in racing if not isinstance(r, BaseException)]
+    assert len(errors) == 1 and "already in use" in str(errors[0])
+    assert len(outs) == 1 and (outs[0].text, outs[0].token_ids, outs[0].finish_reason) == expected[3]
+
+
 def fail_launches_after(runner, n: int) -> None:
     """Make the runner's launches after the first `n` raise, as a CUDA error in a step would."""
     launch, calls = runner.launch, []
