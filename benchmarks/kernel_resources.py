@@ -60,22 +60,12 @@ def compile_prefill(cfg, group: int) -> dict:
     """The prefill kernel as `prefill_attention` launches it with `cfg` for `group` q heads a
     KV head, compiled for sm_90: its launch constants and resources."""
     import slipstream.ops.triton_attention as ta
-    from test_attention_kernels import compile_launch_for_hopper, make_batch
+    from test_attention_kernels import compile_launch_for_hopper, make_batch, recorded_launches
 
-    launches = []
-
-    class Capture:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((kernel, args, kw))
-
-    kernel = ta._prefill_kernel
     q, kc, vc, meta = make_batch([(600, 600), (300, 300)], 8, group, 128, 16, torch.bfloat16, seed=0)
     meta = replace(meta, max_query_len=600, max_seq_len=600)
-    ta._prefill_kernel = Capture()
-    try:
+    with recorded_launches(ta, ["_prefill_kernel"], []) as launches:
         ta.prefill_attention(q, kc, vc, meta, 0.1, torch.empty_like(q), cfg)
-    finally:
-        ta._prefill_kernel = kernel
     (fn, args, kw), = launches
     compiled, consts, opts = compile_launch_for_hopper(fn, args, kw)
     res = resources(compiled.asm["cubin"])

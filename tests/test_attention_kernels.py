@@ -6,6 +6,7 @@ are poisoned with NaN, so an element left unwritten or read from the wrong place
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -653,25 +654,32 @@ def compile_launch_for_hopper(fn, args, kw):
     return compiled, {k: v for k, v in kw.items() if k.isupper()}, opts
 
 
-def compile_for_hopper(ptx_dir: str | None = None) -> None:
-    """Compile every kernel for sm_90 as the host code would launch it (8B shape; bf16 and
-    fp32), without a GPU.  The interpreter runs kernels as Python, so it misses what only
-    the compiler rejects (globals, types, shapes of dots).  Run in a process without
-    TRITON_INTERPRET (see the test below).  ptx_dir: also write each compiled kernel's PTX
-    there (`benchmarks/ptx_diff.py` compares two trees' with it)."""
-    import slipstream.ops.triton_attention as ta
+@contextlib.contextmanager
+def recorded_launches(module, names: list[str], launches: list):
+    """Within: the Triton kernels `names` of `module` append their launches (kernel, args,
+    kwargs) to `launches` instead of running, so that they can be compiled as launched
+    (here, and `benchmarks/kernel_resources.py`)."""
+    saved = {name: getattr(module, name) for name in names}
 
-    launches = []
-
-    class Capture:
+    class Recorder:
         def __init__(self, fn):
             self.fn = fn
 
         def __getitem__(self, grid):
             return lambda *args, **kw: launches.append((self.fn, args, kw))
 
-    for name in ["_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel"]:
-        setattr(ta, name, Capture(getattr(ta, name)))
+    for name, fn in saved.items():
+        setattr(module, name, Recorder(fn))
+    try:
+        yield launches
+    finally:
+        for name, fn in saved.items():
+            setattr(module, name, fn)
+
+
+def launch_every_kernel(ta, te, tf, tg) -> None:
+    """Each kernel's launches as the host code makes them (8B shape, bf16 and fp32, and the
+    0.6B shape where it differs): for compile_for_hopper, with the launches recorded."""
     for dtype in [torch.bfloat16, torch.float32]:
         lens = [8192] * 32
         # decode (split, merged in the kernel), decode (split + reduce pass), prefill, and a
@@ -706,11 +714,6 @@ def compile_for_hopper(ptx_dir: str | None = None) -> None:
                                   epilogue=epi)
     # the layer's other Triton kernels with the folded norms' row scale (8B shape, bf16):
     # the qkv epilogue (with q/k norms, and with a qkv bias), SiLU·mul, the final RMSNorm
-    import slipstream.ops.triton_fused as tf
-    import slipstream.ops.triton_qkv_epilogue as te
-    te._qkv_epilogue_kernel = Capture(te._qkv_epilogue_kernel)
-    tf._silu_and_mul_kernel = Capture(tf._silu_and_mul_kernel)
-    tf._rms_norm_kernel = Capture(tf._rms_norm_kernel)
     bf = torch.bfloat16
     T, D, H, inter = 32, 128, 4096, 14336
     h = torch.zeros(T, H, dtype=bf)
@@ -728,8 +731,6 @@ def compile_for_hopper(ptx_dir: str | None = None) -> None:
     tf.rms_norm_triton(h, torch.ones(H, dtype=bf), 1e-5)
     # the one-row GEMV (0.6B shape): plain, with the folded norm's row scale and a bias, and
     # with the SiLU·mul input into the residual
-    import slipstream.ops.triton_gemv as tg
-    tg._gemv_kernel = Capture(tg._gemv_kernel)
     h1 = torch.zeros(1, 1024, dtype=bf)
     tg.gemv(torch.zeros(1, 2048, dtype=bf), torch.zeros(1024, 2048, dtype=bf))
     tg.gemv(h1, torch.zeros(4096, 1024, dtype=bf), torch.zeros(4096, dtype=bf), row_scale_eps=1e-6)
@@ -737,12 +738,31 @@ def compile_for_hopper(ptx_dir: str | None = None) -> None:
             silu_mul=True)
     # the streaming GEMV (8B shape, one row): qkv with the row scale, o into the residual,
     # down with the SiLU·mul input
-    tg._gemv_stream_kernel = Capture(tg._gemv_stream_kernel)
     h8 = torch.zeros(1, 4096, dtype=bf)
     tg.gemv(h8, torch.zeros(6144, 4096, dtype=bf), row_scale_eps=1e-5)
     tg.gemv(torch.zeros(1, 4096, dtype=bf), torch.zeros(4096, 4096, dtype=bf), residual=h8, out=h8)
     tg.gemv(torch.zeros(1, 2 * 14336, dtype=bf), torch.zeros(4096, 14336, dtype=bf), residual=h8, out=h8,
             silu_mul=True)
+
+
+def compile_for_hopper(ptx_dir: str | None = None) -> None:
+    """Compile every kernel for sm_90 as the host code would launch it (8B shape; bf16 and
+    fp32), without a GPU.  The interpreter runs kernels as Python, so it misses what only
+    the compiler rejects (globals, types, shapes of dots).  Run in a process without
+    TRITON_INTERPRET (see the test below).  ptx_dir: also write each compiled kernel's PTX
+    there (`benchmarks/ptx_diff.py` compares two trees' with it)."""
+    import slipstream.ops.triton_attention as ta
+    import slipstream.ops.triton_fused as tf
+    import slipstream.ops.triton_gemv as tg
+    import slipstream.ops.triton_qkv_epilogue as te
+
+    launches: list = []
+    with contextlib.ExitStack() as stack:
+        for module, names in [(ta, ["_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel"]),
+                              (te, ["_qkv_epilogue_kernel"]), (tf, ["_silu_and_mul_kernel", "_rms_norm_kernel"]),
+                              (tg, ["_gemv_kernel", "_gemv_stream_kernel"])]:
+            stack.enter_context(recorded_launches(module, names, launches))
+        launch_every_kernel(ta, te, tf, tg)
     for fn, args, kw in launches:
         compiled, shown, opts = compile_launch_for_hopper(fn, args, kw)
         print("compiled", fn.__name__, shown)
