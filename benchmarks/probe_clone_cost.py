@@ -82,11 +82,9 @@ def argument_differences(driver, graph_a: int, graph_b: int, amap) -> dict[str, 
 def capture_slot1(runner, shape, keep: bool):
     """Slot 1's graph of `shape` captured as StepGraphs captures it: (graph, ms; with `keep`,
     also the ms of instantiating it)."""
-    graphs, compute = runner.graphs, runner.streams.compute
+    from probe_graph_topology import capture
     start = time.perf_counter()
-    graph = torch.cuda.CUDAGraph(keep_graph=keep)
-    with torch.cuda.graph(graph, pool=graphs.pool, stream=compute):
-        runner.compute_step(runner.slots[1], shape)
+    graph = capture(runner, runner.slots[1], shape, shared=False, keep_graph=keep, instantiate=False)
     middle = time.perf_counter()
     if keep:
         graph.instantiate()

@@ -40,12 +40,14 @@ def dot_summary(text: str) -> dict:
             "max out": max(out_deg.values(), default=0), "max in": max(in_deg.values(), default=0)}
 
 
-def capture(runner, slot, shape, shared: bool, keep_graph: bool = False) -> torch.cuda.CUDAGraph:
-    """A graph of the step on `slot` in the engine's pool, as StepGraphs captures one."""
+def capture(runner, slot, shape, shared: bool, keep_graph: bool = False,
+            instantiate: bool = True) -> torch.cuda.CUDAGraph:
+    """A graph of the step on `slot` in the engine's pool, as StepGraphs captures one (a kept
+    graph instantiated, unless `instantiate` is False: the caller times that itself)."""
     graph = torch.cuda.CUDAGraph(keep_graph=keep_graph)
     with torch.cuda.graph(graph, pool=runner.graphs.pool, stream=runner.streams.compute):
         runner.compute_step(slot, shape, shared=shared)
-    if keep_graph:
+    if keep_graph and instantiate:
         graph.instantiate()
     return graph
 
