@@ -166,7 +166,7 @@ for stage in "$@"; do
            run start-cold 300 env TRITON_CACHE_DIR=/tmp/triton-cold python3 -m slipstream.cli bench --workload small-bs1 --mode async --no-measure
            run start-warm 300 env TRITON_CACHE_DIR=/tmp/triton-cold python3 -m slipstream.cli bench --workload small-bs1 --mode async --no-measure ;;
     # process start to ready, the baseline tree's engine and this tree's alternately (Triton's cache warm)
-    ab-start) run ab-start 400 python3 benchmarks/bench_start.py --tree "${BASELINE:-.baseline}" --tree . --reps 2 ;;
+    ab-start) run ab-start 400 python3 benchmarks/bench_start.py --tree "${BASELINE:-.baseline}" --tree . --reps "${START_REPS:-2}" ;;
     # one benchmark over several trees (TREES="dir1 dir2 ...", each a carried copy of the code
     # with one change), alternately, REPS times: WORKLOADS="small-bs1 seed-8b-bs1 ..."
     ab-trees) for i in $(seq 1 "${REPS:-2}"); do

@@ -8,7 +8,7 @@ mixed step to one-row decode, makes slot 1's graph three ways and prints per sha
   emptying), ms;
 - capture kept + instantiate: the same capture with keep_graph=True, then `instantiate()`;
 - clone: `clone_graph` from slot 0's graph, in its phases (cuGraphClone, re-pointing the
-  nodes, instantiate, upload);
+  nodes, instantiate);
 - the graph's dependency edges by type (full, programmatic, programmatic-event: PDL), in the
   capture and in a cuGraphClone of slot 0's graph;
 - replay µs (CUDA events, `--reps` back to back) of slot 0's graph, the clone (instantiated
@@ -105,9 +105,9 @@ def measure_shape(runner, driver, shape, args) -> tuple[str, dict[str, int]]:
     nodes = len(graph_nodes(driver, ctypes.c_void_p(kept.raw_cuda_graph())))
     phases: dict[str, float] = {}
     start = time.perf_counter()
-    cloned = clone_graph(driver, source.raw_cuda_graph(), graphs.cloner.map, compute.cuda_stream, phases)
+    cloned = clone_graph(driver, source.raw_cuda_graph(), graphs.cloner.map, phases)
     clone_ms = (time.perf_counter() - start) * 1e3
-    unflagged = clone_graph(driver, source.raw_cuda_graph(), graphs.cloner.map, compute.cuda_stream, flags=0)
+    unflagged = clone_graph(driver, source.raw_cuda_graph(), graphs.cloner.map, flags=0)
     counts = argument_differences(driver, source.raw_cuda_graph(), kept.raw_cuda_graph(), graphs.cloner.map)
     edges = (edge_types(driver, ctypes.c_void_p(kept.raw_cuda_graph())),
              copied_edge_types(driver, source.raw_cuda_graph()))
@@ -120,14 +120,14 @@ def measure_shape(runner, driver, shape, args) -> tuple[str, dict[str, int]]:
              for g in (cloned, captured)]  # as the engine runs them: the two slots' graphs in turn
     row = (f"| {shape.num_tokens}, {shape.num_seqs}{' decode' if shape.is_decode else ''} | {nodes} | "
            f"{plain_ms:.1f} | {kept_ms:.1f} + {instantiate_ms:.1f} | {clone_ms:.1f} ("
-           + ", ".join(f"{phases[k] * 1e3:.1f}" for k in ("clone", "repoint", "instantiate", "upload"))
+           + ", ".join(f"{phases[k] * 1e3:.1f}" for k in ("clone", "repoint", "instantiate"))
            + f") | {cloned.nodes_repointed} | "
            + " / ".join(" ".join(f"{t}:{n}" for t, n in sorted(e.items())) for e in edges) + " | "
            + ", ".join(f"{us:.1f}" for us in replay) + " | " + ", ".join(f"{us:.1f}" for us in pairs) + " |")
     return row, counts
 
 
-def profile_clones(driver, graphs, compute, shapes) -> None:
+def profile_clones(driver, graphs, shapes) -> None:
     """Where a clone's time goes in Python: cProfile of cloning each of `shapes`."""
     import cProfile
     import pstats
@@ -136,7 +136,7 @@ def profile_clones(driver, graphs, compute, shapes) -> None:
         source = graphs.graphs[graphs.key(0, shape)]
         prof = cProfile.Profile()
         prof.enable()
-        cloned = clone_graph(driver, source.raw_cuda_graph(), graphs.cloner.map, compute.cuda_stream)
+        cloned = clone_graph(driver, source.raw_cuda_graph(), graphs.cloner.map)
         prof.disable()
         print(f"\ncProfile of cloning shape ({shape.num_tokens}, {shape.num_seqs}):")
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(14)
@@ -160,7 +160,6 @@ def main() -> None:
     w = get_workload(args.workload)
     engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **{**w.engine, "cuda_graph_clone": True}))
     runner, graphs = engine.runner, engine.runner.graphs
-    compute = runner.streams.compute
     shapes = [s for s in graphs.startup_shapes() if not graphs.shares(s)]
     shapes = shapes[::max(1, len(shapes) // args.shapes)][:args.shapes] + [
         s for s in shapes if s.is_decode and s.num_seqs in args.rows]
@@ -168,7 +167,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, workload {args.workload}, "
           f"startup {engine.startup}")
     print("| shape (tokens, rows) | nodes | capture ms | capture kept + instantiate ms | clone ms "
-          "(clone, repoint, instantiate, upload) | nodes re-pointed | edges by type, capture / clone "
+          "(clone, repoint, instantiate) | nodes re-pointed | edges by type, capture / clone "
           "| replay µs slot 0, clone, clone (flags 0), capture | in turn with slot 0's: clone, capture |")
     print("|---|---|---|---|---|---|---|---|---|")
     differences = []
@@ -180,7 +179,7 @@ def main() -> None:
     for shape, counts in differences:
         print(f"  ({shape.num_tokens}, {shape.num_seqs}): {counts}")
     print(f"\nkernels whose argument layout was read: {len(driver.layouts)}")
-    profile_clones(driver, graphs, compute, shapes[:args.profile])
+    profile_clones(driver, graphs, shapes[:args.profile])
     print("\n| driver call | calls | µs each |\n|---|---|---|")
     for name, (secs, calls) in sorted(driver.timings.items(), key=lambda kv: -kv[1][0]):
         print(f"| {name} | {calls} | {secs / calls * 1e6:.1f} |")

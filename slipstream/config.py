@@ -38,10 +38,9 @@ class EngineConfig:
     cuda_graph_shared_from: int | None = None
     # the second IO slot's graph of each step is a copy of the first slot's, re-pointed at its
     # buffers (runner/graph_clone.py), not a second capture: half the captures at start, the
-    # same kernels, but in the loop its steps ran 2% slower on seed-8b-bs8, so off by default
-    # (docs/benchmarks.md, "Engine start").  Without a CUDA 12.4+ driver, or with tensor
-    # parallelism: captured
-    cuda_graph_clone: bool = False
+    # same kernels and step times (docs/benchmarks.md, "Engine start").  Without a CUDA 12.4+
+    # driver, or with tensor parallelism: captured
+    cuda_graph_clone: bool = True
     seed: int = 0  # draws the seeds of requests that bring none
     trace: bool = False  # record a CPU/GPU timeline of every batch
     debug_kv: bool = False  # check that no block is freed while an in-flight batch uses it

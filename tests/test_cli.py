@@ -92,14 +92,14 @@ def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypat
         "unit", folder, prompts, params, dict(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=64),
         latency=True))
     assert main(["bench", "--workload", "unit", "--device", "cpu", "--max-num-batched-tokens", "16",
-                 "--cuda-graph-shared-from", "2", "--cuda-graph-clone", "--out", str(tmp_path)]) == 0
+                 "--cuda-graph-shared-from", "2", "--no-cuda-graph-clone", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| unit | sync |" in out and "| unit | async |" in out and "identical outputs: True" in out
     assert "| steps | ms per step |" in out
     summary = json.loads((tmp_path / "unit.json").read_text())
     assert summary["engine_options"]["max_num_batched_tokens"] == 16 and summary["identical_outputs"]
     assert summary["engine_options"]["cuda_graph_shared_from"] == 2
-    assert summary["engine_options"]["cuda_graph_clone"] is True
+    assert summary["engine_options"]["cuda_graph_clone"] is False
     async_run = summary["results"]["async"]
     assert async_run["output_tokens"] == sum(p.max_tokens for p in params)
     # 16 tokens per step: the 75 prompt tokens need at least 5 steps with a prefill chunk

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.gpu
 
 COMMON = dict(device="cuda", max_model_len=256, max_num_seqs=12, max_num_batched_tokens=64,
               async_scheduling=True)
-CLONED = dict(COMMON, cuda_graph_clone=True)  # (off by default)
+CLONED = dict(COMMON, cuda_graph_clone=True)  # (the default, asked for here all the same)
+CAPTURED = dict(COMMON, cuda_graph_clone=False)
 
 
 # bf16 steps run cuBLAS kernels, whose launches pack their arguments in one buffer (`extra`)
@@ -84,9 +85,9 @@ def test_clones_give_the_tokens_of_captured_graphs(tiny_model, dtype, temperatur
     prompts = [rng.integers(3, 256, int(n)).tolist() for n in rng.integers(3, 60, 12)]
     params = [SamplingParams(max_tokens=int(m), temperature=temperature, top_p=top_p, seed=i, ignore_eos=True)
               for i, m in enumerate(rng.integers(4, 48, 12))]
-    captured = LLM(folder, dtype=dtype, **COMMON)
+    captured = LLM(folder, dtype=dtype, **CAPTURED)
     cloned = LLM(folder, dtype=dtype, **CLONED)
-    assert captured.engine.runner.graphs.cloner is None
+    assert captured.engine.runner.graphs.cloner is None and cloned.engine.runner.graphs.cloner.cloned > 0
     assert ([o.token_ids for o in cloned.generate(prompts, params)]
             == [o.token_ids for o in captured.generate(prompts, params)])
     graphs = cloned.engine.runner.graphs

@@ -115,18 +115,53 @@ def test_without_a_cuda_driver_the_cloner_says_why_and_clones_nothing(monkeypatc
     monkeypatch.setattr(ctypes, "CDLL", no_driver)
     cpu = torch.device("cpu")
     cloner = SlotGraphCloner([IOSlot(i, 64, 8, 16, cpu, Streams(cpu)) for i in (0, 1)])
-    assert cloner.clone(object(), None) is None
+    assert cloner.clone(object()) is None
     assert "no CUDA driver library" in cloner.unsupported and cloner.cloned == 0
-    assert cloner.clone(object(), None) is None  # (and it does not try again)
+    assert cloner.clone(object()) is None  # (and it does not try again)
 
 
-def test_cloning_is_off_by_default_on_when_asked_and_never_with_tensor_parallelism():
+def test_cloning_is_on_by_default_off_when_asked_and_never_with_tensor_parallelism():
+    import argparse
+
+    from slipstream.cli import _engine_args, _engine_kwargs
     from slipstream.core.engine_core import EngineCore
-    assert not EngineConfig().cuda_graph_clone
+    assert EngineConfig().cuda_graph_clone
     for tp, expected in ((1, True), (2, False)):
         core = EngineCore.__new__(EngineCore)
-        core.config = EngineConfig(tensor_parallel_size=tp, cuda_graph_clone=True)
+        core.config = EngineConfig(tensor_parallel_size=tp)
         core.max_model_len, core._gpu_used_at_start = 256, 0
         assert core._runner_options(64).cuda_graph_clone is expected
-    core.config = EngineConfig()
+    core.config = EngineConfig(cuda_graph_clone=False)
     assert not core._runner_options(64).cuda_graph_clone
+    parser = argparse.ArgumentParser()
+    _engine_args(parser)
+    assert _engine_kwargs(parser.parse_args([]))["cuda_graph_clone"] is True
+    assert _engine_kwargs(parser.parse_args(["--no-cuda-graph-clone"]))["cuda_graph_clone"] is False
+
+
+class _RecordingDriver:
+    """Stands in for Driver: records the API calls a clone makes; the graph has no nodes."""
+
+    def __init__(self) -> None:
+        import types
+        self.calls: list[tuple[str, tuple]] = []
+        self.lib = types.SimpleNamespace(cuGraphDestroy=lambda graph: self.calls.append(("cuGraphDestroy", ())))
+
+    def call(self, name: str, *args) -> None:
+        self.calls.append((name, args))
+
+
+def test_a_clone_is_instantiated_with_torchs_flags_and_never_uploaded():
+    # An executable uploaded on the compute stream (cuGraphUpload) made the 8B decode loop's
+    # steps 2% slower, cloned or not (docs/benchmarks.md, "Engine start"): a clone is left to
+    # upload at its first launch, as torch leaves its own.
+    from slipstream.runner.graph_clone import TORCH_INSTANTIATE_FLAGS, clone_graph
+    driver = _RecordingDriver()
+    phases: dict[str, float] = {}
+    cloned = clone_graph(driver, 0x1234, AddressMap.swap([], []), phases)
+    names = [name for name, _ in driver.calls]
+    assert names == ["cuGraphClone", "cuGraphGetNodes", "cuGraphGetNodes", "cuGraphInstantiateWithFlags",
+                     "cuGraphDestroy"]
+    assert driver.calls[3][1][2].value == TORCH_INSTANTIATE_FLAGS == 1 | 8  # auto-free, node priority
+    assert set(phases) == {"clone", "repoint", "instantiate"} and cloned.nodes_repointed == 0
+    cloned.exec_handle = None  # (nothing was instantiated: no executable to destroy)

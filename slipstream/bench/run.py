@@ -52,8 +52,8 @@ def run_bench(a) -> int:
         engine_options["max_num_batched_tokens"] = a.max_num_batched_tokens
     if getattr(a, "cuda_graph_shared_from", None) is not None:
         engine_options["cuda_graph_shared_from"] = a.cuda_graph_shared_from
-    if getattr(a, "cuda_graph_clone", False):
-        engine_options["cuda_graph_clone"] = True
+    if getattr(a, "cuda_graph_clone", None) is not None:
+        engine_options["cuda_graph_clone"] = a.cuda_graph_clone
     config = EngineConfig(model=workload.model, load_format="dummy", device=a.device, trace=True,
                           enforce_eager=a.enforce_eager, batch_invariant=a.batch_invariant,
                           tensor_parallel_size=getattr(a, "tensor_parallel_size", 1), **engine_options)

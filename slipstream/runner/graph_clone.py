@@ -15,9 +15,10 @@ launch passed them one by one or packed in one buffer (`extra`); the source
 and destination of memcpy nodes and the destination of memset nodes.  Any other node kind
 (host callbacks, memory allocation, conditionals, child graphs) makes `clone_graph` raise
 `CloneUnsupported`, and the caller captures instead.  Bit-equal outputs of a clone and a
-capture are checked on the GPU (tests/test_gpu_graph_clone.py).  Off by default
-(EngineConfig.cuda_graph_clone): in the async loop the 8B decode steps ran 2% slower with
-clones, though a clone replays as fast as a capture on its own (benchmarks/results/2026-12-04-d0a5d44/).
+capture are checked on the GPU (tests/test_gpu_graph_clone.py).  On by default
+(EngineConfig.cuda_graph_clone); the steps run as fast as with captured graphs once the
+clone is not uploaded ahead of its first launch (`clone_graph`; docs/benchmarks.md,
+"Engine start").
 """
 from __future__ import annotations
 
@@ -165,7 +166,7 @@ class Driver:
 
     NEEDED = ("cuGraphClone", "cuGraphGetNodes", "cuGraphNodeGetType", "cuGraphKernelNodeGetParams_v2",
               "cuGraphKernelNodeSetParams_v2", "cuFuncGetParamInfo", "cuKernelGetParamInfo",
-              "cuGraphInstantiateWithFlags", "cuGraphUpload", "cuGraphLaunch", "cuGraphExecDestroy")
+              "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy")
 
     def __init__(self, timed: bool = False) -> None:
         # name -> [seconds, calls] of each API call made through `call` (benchmarks)
@@ -246,12 +247,16 @@ class ClonedGraph:
             self.exec_handle = None
 
 
-def clone_graph(driver: Driver, graph_handle: int, amap: AddressMap, stream: int,
+def clone_graph(driver: Driver, graph_handle: int, amap: AddressMap,
                 phases: dict[str, float] | None = None, flags: int = TORCH_INSTANTIATE_FLAGS) -> ClonedGraph:
     """Instantiate (with `flags`) a copy of the captured graph `graph_handle` (cudaGraph_t)
-    re-pointed by `amap`, uploaded on `stream` (so that its first launch costs no more than a
-    later one).  `phases` (benchmarks): seconds of clone, repoint, instantiate and upload
-    added to it."""
+    re-pointed by `amap`.  `phases` (benchmarks): seconds of clone, repoint and instantiate
+    added to it.
+
+    Not uploaded (`cuGraphUpload`), as torch does not upload its own: an executable uploaded
+    on the compute stream ran every later step of the 8B decode loop 2% slower, cloned or
+    not, while the same executable left to upload at its first launch ran as fast as a
+    capture (docs/benchmarks.md, "Engine start")."""
     marks = [time.perf_counter()]
     clone = ctypes.c_void_p()
     driver.call("cuGraphClone", ctypes.byref(clone), ctypes.c_void_p(graph_handle))
@@ -266,10 +271,8 @@ def clone_graph(driver: Driver, graph_handle: int, amap: AddressMap, stream: int
         driver.lib.cuGraphDestroy(clone)
     marks.append(time.perf_counter())
     cloned = ClonedGraph(driver, exec_handle, repointed)
-    driver.call("cuGraphUpload", exec_handle, ctypes.c_void_p(stream))
-    marks.append(time.perf_counter())
     if phases is not None:
-        for name, begin, end in zip(("clone", "repoint", "instantiate", "upload"), marks, marks[1:]):
+        for name, begin, end in zip(("clone", "repoint", "instantiate"), marks, marks[1:]):
             phases[name] = phases.get(name, 0.0) + end - begin
     return cloned
 
@@ -399,13 +402,13 @@ class SlotGraphCloner:
         self.unsupported: str | None = None  # why cloning stopped, if it did
         self.cloned = 0
 
-    def clone(self, graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream) -> ClonedGraph | None:
+    def clone(self, graph: torch.cuda.CUDAGraph) -> ClonedGraph | None:
         """The other slot's graph of `graph`'s step (captured with keep_graph=True), or None."""
         if self.unsupported is not None:
             return None
         try:
             self.driver = self.driver or Driver()
-            cloned = clone_graph(self.driver, graph.raw_cuda_graph(), self.map, stream.cuda_stream)
+            cloned = clone_graph(self.driver, graph.raw_cuda_graph(), self.map)
         except CloneUnsupported as e:
             self.unsupported = str(e)
             log.warning("CUDA graphs: the second IO slot's graphs are captured, not cloned: %s", e)

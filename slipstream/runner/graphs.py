@@ -18,11 +18,10 @@
   of shapes whose kernels specialise alike (`_warmup_group`) is enough.
 
 A graph binds buffer addresses, so each IO slot gets its own graphs.  With `clone_slots`
-(EngineConfig.cuda_graph_clone, off by default: the 8B decode steps ran 2% slower) only the
-first slot's graph of a shape is captured; the second slot's is a copy of it re-pointed at
-that slot's buffers (runner/graph_clone.py): the same kernels, without Python launching
-them again.  With `shared_from`
-(EngineConfig.cuda_graph_shared_from), decode batches of at least that many rows and the
+(EngineConfig.cuda_graph_clone, on by default) only the first slot's graph of a shape is
+captured; the second slot's is a copy of it re-pointed at that slot's buffers
+(runner/graph_clone.py): the same kernels, without Python launching them again.  With
+`shared_from` (EngineConfig.cuda_graph_shared_from), decode batches of at least that many rows and the
 steps with prompt tokens replay one graph shared by the two slots instead, captured on a
 third set of buffers, the graph slot: the runner copies the step's inputs into it
 (`ModelRunner.replay`, one device copy, the slot's index with them), and inside the graph
@@ -226,7 +225,7 @@ class StepGraphs:
             graph.raw_cuda_graph()
         except RuntimeError:  # (captured without keep_graph)
             return False
-        cloned = self.cloner.clone(graph, runner.streams.compute)
+        cloned = self.cloner.clone(graph)
         if cloned is None:
             return False
         self.graphs[self.key(slot.index, shape)] = cloned

@@ -58,7 +58,7 @@ class RunnerOptions:
     cuda_graph_shared_from: int | None  # rows from which one graph serves both IO slots (graphs.py)
     trace: bool
     # the second IO slot's graphs cloned from the first's, not captured (runner/graph_clone.py)
-    cuda_graph_clone: bool = False
+    cuda_graph_clone: bool = True
     cuda_used_at_start: int = 0  # GPU bytes in use before the engine loaded (kv_memory.kv_budget)
 
 
