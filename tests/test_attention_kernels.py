@@ -619,9 +619,10 @@ def compile_launch_for_hopper(fn, args, kw):
     kw.pop("launch_pdl", None)
     if "USE_PDL" in kw:
         kw["USE_PDL"] = True  # the Hopper path: grid-dependency wait + launch of dependents
-    opts = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3), "launch_pdl": True}
-    if "enable_fp_fusion" in kw:  # a compile option, not an argument (the qkv epilogue's)
-        opts["enable_fp_fusion"] = kw.pop("enable_fp_fusion")
+    # FP fusion on unless the launch says otherwise: the default of the GPU's Triton (3.6),
+    # which Triton 3.10 turns off (a compile option, not an argument: the qkv epilogue's)
+    opts = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3), "launch_pdl": True,
+            "enable_fp_fusion": kw.pop("enable_fp_fusion", True)}
     # every argument by name: positional ones, keywords, and the defaults of the rest; the
     # constexpr parameters are constants, the others typed as the launcher would
     values = {p.name: p.default for p in fn.params if p.has_default}
