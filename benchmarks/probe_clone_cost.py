@@ -61,7 +61,7 @@ def argument_differences(driver, graph_a: int, graph_b: int, amap) -> dict[str, 
     """Kernel argument words (those that may hold an address) of two graphs of one step,
     node by node in creation order: equal, different where `amap` maps a's word to b's (the
     slots' buffers), and different otherwise (another scratch address, or a value)."""
-    from slipstream.runner.graph_clone import graph_nodes, kernel_node_words
+    from slipstream.runner.graph_nodes import graph_nodes, kernel_node_words
     counts = {"nodes": 0, "equal": 0, "slot-mapped": 0, "other": 0}
     nodes = [graph_nodes(driver, ctypes.c_void_p(g)) for g in (graph_a, graph_b)]
     if len(nodes[0]) != len(nodes[1]):
@@ -95,7 +95,8 @@ def measure_shape(runner, driver, shape, args) -> tuple[str, dict[str, int]]:
     """One row of the table for `shape`, and how slot 0's graph and slot 1's capture differ."""
     from bench_slot_copy import stream_us
 
-    from slipstream.runner.graph_clone import clone_graph, graph_nodes
+    from slipstream.runner.graph_clone import clone_graph
+    from slipstream.runner.graph_nodes import graph_nodes
     graphs, compute = runner.graphs, runner.streams.compute
     source = graphs.graphs[graphs.key(0, shape)]
     for slot in runner.slots:
@@ -147,7 +148,7 @@ def main() -> None:
     from slipstream.bench.workloads import get_workload
     from slipstream.config import EngineConfig
     from slipstream.core.engine_core import EngineCore
-    from slipstream.runner.graph_clone import Driver
+    from slipstream.runner.graph_nodes import Driver
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="small-256")

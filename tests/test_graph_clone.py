@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from slipstream.config import EngineConfig
-from slipstream.runner.graph_clone import (AddressMap, CloneUnsupported, KernelLayout, SlotGraphCloner,
-                                          argument_words, extra_array, extra_buffer)
+from slipstream.runner.graph_clone import AddressMap, SlotGraphCloner
+from slipstream.runner.graph_nodes import CloneUnsupported, KernelLayout, argument_words, extra_array, extra_buffer
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
 
