@@ -1,7 +1,8 @@
 """The second IO slot's CUDA graphs cloned from the first's (runner/graph_clone.py), the
 parts that run without a GPU: which argument words are re-pointed and where to, the slots'
-buffers the map is made of, and the fallback to capturing when there is no driver.  The
-clones themselves are checked on the GPU (tests/test_gpu_graph_clone.py)."""
+buffers the map is made of, the fallback to capturing when there is no driver, and the whole
+walk over a graph's nodes through a fake driver over host memory.  The clones themselves are
+checked on the GPU (tests/test_gpu_graph_clone.py)."""
 import pytest
 import torch
 
@@ -165,3 +166,136 @@ def test_a_clone_is_instantiated_with_torchs_flags_and_never_uploaded():
     assert driver.calls[3][1][2].value == TORCH_INSTANTIATE_FLAGS == 1 | 8  # auto-free, node priority
     assert set(phases) == {"clone", "repoint", "instantiate"} and cloned.nodes_repointed == 0
     cloned.exec_handle = None  # (nothing was instantiated: no executable to destroy)
+
+
+class _FakeLib:
+    """A CUDA driver over host memory, as `Driver.lib`: a graph of the given nodes (kernel
+    nodes with scattered or packed arguments, memcpy, memset, other kinds); records what the
+    clone sets.  Node handles are 1, 2, ...; each node is a dict."""
+
+    def __init__(self, nodes: list[dict]) -> None:
+        self.nodes, self.alive, self.set, self.flags, self.destroyed = nodes, [], {}, None, []
+
+    @staticmethod
+    def _out(ref):  # the object a ctypes.byref() points at
+        return ref._obj
+
+    def cuGraphClone(self, out, graph):
+        self._out(out).value = 0xC10E
+        return 0
+
+    def cuGraphGetNodes(self, graph, nodes, count):
+        if nodes is None:
+            self._out(count).value = len(self.nodes)
+        else:
+            for i in range(len(self.nodes)):
+                nodes[i] = i + 1
+        return 0
+
+    def cuGraphNodeGetType(self, node, kind):
+        self._out(kind).value = self.nodes[node.value - 1]["type"]
+        return 0
+
+    def cuGraphKernelNodeGetParams_v2(self, node, ref):
+        import ctypes
+        n, p = self.nodes[node.value - 1], self._out(ref)
+        p.func = n["func"]
+        if "packed" in n:
+            extra, parts = extra_array(bytearray(n["packed"]))
+            self.alive += [extra, parts]
+            p.extra, p.kernel_params = ctypes.addressof(extra), None
+        else:
+            bufs = [ctypes.create_string_buffer(value, len(value)) for value in n["args"]]
+            pointers = (ctypes.c_void_p * len(bufs))(*[ctypes.addressof(b) for b in bufs])
+            self.alive += [bufs, pointers]
+            p.kernel_params, p.extra = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p)), None
+        return 0
+
+    def cuFuncGetParamInfo(self, func, index, offset, size):
+        layout = next(n["layout"] for n in self.nodes if n.get("func") == func.value)
+        if index.value >= len(layout):
+            return 1  # CUDA_ERROR_INVALID_VALUE: past the last parameter
+        self._out(offset).value, self._out(size).value = layout[index.value]
+        return 0
+
+    def cuGraphKernelNodeSetParams_v2(self, node, ref):
+        import ctypes
+        p = self._out(ref)
+        if p.extra:
+            address, size = extra_buffer(p.extra)
+            self.set[node.value] = ctypes.string_at(address, size)
+        else:
+            layout = self.nodes[node.value - 1]["layout"]
+            self.set[node.value] = [ctypes.string_at(p.kernel_params[i], n) for i, (_, n) in enumerate(layout)]
+        return 0
+
+    def _raw_get(self, node, raw):
+        import ctypes
+        ctypes.memmove(raw, self.nodes[node.value - 1]["raw"], len(raw))
+        return 0
+
+    def _raw_set(self, node, raw):
+        self.set[node.value] = bytes(raw.raw)
+        return 0
+
+    cuGraphMemcpyNodeGetParams = cuGraphMemsetNodeGetParams = _raw_get
+    cuGraphMemcpyNodeSetParams = cuGraphMemsetNodeSetParams = _raw_set
+
+    def cuGraphInstantiateWithFlags(self, out, graph, flags):
+        self._out(out).value, self.flags = 0xE0E, flags.value
+        return 0
+
+    def cuGraphDestroy(self, graph):
+        self.destroyed.append(graph.value)
+        return 0
+
+
+def _fake_driver(nodes):
+    from slipstream.runner.graph_nodes import Driver
+    driver = Driver.__new__(Driver)  # (no libcuda: its calls go to the fake)
+    driver.lib, driver.timings, driver.layouts, driver.packed = _FakeLib(nodes), None, {}, {}
+    return driver
+
+
+def test_a_clone_re_points_every_node_kind_in_the_form_it_was_given():
+    """The whole walk of clone_graph over a fake driver: a Triton-like kernel's scattered
+    arguments, cuBLAS-like packed ones (an address inside a struct), a kernel with no slot
+    address (left alone), memcpy and memset nodes, an empty node; then a host node."""
+    from slipstream.runner.graph_clone import TORCH_INSTANTIATE_FLAGS, clone_graph
+    from slipstream.runner.graph_nodes import CloneUnsupported
+    A, B, OUT = 0x7F0000100000, 0x7F0000200000, 0x7F0000900000  # slot 0, slot 1, neither
+    amap = AddressMap.swap([(A, 0x1000)], [(B, 0x1000)])
+
+    def word(v):
+        return v.to_bytes(8, "little")
+    memcpy = bytearray(200)
+    memcpy[48:56], memcpy[136:144] = word(A + 0x100), word(OUT)
+    memset = bytearray(40)
+    memset[0:8] = word(B + 8)
+    struct_arg = bytes(8) + word(A + 0x40) + bytes(16)  # 32 bytes: an address in its second word
+    nodes = [
+        dict(type=0, func=0x11, layout=[(0, 8), (8, 4), (16, 8), (24, 8)],
+             args=[word(A + 0x10), (7).to_bytes(4, "little"), word(OUT), word(B + 0x20)]),
+        dict(type=0, func=0x22, layout=[(0, 8), (8, 4)], args=[word(OUT), (3).to_bytes(4, "little")]),
+        dict(type=0, func=0x33, layout=[(0, 8), (8, 32)], packed=word(OUT) + struct_arg),
+        dict(type=1, raw=bytes(memcpy)),
+        dict(type=2, raw=bytes(memset)),
+        dict(type=5),
+    ]
+    driver = _fake_driver(nodes)
+    cloned = clone_graph(driver, 0xAB, amap)
+    lib = driver.lib
+    assert cloned.nodes_repointed == 4 and sorted(lib.set) == [1, 3, 4, 5]  # not node 2
+    assert lib.set[1] == [word(B + 0x10), (7).to_bytes(4, "little"), word(OUT), word(A + 0x20)]
+    assert lib.set[3] == word(OUT) + bytes(8) + word(B + 0x40) + bytes(16)
+    assert lib.set[4][48:56] == word(B + 0x100) and lib.set[4][136:144] == word(OUT)
+    assert lib.set[4][:48] == memcpy[:48] and lib.set[4][144:] == memcpy[144:]
+    assert lib.set[5][:8] == word(A + 8) and lib.set[5][8:] == memset[8:]
+    assert lib.flags == TORCH_INSTANTIATE_FLAGS and lib.destroyed == [0xC10E]
+    assert set(driver.layouts) == {(0x11, 0), (0x22, 0), (0x33, 0)} and set(driver.packed) == {(0x33, 0, 40)}
+    cloned.exec_handle = None  # (a fake executable: nothing to destroy)
+
+    host = _fake_driver(nodes[:1] + [dict(type=3)])
+    with pytest.raises(CloneUnsupported, match="graph node of type 3"):
+        clone_graph(host, 0xAB, amap)
+    assert host.lib.destroyed == [0xC10E] and host.lib.flags is None  # the copy freed, nothing instantiated
