@@ -3,12 +3,15 @@ parts that run without a GPU: which argument words are re-pointed and where to, 
 buffers the map is made of, the fallback to capturing when there is no driver, and the whole
 walk over a graph's nodes through a fake driver over host memory.  The clones themselves are
 checked on the GPU (tests/test_gpu_graph_clone.py)."""
+import ctypes
+
 import pytest
 import torch
 
 from slipstream.config import EngineConfig
 from slipstream.runner.graph_clone import AddressMap, SlotGraphCloner
-from slipstream.runner.graph_nodes import CloneUnsupported, KernelLayout, argument_words, extra_array, extra_buffer
+from slipstream.runner.graph_nodes import (CloneUnsupported, Driver, KernelLayout, argument_words, extra_array,
+                                          extra_buffer)
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
 
@@ -44,7 +47,6 @@ def test_argument_words_are_pointer_sized_arguments_and_the_aligned_words_of_str
 def test_a_kernel_layout_reads_its_address_words_in_one_call_packed_or_scattered():
     """The clone reads a node's arguments once (they lie packed in the driver's copy) and
     unpacks only the words that may be addresses; scattered arguments are gathered."""
-    import ctypes
     layout = KernelLayout(((0, 8), (8, 4), (12, 4), (16, 8), (28, 20)))
     assert layout.span == 48 and layout.words == (0, 16, 32, 40) and layout.reader.size == 48
     values = [0x7F0000001000, 0x7F0000001008, 0x7F0000002000, 5]
@@ -79,7 +81,6 @@ def test_lookups_find_the_range_among_many_and_miss_the_gaps_between():
 def test_a_packed_argument_buffer_is_read_from_and_written_as_an_extra_array():
     """cuBLAS launches pass their arguments as one buffer (`extra`): the clone reads it,
     re-points its words and names its own copy in a new array of the same form."""
-    import ctypes
     m = AddressMap.swap([(0x7F0000001000, 0x100)], [(0x7F0000009000, 0x100)])
     packed = bytearray((7).to_bytes(4, "little") + bytes(4) + (0x7F0000001040).to_bytes(8, "little"))
     extra, parts = extra_array(packed)
@@ -109,7 +110,6 @@ def test_slots_list_their_device_buffers_alike():
 
 
 def test_without_a_cuda_driver_the_cloner_says_why_and_clones_nothing(monkeypatch):
-    import ctypes
 
     def no_driver(name, *a, **k):
         raise OSError(f"{name}: cannot open shared object file")
@@ -138,34 +138,6 @@ def test_cloning_is_on_by_default_off_when_asked_and_never_with_tensor_paralleli
     _engine_args(parser)
     assert _engine_kwargs(parser.parse_args([]))["cuda_graph_clone"] is True
     assert _engine_kwargs(parser.parse_args(["--no-cuda-graph-clone"]))["cuda_graph_clone"] is False
-
-
-class _RecordingDriver:
-    """Stands in for Driver: records the API calls a clone makes; the graph has no nodes."""
-
-    def __init__(self) -> None:
-        import types
-        self.calls: list[tuple[str, tuple]] = []
-        self.lib = types.SimpleNamespace(cuGraphDestroy=lambda graph: self.calls.append(("cuGraphDestroy", ())))
-
-    def call(self, name: str, *args) -> None:
-        self.calls.append((name, args))
-
-
-def test_a_clone_is_instantiated_with_torchs_flags_and_never_uploaded():
-    # An executable uploaded on the compute stream (cuGraphUpload) made the 8B decode loop's
-    # steps 2% slower, cloned or not (docs/benchmarks.md, "Engine start"): a clone is left to
-    # upload at its first launch, as torch leaves its own.
-    from slipstream.runner.graph_clone import TORCH_INSTANTIATE_FLAGS, clone_graph
-    driver = _RecordingDriver()
-    phases: dict[str, float] = {}
-    cloned = clone_graph(driver, 0x1234, AddressMap.swap([], []), phases)
-    names = [name for name, _ in driver.calls]
-    assert names == ["cuGraphClone", "cuGraphGetNodes", "cuGraphGetNodes", "cuGraphInstantiateWithFlags",
-                     "cuGraphDestroy"]
-    assert driver.calls[3][1][2].value == TORCH_INSTANTIATE_FLAGS == 1 | 8  # auto-free, node priority
-    assert set(phases) == {"clone", "repoint", "instantiate"} and cloned.nodes_repointed == 0
-    cloned.exec_handle = None  # (nothing was instantiated: no executable to destroy)
 
 
 class _FakeLib:
@@ -197,7 +169,6 @@ class _FakeLib:
         return 0
 
     def cuGraphKernelNodeGetParams_v2(self, node, ref):
-        import ctypes
         n, p = self.nodes[node.value - 1], self._out(ref)
         p.func = n["func"]
         if "packed" in n:
@@ -219,7 +190,6 @@ class _FakeLib:
         return 0
 
     def cuGraphKernelNodeSetParams_v2(self, node, ref):
-        import ctypes
         p = self._out(ref)
         if p.extra:
             address, size = extra_buffer(p.extra)
@@ -230,7 +200,6 @@ class _FakeLib:
         return 0
 
     def _raw_get(self, node, raw):
-        import ctypes
         ctypes.memmove(raw, self.nodes[node.value - 1]["raw"], len(raw))
         return 0
 
@@ -250,19 +219,39 @@ class _FakeLib:
         return 0
 
 
-def _fake_driver(nodes):
-    from slipstream.runner.graph_nodes import Driver
-    driver = Driver.__new__(Driver)  # (no libcuda: its calls go to the fake)
-    driver.lib, driver.timings, driver.layouts, driver.packed = _FakeLib(nodes), None, {}, {}
-    return driver
+class _FakeDriver(Driver):
+    """Driver with its calls going to a _FakeLib (no libcuda), and their names recorded."""
+
+    def __init__(self, nodes: list[dict]) -> None:  # (not Driver's: it loads libcuda)
+        self.lib, self.timings, self.layouts, self.packed = _FakeLib(nodes), None, {}, {}
+        self.calls: list[str] = []
+
+    def call(self, name: str, *args) -> None:
+        self.calls.append(name)
+        super().call(name, *args)
+
+
+def test_a_clone_is_instantiated_with_torchs_flags_and_never_uploaded():
+    # An executable uploaded on the compute stream (cuGraphUpload) made the 8B decode loop's
+    # steps 2% slower, cloned or not (docs/benchmarks.md, "Engine start"): a clone is left to
+    # upload at its first launch, as torch leaves its own.
+    from slipstream.runner.graph_clone import TORCH_INSTANTIATE_FLAGS, clone_graph
+    driver = _FakeDriver([])
+    phases: dict[str, float] = {}
+    cloned = clone_graph(driver, 0x1234, AddressMap.swap([], []), phases)
+    assert driver.calls == ["cuGraphClone", "cuGraphGetNodes", "cuGraphGetNodes", "cuGraphInstantiateWithFlags"]
+    assert driver.lib.destroyed == [0xC10E]  # the copy, once instantiated
+    assert driver.lib.flags == TORCH_INSTANTIATE_FLAGS == 1 | 8  # auto-free, node priority
+    assert set(phases) == {"clone", "repoint", "instantiate"} and cloned.nodes_repointed == 0
+    cloned.exec_handle = None  # (a fake executable: nothing to destroy)
 
 
 def test_a_clone_re_points_every_node_kind_in_the_form_it_was_given():
     """The whole walk of clone_graph over a fake driver: a Triton-like kernel's scattered
     arguments, cuBLAS-like packed ones (an address inside a struct), a kernel with no slot
-    address (left alone), memcpy and memset nodes, an empty node; then a host node."""
+    address (left alone), memcpy and memset nodes, an empty node, a kernel with no word that
+    could be an address (not read); then a host node."""
     from slipstream.runner.graph_clone import TORCH_INSTANTIATE_FLAGS, clone_graph
-    from slipstream.runner.graph_nodes import CloneUnsupported
     A, B, OUT = 0x7F0000100000, 0x7F0000200000, 0x7F0000900000  # slot 0, slot 1, neither
     amap = AddressMap.swap([(A, 0x1000)], [(B, 0x1000)])
 
@@ -281,8 +270,9 @@ def test_a_clone_re_points_every_node_kind_in_the_form_it_was_given():
         dict(type=1, raw=bytes(memcpy)),
         dict(type=2, raw=bytes(memset)),
         dict(type=5),
+        dict(type=0, func=0x44, layout=[(0, 4), (4, 4)], args=[(1).to_bytes(4, "little"), (2).to_bytes(4, "little")]),
     ]
-    driver = _fake_driver(nodes)
+    driver = _FakeDriver(nodes)
     cloned = clone_graph(driver, 0xAB, amap)
     lib = driver.lib
     assert cloned.nodes_repointed == 4 and sorted(lib.set) == [1, 3, 4, 5]  # not node 2
@@ -292,10 +282,10 @@ def test_a_clone_re_points_every_node_kind_in_the_form_it_was_given():
     assert lib.set[4][:48] == memcpy[:48] and lib.set[4][144:] == memcpy[144:]
     assert lib.set[5][:8] == word(A + 8) and lib.set[5][8:] == memset[8:]
     assert lib.flags == TORCH_INSTANTIATE_FLAGS and lib.destroyed == [0xC10E]
-    assert set(driver.layouts) == {(0x11, 0), (0x22, 0), (0x33, 0)} and set(driver.packed) == {(0x33, 0, 40)}
+    assert set(driver.layouts) == {(0x11, 0), (0x22, 0), (0x33, 0), (0x44, 0)} and set(driver.packed) == {(0x33, 0, 40)}
     cloned.exec_handle = None  # (a fake executable: nothing to destroy)
 
-    host = _fake_driver(nodes[:1] + [dict(type=3)])
+    host = _FakeDriver(nodes[:1] + [dict(type=3)])
     with pytest.raises(CloneUnsupported, match="graph node of type 3"):
         clone_graph(host, 0xAB, amap)
     assert host.lib.destroyed == [0xC10E] and host.lib.flags is None  # the copy freed, nothing instantiated

@@ -159,11 +159,13 @@ def kernel_arguments(driver: Driver, node: ctypes.c_void_p):
     if p.extra:
         address, size = extra_buffer(p.extra)
         layout = driver.packed_layout(p, size)
-        data = ctypes.string_at(address, size) if layout.words else b""
     else:
         layout = driver.kernel_layout(p)
-        data = layout.read(ctypes.cast(p.kernel_params, ctypes.c_void_p).value) if layout.words else b""
-    return p, layout, data, layout.reader.unpack_from(data) if layout.words else ()
+    if not layout.words:  # (nothing in it could be an address: not read)
+        return p, layout, b"", ()
+    data = (ctypes.string_at(address, size) if p.extra
+            else layout.read(ctypes.cast(p.kernel_params, ctypes.c_void_p).value))
+    return p, layout, data, layout.reader.unpack_from(data)
 
 
 def kernel_node_words(driver: Driver, node: ctypes.c_void_p) -> tuple[int, ...]:
