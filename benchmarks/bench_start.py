@@ -5,7 +5,7 @@ Each tree given (e.g. a baseline from `git archive <commit> | tar -x -C .baselin
 `.`) runs in its own process, alternately, `--reps` times; Triton's cache is warmed by a
 first, untimed start of each tree.  Prints a table of seconds per tree and run.  A tree
 may carry engine options after commas, `DIR,key=value,...` (EngineConfig fields; values
-read as Python literals, e.g. `.,cuda_graph_clone=True`), so that two settings of one
+read as Python literals, e.g. `.,cuda_graph_clone=False`), so that two settings of one
 tree are compared in one run.
 
 `--profile` instead starts one process that times its phases (Python + torch import, CUDA

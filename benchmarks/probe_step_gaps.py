@@ -6,12 +6,12 @@ span a step, the time of its kernels and of its copies by kind (host to device, 
 device, ...), and the idle gaps between them. Made to find where a decode step shared by the
 two IO slots loses 60-90 µs that the back-to-back microbenchmark does not show
 (docs/benchmarks.md, "Engine start"); `--shared-from N` shares the graphs from N rows
-(`cuda_graph_shared_from`), `--graph-clone` clones the second slot's graphs instead of
-capturing them (`cuda_graph_clone`).  Also the host's CUDA API calls, summed, and for the larger
+(`cuda_graph_shared_from`), `--no-graph-clone` captures the second slot's graphs instead of
+cloning them (`cuda_graph_clone`, the engine's default).  Also the host's CUDA API calls, summed, and for the larger
 gaps whether the host's launch of the work after them came late; `--trace-out` keeps the
 window's trace.
 
-    python benchmarks/probe_step_gaps.py --workload seed-8b-bs8 [--shared-from 8] [--graph-clone]
+    python benchmarks/probe_step_gaps.py --workload seed-8b-bs8 [--shared-from 8] [--no-graph-clone]
         [--skip 40] [--steps 40]
 """
 from __future__ import annotations
@@ -123,15 +123,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="seed-8b-bs8")
     ap.add_argument("--shared-from", type=int, default=None)
-    ap.add_argument("--graph-clone", action="store_true", help="clone the second slot's graphs (cuda_graph_clone)")
+    ap.add_argument("--graph-clone", action=argparse.BooleanOptionalAction, default=None,
+                    help="clone the second slot's graphs (cuda_graph_clone; default: the engine's, on)")
     ap.add_argument("--skip", type=int, default=40, help="steps before the profiled window")
     ap.add_argument("--steps", type=int, default=40, help="steps profiled")
     ap.add_argument("--trace-out", default=None, help="also keep the window's trace here (gzipped JSON)")
     args = ap.parse_args()
     w = get_workload(args.workload)
-    engine = EngineCore(EngineConfig(model=w.model, load_format="dummy",
-                                     **{**w.engine, "cuda_graph_shared_from": args.shared_from,
-                                        "cuda_graph_clone": args.graph_clone}))
+    options = {**w.engine, "cuda_graph_shared_from": args.shared_from}
+    if args.graph_clone is not None:
+        options["cuda_graph_clone"] = args.graph_clone
+    engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **options))
     for prompt, params in zip(w.prompts, w.params):
         engine.add_request(prompt, params)
     for _ in range(args.skip):
@@ -150,7 +152,7 @@ def main() -> None:
         with gzip.open(args.trace_out, "wt") as f:
             json.dump({"traceEvents": [e for e in trace["traceEvents"] if e.get("ph") == "X"]}, f)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, workload {args.workload}, "
-          f"shared from {args.shared_from}, graph clones {args.graph_clone}, "
+          f"shared from {args.shared_from}, graph clones {engine.config.cuda_graph_clone}, "
           f"steps {args.skip}..{args.skip + args.steps}; µs a step")
     print("| stream | span | kernels | kernel count | copies (µs, count) | gaps | largest gap |\n|---|---|---|---|---|---|---|")
     for stream, span, kern, count, copies, gaps, largest in stream_summary(trace, args.steps):
