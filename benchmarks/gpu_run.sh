@@ -95,7 +95,11 @@ for stage in "$@"; do
     # one graph capture's CPU time against the same step eager (cuBLAS, Triton's launch path)
     capture-cost) run capture-cost 200 python3 benchmarks/probe_capture_cost.py --workload small-256 --rows 64 ;;
     # the second slot's graph cloned against captured: cost of each phase, replay times
-    clone-cost) for w in ${WORKLOADS:-small-256}; do run "clone-cost-$w" 200 python3 benchmarks/probe_clone_cost.py --workload "$w" --shapes "${SHAPES:-8}" ${CLONE_ARGS:-}; done ;;
+    clone-cost) for w in ${WORKLOADS:-small-256}; do  # CLONE_TREES=".baseline .": each tree's own probe and engine, in turn
+                  for t in ${CLONE_TREES:-.}; do
+                    (cd "$t" && run "clone-cost-$w$(basename "$t" | tr -d . | sed 's/^./-&/')" 200 python3 benchmarks/probe_clone_cost.py --workload "$w" --shapes "${SHAPES:-8}" ${CLONE_ARGS:-})
+                  done
+                done ;;
     gemv) run gemv 300 python3 benchmarks/bench_gemv.py --out "$RES" ${GEMV_ARGS:-} ;;
     probe-cudnn) run probe-cudnn 300 python3 benchmarks/probe_cudnn_varlen.py ;;
     profile-start) run profile-start 200 python3 benchmarks/bench_start.py --profile ;;

@@ -5,6 +5,7 @@ walk over a graph's nodes through a fake driver over host memory.  The clones th
 checked on the GPU (tests/test_gpu_graph_clone.py)."""
 import ctypes
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,15 +27,20 @@ def test_swap_moves_each_buffer_to_the_other_slots_and_back():
         AddressMap.swap([(0x1000, 0x100)], [(0x9000, 0x80)])
 
 
-def test_remap_words_rewrites_only_the_words_inside_a_buffer():
+def test_remap_rewrites_only_the_words_inside_a_buffer_of_every_buffer_at_once():
     m = AddressMap.swap([(0x7F0000001000, 0x100)], [(0x7F0000009000, 0x100)])
-    data = bytearray((0x7F0000001010).to_bytes(8, "little") + (42).to_bytes(8, "little")
-                     + (0x7F0000009000).to_bytes(8, "little"))
-    assert m.remap_words(data, [0, 8, 16])
-    assert [int.from_bytes(data[i:i + 8], "little") for i in (0, 8, 16)] == [0x7F0000009010, 42, 0x7F0000001000]
-    untouched = bytearray(data)
-    assert not m.remap_words(untouched, [8])  # 42 is no address of a slot
-    assert untouched == data
+    word = lambda v: v.to_bytes(8, "little")
+    first = word(0x7F0000001010) + word(42) + word(0x7F0000009000)
+    second = word(7) + word(0x7F00000010FF)  # the last byte of the buffer
+    third = bytes(4) + word(0x7F0000001100)  # one past its end, at an unaligned offset
+    changed = m.remap([first, second, third], [np.array([0, 8, 16]), np.array([0, 8]), np.array([4])])
+    assert sorted(changed) == [0, 1]  # the third: nothing in a buffer
+    assert bytes(changed[0]) == word(0x7F0000009010) + word(42) + word(0x7F0000001000)
+    assert bytes(changed[1]) == word(7) + word(0x7F00000090FF)
+    assert m.remap([first], [np.array([8])]) == {}  # 42 is no address of a slot
+    assert m.remap([], []) == {}
+    moved = m.moved(np.array([0x7F0000001000, 0x7F0000000FFF, 0x7F0000009080, 0], dtype=np.uint64))
+    assert moved.tolist() == [0x7F0000009000, 0, 0x7F0000001080, 0]
 
 
 def test_argument_words_are_pointer_sized_arguments_and_the_aligned_words_of_structs():
@@ -48,7 +54,7 @@ def test_a_kernel_layout_reads_its_address_words_in_one_call_packed_or_scattered
     """The clone reads a node's arguments once (they lie packed in the driver's copy) and
     unpacks only the words that may be addresses; scattered arguments are gathered."""
     layout = KernelLayout(((0, 8), (8, 4), (12, 4), (16, 8), (28, 20)))
-    assert layout.span == 48 and layout.words == (0, 16, 32, 40) and layout.reader.size == 48
+    assert layout.span == 48 and layout.words == (0, 16, 32, 40) and layout.word_offsets.tolist() == [0, 16, 32, 40]
     values = [0x7F0000001000, 0x7F0000001008, 0x7F0000002000, 5]
     packed = bytearray(48)
     for off, v in zip(layout.words, values):
@@ -61,11 +67,11 @@ def test_a_kernel_layout_reads_its_address_words_in_one_call_packed_or_scattered
     apart = [ctypes.create_string_buffer(bytes(packed[off:off + n]), n) for off, n in layout.arguments]
     scattered = (ctypes.c_void_p * 5)(*[ctypes.addressof(b) for b in apart])
     gathered = layout.read(ctypes.addressof(scattered))
-    assert list(layout.reader.unpack_from(gathered)) == values
+    assert layout.values(gathered).tolist() == values
     assert gathered[8:12] == packed[8:12] and gathered[28:48] == packed[28:48]
-    m = AddressMap.swap([(0x7F0000001000, 0x100)], [(0x7F0000009000, 0x100)])
-    assert m.touches(values) and not m.touches([5, 0x7F0000010000])  # (a gap inside may pass: a first look)
     assert layout.within(24).words == (0, 16) and layout.within(48) is layout
+    odd = KernelLayout(((0, 4), (4, 8)))  # an 8-byte struct of two int32s at offset 4
+    assert odd.words == (4,) and odd.values(bytes(4) + (0x7F0000001234).to_bytes(8, "little")).tolist() == [0x7F0000001234]
 
 
 def test_lookups_find_the_range_among_many_and_miss_the_gaps_between():
@@ -86,8 +92,7 @@ def test_a_packed_argument_buffer_is_read_from_and_written_as_an_extra_array():
     extra, parts = extra_array(packed)
     address, size = extra_buffer(ctypes.addressof(extra))
     assert size == 16 and ctypes.string_at(address, size) == bytes(packed)
-    copy = bytearray(ctypes.string_at(address, size))
-    assert m.remap_words(copy, range(0, size - 7, 8))
+    copy = m.remap([ctypes.string_at(address, size)], [np.arange(0, size - 7, 8)])[0]
     assert int.from_bytes(copy[8:], "little") == 0x7F0000009040 and copy[:8] == packed[:8]
     odd = (ctypes.c_void_p * 3)(9, 0, 0)  # a key that is no CU_LAUNCH_PARAM_*
     with pytest.raises(CloneUnsupported, match="key 9"):
@@ -179,7 +184,7 @@ class _FakeLib:
             bufs = [ctypes.create_string_buffer(value, len(value)) for value in n["args"]]
             pointers = (ctypes.c_void_p * len(bufs))(*[ctypes.addressof(b) for b in bufs])
             self.alive += [bufs, pointers]
-            p.kernel_params, p.extra = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p)), None
+            p.kernel_params, p.extra = ctypes.addressof(pointers), None
         return 0
 
     def cuFuncGetParamInfo(self, func, index, offset, size):
@@ -196,7 +201,8 @@ class _FakeLib:
             self.set[node.value] = ctypes.string_at(address, size)
         else:
             layout = self.nodes[node.value - 1]["layout"]
-            self.set[node.value] = [ctypes.string_at(p.kernel_params[i], n) for i, (_, n) in enumerate(layout)]
+            pointers = (ctypes.c_void_p * len(layout)).from_address(p.kernel_params)
+            self.set[node.value] = [ctypes.string_at(pointers[i], n) for i, (_, n) in enumerate(layout)]
         return 0
 
     def _raw_get(self, node, raw):

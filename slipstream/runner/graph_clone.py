@@ -23,24 +23,26 @@ clone is not uploaded ahead of its first launch (`clone_graph`; docs/benchmarks.
 """
 from __future__ import annotations
 
-import bisect
 import ctypes
 import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from slipstream.runner.graph_nodes import CloneUnsupported, Driver, extra_array, graph_nodes, kernel_arguments
+from slipstream.runner.graph_nodes import (CloneUnsupported, Driver, extra_array, graph_nodes, kernel_arguments,
+                                          word_values)
 
 log = logging.getLogger("slipstream.runner")
 
 _NODE_KERNEL, _NODE_MEMCPY, _NODE_MEMSET, _NODE_EMPTY = 0, 1, 2, 5
 _NODE_WAIT_EVENT, _NODE_EVENT_RECORD = 6, 7
 _PLAIN_NODES = {_NODE_EMPTY, _NODE_WAIT_EVENT, _NODE_EVENT_RECORD}  # no addresses in them
-_MEMCPY3D_SIZE = 200  # sizeof(CUDA_MEMCPY3D)
-_MEMCPY_SRC_DEVICE, _MEMCPY_DST_DEVICE = 48, 136  # its srcDevice and dstDevice offsets
-_MEMSET_SIZE = 40  # sizeof(CUDA_MEMSET_NODE_PARAMS); dst at offset 0
+# memcpy and memset nodes: (name in the driver's calls, sizeof their parameters, the offsets
+# of the addresses in them): CUDA_MEMCPY3D's srcDevice and dstDevice, CUDA_MEMSET_NODE_PARAMS' dst
+_RAW_NODES = {_NODE_MEMCPY: ("Memcpy", 200, np.array([48, 136], dtype=np.int64)),
+              _NODE_MEMSET: ("Memset", 40, np.array([0], dtype=np.int64))}
 # as torch instantiates its graphs: CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | _USE_NODE_PRIORITY
 TORCH_INSTANTIATE_FLAGS = 1 | 8
 
@@ -51,15 +53,15 @@ class AddressMap:
     ranges: tuple[tuple[int, int, int], ...]  # (start, size, new start), disjoint
     low: int = field(init=False)  # where the ranges begin and end: most words fall outside
     high: int = field(init=False)
-    starts: tuple[int, ...] = field(init=False)  # the ranges' starts, sorted (bisected)
-    ordered: tuple[tuple[int, int, int], ...] = field(init=False)  # the ranges in that order
+    _table: np.ndarray = field(init=False, repr=False, compare=False)  # [3, n] uint64: starts (sorted), ends, new starts
 
     def __post_init__(self) -> None:
-        ordered = tuple(sorted(self.ranges))
-        object.__setattr__(self, "ordered", ordered)
-        object.__setattr__(self, "starts", tuple(s for s, _, _ in ordered))
-        object.__setattr__(self, "low", min((s for s, _, _ in self.ranges), default=0))
-        object.__setattr__(self, "high", max((s + n for s, n, _ in self.ranges), default=0))
+        ordered = sorted(self.ranges)
+        object.__setattr__(self, "low", min((s for s, _, _ in ordered), default=0))
+        object.__setattr__(self, "high", max((s + n for s, n, _ in ordered), default=0))
+        table = np.array([[s for s, _, _ in ordered], [s + n for s, n, _ in ordered], [t for _, _, t in ordered]],
+                         dtype=np.uint64).reshape(3, len(ordered))
+        object.__setattr__(self, "_table", table)
 
     @staticmethod
     def swap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> "AddressMap":
@@ -71,32 +73,41 @@ class AddressMap:
                           + tuple((pb, s, pa) for (pa, s), (pb, _) in zip(a, b)))
 
     def get(self, address: int) -> int | None:
-        if not self.low <= address < self.high:
-            return None
-        i = bisect.bisect_right(self.starts, address) - 1
-        if i < 0:
-            return None
-        start, size, new = self.ordered[i]
-        return new + address - start if address < start + size else None
+        moved = self.moved(np.array([address], dtype=np.uint64))
+        return int(moved[0]) if moved[0] else None
 
-    def remap_words(self, data: bytearray, offsets, values=None) -> bool:
-        """Re-point the 8-byte little-endian words of `data` at `offsets` in place (`values`:
-        those words, if already read); whether any changed."""
-        if values is None:
-            values = [int.from_bytes(data[off:off + 8], "little") for off in offsets]
-        low, high, changed = self.low, self.high, False
-        for off, value in zip(offsets, values):
-            if low <= value < high:  # (the rare word worth a lookup)
-                new = self.get(value)
-                if new is not None:
-                    data[off:off + 8] = new.to_bytes(8, "little")
-                    changed = True
+    def moved(self, values: np.ndarray) -> np.ndarray:
+        """Where each of `values` (uint64) moves, or 0 where it lies in no range."""
+        out = np.zeros_like(values)
+        inside = np.flatnonzero((values >= self.low) & (values < self.high))  # (most words: none)
+        if inside.size:
+            v = values[inside]
+            starts, ends, news = self._table
+            i = np.searchsorted(starts, v, side="right") - 1  # (>= 0: v >= the first start)
+            hit = v < ends[i]
+            out[inside[hit]] = news[i[hit]] + (v[hit] - starts[i[hit]])
+        return out
+
+    def remap(self, buffers: list[bytes], offsets: list[np.ndarray]) -> dict[int, bytearray]:
+        """Re-point the 8-byte little-endian words of each of `buffers` at its `offsets` (int64
+        arrays), all buffers in one pass: {index: the re-pointed copy} of those that changed."""
+        if not buffers:
+            return {}
+        sizes = np.fromiter(map(len, buffers), np.int64, len(buffers))
+        counts = np.fromiter(map(len, offsets), np.int64, len(offsets))
+        bases = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        owner = np.repeat(np.arange(len(buffers)), counts)
+        where = np.concatenate(offsets) + bases[owner]
+        moved = self.moved(word_values(np.frombuffer(b"".join(buffers), np.uint8), where))
+        changed: dict[int, bytearray] = {}
+        for k in np.flatnonzero(moved).tolist():
+            b = owner[k]
+            data = changed.get(b)
+            if data is None:
+                data = changed[b] = bytearray(buffers[b])
+            off = int(where[k] - bases[b])
+            data[off:off + 8] = int(moved[k]).to_bytes(8, "little")
         return changed
-
-    def touches(self, values) -> bool:
-        """Whether any of the words `values` may point into a range (a cheap first look)."""
-        low, high = self.low, self.high
-        return any(low <= v < high for v in values)
 
 
 @dataclass
@@ -150,32 +161,40 @@ def clone_graph(driver: Driver, graph_handle: int, amap: AddressMap,
 
 
 def _repoint_nodes(driver: Driver, graph: ctypes.c_void_p, amap: AddressMap, keep: list) -> int:
-    """Re-point every node of `graph` in place; how many changed."""
-    changed = 0
+    """Re-point every node of `graph` in place; how many changed.  Every node's arguments
+    are read first, then all their words are looked up at once (a graph has 20-30 K words
+    that may be addresses, a few hundred of them into the slots), then the changed nodes set."""
+    kernels, raws = [], []  # (node, its parameters, layout, bytes); (node, kind, bytes)
+    kind = ctypes.c_int()
     for node in graph_nodes(driver, graph):
-        kind = ctypes.c_int()
         driver.call("cuGraphNodeGetType", node, ctypes.byref(kind))
         if kind.value == _NODE_KERNEL:
-            changed += _repoint_kernel(driver, node, amap, keep)
-        elif kind.value == _NODE_MEMCPY:
-            changed += _repoint_raw(driver, node, amap, "Memcpy", _MEMCPY3D_SIZE,
-                                    (_MEMCPY_SRC_DEVICE, _MEMCPY_DST_DEVICE))
-        elif kind.value == _NODE_MEMSET:
-            changed += _repoint_raw(driver, node, amap, "Memset", _MEMSET_SIZE, (0,))
+            p, layout, data = kernel_arguments(driver, node)
+            if data:
+                kernels.append((node, p, layout, data))
+        elif kind.value in _RAW_NODES:
+            name, size, _ = _RAW_NODES[kind.value]
+            raw = (ctypes.c_char * size)()
+            driver.call(f"cuGraph{name}NodeGetParams", node, raw)
+            raws.append((node, kind.value, raw.raw))
         elif kind.value not in _PLAIN_NODES:
             raise CloneUnsupported(f"graph node of type {kind.value}")
-    return changed
+    changed = amap.remap([data for *_, data in kernels + raws],
+                         [layout.word_offsets for _, _, layout, _ in kernels]
+                         + [_RAW_NODES[k][2] for _, k, _ in raws])
+    for i, data in changed.items():
+        if i < len(kernels):
+            _set_kernel_arguments(driver, *kernels[i][:3], data, keep)
+        else:
+            node, k, _ = raws[i - len(kernels)]
+            driver.call(f"cuGraph{_RAW_NODES[k][0]}NodeSetParams", node, (ctypes.c_char * len(data)).from_buffer(data))
+            keep.append(data)
+    return len(changed)
 
 
-def _repoint_kernel(driver: Driver, node: ctypes.c_void_p, amap: AddressMap, keep: list) -> bool:
-    """Re-point a kernel node's arguments in the form they were given in; `keep` holds what
-    the driver reads at instantiation."""
-    p, layout, data, values = kernel_arguments(driver, node)
-    if not values or not amap.touches(values):
-        return False
-    packed = bytearray(data)
-    if not amap.remap_words(packed, layout.words, values):
-        return False
+def _set_kernel_arguments(driver: Driver, node: ctypes.c_void_p, p, layout, packed: bytearray, keep: list) -> None:
+    """Give a kernel node re-pointed arguments in the form it was given them; `keep` holds
+    what the driver reads at instantiation."""
     if p.extra:
         extra, parts = extra_array(packed)
         p.extra, p.kernel_params = ctypes.addressof(extra), None
@@ -184,22 +203,9 @@ def _repoint_kernel(driver: Driver, node: ctypes.c_void_p, amap: AddressMap, kee
         buf = (ctypes.c_char * layout.span).from_buffer(packed)
         base = ctypes.addressof(buf)
         pointers = (ctypes.c_void_p * len(layout.arguments))(*[base + off for off, _ in layout.arguments])
-        p.kernel_params = ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))
+        p.kernel_params = ctypes.addressof(pointers)
         keep += [packed, buf, pointers]
     driver.call("cuGraphKernelNodeSetParams_v2", node, ctypes.byref(p))
-    return True
-
-
-def _repoint_raw(driver: Driver, node: ctypes.c_void_p, amap: AddressMap, kind: str, size: int,
-                 address_offsets: tuple[int, ...]) -> bool:
-    raw = (ctypes.c_char * size)()
-    driver.call(f"cuGraph{kind}NodeGetParams", node, raw)
-    data = bytearray(raw.raw)
-    if not amap.remap_words(data, address_offsets):
-        return False
-    ctypes.memmove(raw, bytes(data), size)
-    driver.call(f"cuGraph{kind}NodeSetParams", node, raw)
-    return True
 
 
 class SlotGraphCloner:

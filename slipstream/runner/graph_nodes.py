@@ -6,9 +6,10 @@ launches)."""
 from __future__ import annotations
 
 import ctypes
-import struct
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 _INVALID_VALUE = 1  # CUDA_ERROR_INVALID_VALUE: past a function's last parameter
 _PARAM_END, _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE = 0, 1, 2  # the keys of a launch's `extra`
@@ -32,25 +33,36 @@ def argument_words(params: list[tuple[int, int]]) -> list[int]:
     return words
 
 
+_WORD_BYTES = np.arange(8, dtype=np.int64)
+
+
+def word_values(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The 8-byte little-endian words of the bytes `data` (uint8) at byte `offsets`, as
+    uint64, in one gather (offsets need not be 8-aligned: an 8-byte struct of int32s)."""
+    return np.ascontiguousarray(data[offsets[:, None] + _WORD_BYTES]).view("<u8").reshape(-1)
+
+
 @dataclass(frozen=True)
 class KernelLayout:
     """A kernel's arguments as the clone reads them, worked out once per kernel: each
-    argument's (offset, size), the bytes they span, the offsets of the words that may hold
-    an address, and a reader of those words from a packed buffer in one call."""
+    argument's (offset, size), the bytes they span and the offsets of the words that may
+    hold an address (also as an array, for word_values)."""
     arguments: tuple[tuple[int, int], ...]
     span: int = field(init=False)
     words: tuple[int, ...] = field(init=False)
-    reader: struct.Struct = field(init=False)
+    word_offsets: np.ndarray = field(init=False, repr=False, compare=False)
+    _offsets: np.ndarray = field(init=False, repr=False, compare=False)  # each argument's offset
 
     def __post_init__(self) -> None:
         words = tuple(argument_words(list(self.arguments)))
-        fmt, at = "<", 0
-        for w in words:
-            fmt += f"{w - at}xQ" if w > at else "Q"
-            at = w + 8
         object.__setattr__(self, "span", max((o + n for o, n in self.arguments), default=0))
         object.__setattr__(self, "words", words)
-        object.__setattr__(self, "reader", struct.Struct(fmt))
+        object.__setattr__(self, "word_offsets", np.array(words, dtype=np.int64))
+        object.__setattr__(self, "_offsets", np.array([o for o, _ in self.arguments], dtype=np.uint64))
+
+    def values(self, data: bytes) -> np.ndarray:
+        """The words of a packed argument buffer that may hold an address (uint64)."""
+        return word_values(np.frombuffer(data, np.uint8), self.word_offsets)
 
     def within(self, size: int) -> "KernelLayout":
         """The same layout cut to a packed buffer of `size` bytes (a launch's `extra`)."""
@@ -60,18 +72,18 @@ class KernelLayout:
         """The packed arguments of a node whose parameters are `params_address`, an array of
         pointers to each argument: one read when they lie packed as the layout has them (as
         the driver keeps a node's), else one per argument."""
-        pointers = [ptr or 0 for ptr in (ctypes.c_void_p * len(self.arguments)).from_address(params_address)]
-        if self.arguments[0][0] == 0 and all(ptr == pointers[0] + off for ptr, (off, _) in zip(pointers, self.arguments)):
-            return ctypes.string_at(pointers[0], self.span)
+        pointers = np.frombuffer(ctypes.string_at(params_address, 8 * len(self.arguments)), "<u8")
+        if pointers[0] and (pointers - pointers[0] == self._offsets).all():  # (so the first offset is 0)
+            return ctypes.string_at(int(pointers[0]), self.span)
         packed = bytearray(self.span)
-        for ptr, (off, size) in zip(pointers, self.arguments):
+        for ptr, (off, size) in zip(pointers.tolist(), self.arguments):
             packed[off:off + size] = ctypes.string_at(ptr, size)
         return bytes(packed)
 
 
 class _KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
     _fields_ = [("func", ctypes.c_void_p), ("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
-                ("shared_mem", ctypes.c_uint), ("kernel_params", ctypes.POINTER(ctypes.c_void_p)),
+                ("shared_mem", ctypes.c_uint), ("kernel_params", ctypes.c_void_p),  # (void **, read as an address)
                 ("extra", ctypes.c_void_p), ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
 
 
@@ -151,9 +163,9 @@ def graph_nodes(driver: Driver, graph: ctypes.c_void_p) -> list[ctypes.c_void_p]
 
 
 def kernel_arguments(driver: Driver, node: ctypes.c_void_p):
-    """A kernel node's parameters, its arguments' layout, their bytes and the words of them
-    that may hold an address (read once: given as an array of pointers to each argument, or
-    as one packed buffer, `extra`, as cuBLAS launches)."""
+    """A kernel node's parameters, its arguments' layout and their packed bytes (read once:
+    given as an array of pointers to each argument, or as one packed buffer, `extra`, as
+    cuBLAS launches)."""
     p = _KernelNodeParams()
     driver.call("cuGraphKernelNodeGetParams_v2", node, ctypes.byref(p))
     if p.extra:
@@ -162,32 +174,33 @@ def kernel_arguments(driver: Driver, node: ctypes.c_void_p):
     else:
         layout = driver.kernel_layout(p)
     if not layout.words:  # (nothing in it could be an address: not read)
-        return p, layout, b"", ()
+        return p, layout, b""
     data = (ctypes.string_at(address, size) if p.extra
-            else layout.read(ctypes.cast(p.kernel_params, ctypes.c_void_p).value))
-    return p, layout, data, layout.reader.unpack_from(data)
+            else layout.read(p.kernel_params))
+    return p, layout, data
 
 
 def kernel_node_words(driver: Driver, node: ctypes.c_void_p) -> tuple[int, ...]:
     """The words of a kernel node's arguments that may hold an address, as the clone reads
     them (benchmarks compare two graphs' with it)."""
-    return kernel_arguments(driver, node)[3]
+    _, layout, data = kernel_arguments(driver, node)
+    return tuple(layout.values(data).tolist()) if data else ()
 
 
 def extra_buffer(extra: int) -> tuple[int, int]:
     """(address, bytes) of the packed argument buffer of a launch's `extra` array: pairs of
     CU_LAUNCH_PARAM_BUFFER_POINTER (1) or CU_LAUNCH_PARAM_BUFFER_SIZE (2, a pointer to a
     size_t) and a value, ended by CU_LAUNCH_PARAM_END (0)."""
-    words = ctypes.cast(ctypes.c_void_p(extra), ctypes.POINTER(ctypes.c_void_p))
     address = size = None
-    for i in range(0, 16, 2):  # (two pairs and the end, in practice)
-        key = words[i] or 0
+    for at in range(extra, extra + 64, 16):  # (two pairs and the end, in practice)
+        key = ctypes.c_void_p.from_address(at).value or 0
         if key == _PARAM_END:
             break
+        value = ctypes.c_void_p.from_address(at + 8).value
         if key == _PARAM_BUFFER_POINTER:
-            address = words[i + 1]
+            address = value
         elif key == _PARAM_BUFFER_SIZE:
-            size = ctypes.cast(ctypes.c_void_p(words[i + 1]), ctypes.POINTER(ctypes.c_size_t))[0]
+            size = ctypes.c_size_t.from_address(value).value
         else:
             raise CloneUnsupported(f"a kernel launch's `extra` holds key {key}")
     if not address or size is None:
@@ -206,4 +219,4 @@ def extra_array(packed: bytearray):
 
 
 __all__ = ["CloneUnsupported", "Driver", "KernelLayout", "argument_words", "extra_array", "extra_buffer",
-           "graph_nodes", "kernel_arguments", "kernel_node_words"]
+           "graph_nodes", "kernel_arguments", "kernel_node_words", "word_values"]
