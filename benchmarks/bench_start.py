@@ -8,6 +8,9 @@ may carry engine options after commas, `DIR,key=value,...` (EngineConfig fields;
 read as Python literals, e.g. `.,cuda_graph_clone=False`), so that two settings of one
 tree are compared in one run.
 
+The breakdown adds the garbage collector's runs while the engine is built (`gc`:
+generation -> [seconds, runs]).
+
 `--profile` instead starts one process that times its phases (Python + torch import, CUDA
 context, slipstream imports) and runs the engine's construction under cProfile, printing
 the functions with the most own and cumulative time: where the seconds of a start go.
@@ -24,13 +27,16 @@ import sys
 import time
 
 CHILD = """
-import json, time
+import json
+from slipstream.bench.throughput import GcPauses
 from slipstream.bench.workloads import get_workload
 from slipstream.config import EngineConfig
 from slipstream.core.engine_core import EngineCore
 w = get_workload({workload!r})
-engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **{{**w.engine, **{overrides!r}}}))
-print("READY", json.dumps(getattr(engine, "startup", None)), flush=True)
+with GcPauses() as pauses:
+    engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **{{**w.engine, **{overrides!r}}}))
+gc = {{g: [round(p["total_ms"] / 1e3, 3), p["count"]] for g, p in pauses.summary().items()}}
+print("READY", json.dumps(dict(getattr(engine, "startup", None) or {{}}, gc=gc)), flush=True)
 """
 
 PROFILE_CHILD = """

@@ -126,6 +126,35 @@ def test_freeze_gc_moves_live_objects_out_of_the_collector():
         gc.unfreeze()
 
 
+def test_the_collector_is_off_while_an_engine_is_built_and_back_after(monkeypatch):
+    import gc
+
+    from slipstream.core import engine_core
+    from slipstream.core.engine_core import collector_paused
+
+    seen = []
+    real_build = engine_core.EngineCore._build
+
+    def build(self, config, tokenizer):
+        seen.append(gc.isenabled())
+        real_build(self, config, tokenizer)
+    monkeypatch.setattr(engine_core.EngineCore, "_build", build)
+    from slipstream.config import EngineConfig
+    engine_core.EngineCore(EngineConfig(load_format="dummy", device="cpu", max_num_seqs=2, max_model_len=64))
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(KeyError):  # a failed build turns it back on too
+        with collector_paused():
+            raise KeyError("x")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("name,parent,n", [("seed-8b-bs1", "seed-8b-short", 1), ("small-bs1", "small-256", 1),
                                            ("seed-8b-bs8", "seed-8b-short", 8)])
 def test_latency_workloads_are_the_first_requests_of_their_parents(name, parent, n):

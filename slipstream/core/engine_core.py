@@ -8,6 +8,7 @@ finish_reason "error" and its message, alone.  `service.run_core` drives it from
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import itertools
 import os
@@ -44,6 +45,10 @@ class EngineCore:
     UTILITIES = ("stats", "reset_prefix_cache", "set_async_scheduling", "info")
 
     def __init__(self, config: EngineConfig, tokenizer=None) -> None:
+        with collector_paused():
+            self._build(config, tokenizer)
+
+    def _build(self, config: EngineConfig, tokenizer) -> None:
         self.config = config
         self.device = resolve_device(config.device)
         self.source = resolve_model_source(config.model)
@@ -297,6 +302,24 @@ def _display_name(model: str | None, source: str) -> str:
     if model is None:
         return "SmolLM2-135M-Instruct"
     return os.path.basename(os.path.normpath(model)) or model
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """The garbage collector off while an engine is built, on again after (if it was on).
+
+    The build allocates hundreds of thousands of objects (modules' graphs, CUDA graph nodes'
+    ctypes buffers), nearly all kept for the process's life or freed by their reference
+    counts; yet each allocation burst triggers collections, and a full one scans the whole
+    startup heap (docs/benchmarks.md, "Engine start"). Cycles made meanwhile wait for the
+    next collection."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def freeze_gc() -> None:

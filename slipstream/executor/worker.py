@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import zmq
 
+from slipstream.core.engine_core import collector_paused
 from slipstream.core.service import new_socket
 from slipstream.executor.messages import (Allocate, Profiled, Step, StepDone, Stop, WorkerFailed,
                                           WorkerReady, encoder, to_worker)
@@ -47,13 +48,16 @@ def worker_main(rank: int, size: int, config_json: str, opts_json: str, init_met
     out = _socket(ctx, zmq.PUSH, result_addr)
     code = 0
     try:
-        runner = _build(rank, size, config, opts, init_method,
-                        torch.device("cuda", rank) if cuda else torch.device("cpu"))
-        out.send(encoder.encode(Profiled(rank, runner.kv_blocks_that_fit())))
+        with collector_paused():  # (as the engine core's own build)
+            runner = _build(rank, size, config, opts, init_method,
+                            torch.device("cuda", rank) if cuda else torch.device("cpu"))
+            blocks = runner.kv_blocks_that_fit()
+        out.send(encoder.encode(Profiled(rank, blocks)))
         msg = _next(steps, parent_pid)
         if isinstance(msg, Allocate):
-            runner.allocate(msg.num_blocks)
-            runner.capture()
+            with collector_paused():
+                runner.allocate(msg.num_blocks)
+                runner.capture()
             runner.model.tp.serving()
             out.send(encoder.encode(WorkerReady(rank)))
             _serve(runner, rank, steps, ctx, result_addr, parent_pid)

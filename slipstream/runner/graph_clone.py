@@ -93,12 +93,13 @@ class AddressMap:
         arrays), all buffers in one pass: {index: the re-pointed copy} of those that changed."""
         if not buffers:
             return {}
-        sizes = np.fromiter(map(len, buffers), np.int64, len(buffers))
+        padded = [b + bytes(-len(b) % 8) for b in buffers]  # (8-aligned bases: word_values reads words)
+        sizes = np.fromiter(map(len, padded), np.int64, len(padded))
         counts = np.fromiter(map(len, offsets), np.int64, len(offsets))
         bases = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         owner = np.repeat(np.arange(len(buffers)), counts)
         where = np.concatenate(offsets) + bases[owner]
-        moved = self.moved(word_values(np.frombuffer(b"".join(buffers), np.uint8), where))
+        moved = self.moved(word_values(np.frombuffer(b"".join(padded), np.uint8), where))
         changed: dict[int, bytearray] = {}
         for k in np.flatnonzero(moved).tolist():
             b = owner[k]
