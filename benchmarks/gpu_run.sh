@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
-# Stages: env gputests gputests-nosmol gputests-smol gputests-engine kernels engine smollm2 attn gemm step profile profile-small
+# Stages: env gputests gputests-nosmol gputests-smol gputests-engine gputests-clone kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 #         prefill-long prefill-tiles boundary slot-copy slot-copy-ctx step-gaps step-gaps-clone graph-topology capture-cost clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
@@ -48,6 +48,7 @@ for stage in "$@"; do
     gputests-nosmol) run gputests-nosmol 500 python3 -m pytest -q -m gpu tests/ --ignore-glob='tests/test_server*' --ignore=tests/test_ray_data.py --ignore=tests/test_ray_serve.py --ignore=tests/test_data_parallel_serve.py -k "not smollm2 and not mixed_workload" ;;
     gputests-smol) run gputests-smol 500 python3 -m pytest -q -m gpu tests/ --ignore-glob='tests/test_server*' --ignore=tests/test_ray_data.py --ignore=tests/test_ray_serve.py --ignore=tests/test_data_parallel_serve.py -k "smollm2 or mixed_workload" ;;
     # the engine's GPU tests that need no SmolLM2 (the engine, cloned graphs, tensor parallelism, carry-over)
+    gputests-clone) run gputests-clone 200 python3 -m pytest -q -m gpu tests/test_gpu_graph_clone.py ;;
     gputests-engine) run gputests-engine 300 python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_graph_clone.py tests/test_tensor_parallel.py tests/test_carry.py -k "not smollm2 and not mixed_workload" ;;
     kernels) run kernels 420 python3 -m pytest -q -x -m gpu tests/test_attention_kernels.py tests/test_fused_kernels.py tests/test_gemv.py tests/test_sampler.py ;;
     engine) run engine 420 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "not smollm2" ;;
@@ -170,7 +171,9 @@ for stage in "$@"; do
            run start-cold 300 env TRITON_CACHE_DIR=/tmp/triton-cold python3 -m slipstream.cli bench --workload small-bs1 --mode async --no-measure
            run start-warm 300 env TRITON_CACHE_DIR=/tmp/triton-cold python3 -m slipstream.cli bench --workload small-bs1 --mode async --no-measure ;;
     # process start to ready, the baseline tree's engine and this tree's alternately (Triton's cache warm)
-    ab-start) run ab-start 400 python3 benchmarks/bench_start.py --tree "${BASELINE:-.baseline}" --tree . --reps "${START_REPS:-2}" ;;
+    # (START_TREES="A B C": those trees instead, in turn)
+    ab-start) trees=(); for t in ${START_TREES:-${BASELINE:-.baseline} .}; do trees+=(--tree "$t"); done
+              run ab-start 500 python3 benchmarks/bench_start.py "${trees[@]}" --reps "${START_REPS:-2}" ;;
     # one benchmark over several trees (TREES="dir1 dir2 ...", each a carried copy of the code
     # with one change), alternately, REPS times: WORKLOADS="small-bs1 seed-8b-bs1 ..."
     ab-trees) for i in $(seq 1 "${REPS:-2}"); do
