@@ -61,7 +61,7 @@ def argument_differences(driver, graph_a: int, graph_b: int, amap) -> dict[str, 
     """Kernel argument words (those that may hold an address) of two graphs of one step,
     node by node in creation order: equal, different where `amap` maps a's word to b's (the
     slots' buffers), and different otherwise (another scratch address, or a value)."""
-    from slipstream.runner.graph_nodes import graph_nodes, kernel_node_words
+    from slipstream.runner.graph_nodes import NODE_KERNEL, graph_nodes, kernel_node_words
     counts = {"nodes": 0, "equal": 0, "slot-mapped": 0, "other": 0}
     nodes = [graph_nodes(driver, ctypes.c_void_p(g)) for g in (graph_a, graph_b)]
     if len(nodes[0]) != len(nodes[1]):
@@ -69,13 +69,18 @@ def argument_differences(driver, graph_a: int, graph_b: int, amap) -> dict[str, 
     for na, nb in zip(*nodes):
         kind = ctypes.c_int()
         driver.call("cuGraphNodeGetType", na, ctypes.byref(kind))
-        if kind.value != 0:
+        if kind.value != NODE_KERNEL:
             continue
-        words = [kernel_node_words(driver, n) for n in (na, nb)]
+        a, b = (kernel_node_words(driver, n) for n in (na, nb))
         counts["nodes"] += 1
-        for a, b in zip(*words):
-            key = "equal" if a == b else "slot-mapped" if amap.get(a) == b else "other"
-            counts[key] += 1
+        if len(a) != len(b):
+            counts["other"] += max(len(a), len(b))
+            continue
+        equal = a == b
+        mapped = ~equal & (amap.moved(a) == b)
+        counts["equal"] += int(equal.sum())
+        counts["slot-mapped"] += int(mapped.sum())
+        counts["other"] += int((~equal & ~mapped).sum())
     return counts
 
 

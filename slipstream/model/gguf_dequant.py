@@ -19,10 +19,11 @@ import warnings
 
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 BLOCK = 32
-# bytes a block: scale(s) + values
-_TYPE_SIZES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+# the types done here, and the bytes of one block of each (scale(s) + values), as gguf has them
+_TYPE_SIZES = {name: GGML_QUANT_SIZES[GGMLQuantizationType[name]][1] for name in ("Q4_0", "Q4_1", "Q8_0")}
 
 
 def supported(qtype_name: str) -> bool:

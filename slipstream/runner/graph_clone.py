@@ -31,18 +31,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from slipstream.runner.graph_nodes import (CloneUnsupported, Driver, extra_array, graph_nodes, kernel_arguments,
-                                          word_values)
+from slipstream.runner.graph_nodes import (NODE_EMPTY, NODE_EVENT_RECORD, NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET,
+                                          NODE_WAIT_EVENT, CloneUnsupported, Driver, extra_array, graph_nodes,
+                                          kernel_arguments, word_values)
 
 log = logging.getLogger("slipstream.runner")
 
-_NODE_KERNEL, _NODE_MEMCPY, _NODE_MEMSET, _NODE_EMPTY = 0, 1, 2, 5
-_NODE_WAIT_EVENT, _NODE_EVENT_RECORD = 6, 7
-_PLAIN_NODES = {_NODE_EMPTY, _NODE_WAIT_EVENT, _NODE_EVENT_RECORD}  # no addresses in them
+_PLAIN_NODES = {NODE_EMPTY, NODE_WAIT_EVENT, NODE_EVENT_RECORD}  # no addresses in them
 # memcpy and memset nodes: (name in the driver's calls, sizeof their parameters, the offsets
 # of the addresses in them): CUDA_MEMCPY3D's srcDevice and dstDevice, CUDA_MEMSET_NODE_PARAMS' dst
-_RAW_NODES = {_NODE_MEMCPY: ("Memcpy", 200, np.array([48, 136], dtype=np.int64)),
-              _NODE_MEMSET: ("Memset", 40, np.array([0], dtype=np.int64))}
+_RAW_NODES = {NODE_MEMCPY: ("Memcpy", 200, np.array([48, 136], dtype=np.int64)),
+              NODE_MEMSET: ("Memset", 40, np.array([0], dtype=np.int64))}
 # as torch instantiates its graphs: CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | _USE_NODE_PRIORITY
 TORCH_INSTANTIATE_FLAGS = 1 | 8
 
@@ -169,7 +168,7 @@ def _repoint_nodes(driver: Driver, graph: ctypes.c_void_p, amap: AddressMap, kee
     kind = ctypes.c_int()
     for node in graph_nodes(driver, graph):
         driver.call("cuGraphNodeGetType", node, ctypes.byref(kind))
-        if kind.value == _NODE_KERNEL:
+        if kind.value == NODE_KERNEL:
             p, layout, data = kernel_arguments(driver, node)
             if data:
                 kernels.append((node, p, layout, data))

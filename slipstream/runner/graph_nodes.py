@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# CUgraphNodeType: the kinds of graph node the clone meets
+NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, NODE_EMPTY, NODE_WAIT_EVENT, NODE_EVENT_RECORD = 0, 1, 2, 5, 6, 7
 _INVALID_VALUE = 1  # CUDA_ERROR_INVALID_VALUE: past a function's last parameter
 _PARAM_END, _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE = 0, 1, 2  # the keys of a launch's `extra`
 
@@ -183,11 +185,11 @@ def kernel_arguments(driver: Driver, node: ctypes.c_void_p):
     return p, layout, data
 
 
-def kernel_node_words(driver: Driver, node: ctypes.c_void_p) -> tuple[int, ...]:
-    """The words of a kernel node's arguments that may hold an address, as the clone reads
-    them (benchmarks compare two graphs' with it)."""
+def kernel_node_words(driver: Driver, node: ctypes.c_void_p) -> np.ndarray:
+    """The words of a kernel node's arguments that may hold an address (uint64), as the
+    clone reads them (benchmarks compare two graphs' with it)."""
     _, layout, data = kernel_arguments(driver, node)
-    return tuple(layout.values(data).tolist()) if data else ()
+    return layout.values(data) if data else np.zeros(0, dtype=np.uint64)
 
 
 def extra_buffer(extra: int) -> tuple[int, int]:
@@ -221,5 +223,6 @@ def extra_array(packed: bytearray):
     return extra, (buf, size)
 
 
-__all__ = ["CloneUnsupported", "Driver", "KernelLayout", "argument_words", "extra_array", "extra_buffer",
+__all__ = ["NODE_EMPTY", "NODE_EVENT_RECORD", "NODE_KERNEL", "NODE_MEMCPY", "NODE_MEMSET", "NODE_WAIT_EVENT",
+           "CloneUnsupported", "Driver", "KernelLayout", "argument_words", "extra_array", "extra_buffer",
            "graph_nodes", "kernel_arguments", "kernel_node_words", "word_values"]
