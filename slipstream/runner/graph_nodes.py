@@ -197,7 +197,7 @@ def extra_buffer(extra: int) -> tuple[int, int]:
     CU_LAUNCH_PARAM_BUFFER_POINTER (1) or CU_LAUNCH_PARAM_BUFFER_SIZE (2, a pointer to a
     size_t) and a value, ended by CU_LAUNCH_PARAM_END (0)."""
     address = size = None
-    for at in range(extra, extra + 64, 16):  # (two pairs and the end, in practice)
+    for at in range(extra, extra + 128, 16):  # up to 8 pairs (two and the end, in practice)
         key = ctypes.c_void_p.from_address(at).value or 0
         if key == _PARAM_END:
             break
