@@ -101,7 +101,7 @@ class AddressMap:
         moved = self.moved(word_values(np.frombuffer(b"".join(padded), np.uint8), where))
         changed: dict[int, bytearray] = {}
         for k in np.flatnonzero(moved).tolist():
-            b = owner[k]
+            b = int(owner[k])
             data = changed.get(b)
             if data is None:
                 data = changed[b] = bytearray(buffers[b])
