@@ -47,8 +47,9 @@ for stage in "$@"; do
     gputests) run gputests 500 python3 -m pytest -q -m gpu tests/ ;;
     gputests-nosmol) run gputests-nosmol 500 python3 -m pytest -q -m gpu tests/ --ignore-glob='tests/test_server*' --ignore=tests/test_ray_data.py --ignore=tests/test_ray_serve.py --ignore=tests/test_data_parallel_serve.py -k "not smollm2 and not mixed_workload" ;;
     gputests-smol) run gputests-smol 500 python3 -m pytest -q -m gpu tests/ --ignore-glob='tests/test_server*' --ignore=tests/test_ray_data.py --ignore=tests/test_ray_serve.py --ignore=tests/test_data_parallel_serve.py -k "smollm2 or mixed_workload" ;;
-    # the engine's GPU tests that need no SmolLM2 (the engine, cloned graphs, tensor parallelism, carry-over)
+    # the GPU tests of cloned graphs alone
     gputests-clone) run gputests-clone 200 python3 -m pytest -q -m gpu tests/test_gpu_graph_clone.py ;;
+    # the engine's GPU tests that need no SmolLM2 (the engine, cloned graphs, tensor parallelism, carry-over)
     gputests-engine) run gputests-engine 300 python3 -m pytest -q -m gpu tests/test_gpu_engine.py tests/test_gpu_graph_clone.py tests/test_tensor_parallel.py tests/test_carry.py -k "not smollm2 and not mixed_workload" ;;
     kernels) run kernels 420 python3 -m pytest -q -x -m gpu tests/test_attention_kernels.py tests/test_fused_kernels.py tests/test_gemv.py tests/test_sampler.py ;;
     engine) run engine 420 python3 -m pytest -q -m gpu tests/test_gpu_engine.py -k "not smollm2" ;;
@@ -93,9 +94,9 @@ for stage in "$@"; do
     # a decode graph per slot against the shared one, alone: nodes, edges, replay time back to back (both capture orders); DOT files kept
     graph-topology) run graph-topology 200 python3 benchmarks/probe_graph_topology.py --workload "${WORKLOAD:-seed-8b-bs8}" --rows "${ROWS:-8}" --out "$RES"
                     run graph-topology-reverse 200 python3 benchmarks/probe_graph_topology.py --workload "${WORKLOAD:-seed-8b-bs8}" --rows "${ROWS:-8}" --reverse ;;
-    # one graph capture's CPU time against the same step eager (cuBLAS, Triton's launch path)
     # host µs of a layer GEMM call (first, eager, captured) under cublas and cublaslt: the start's cuBLAS time
     gemm-host) for m in ${MODELS:-0.6b 8b}; do run "gemm-host-$m" 200 python3 benchmarks/probe_gemm_host_cost.py --model "$m"; done ;;
+    # one graph capture's CPU time against the same step eager (cuBLAS, Triton's launch path)
     capture-cost) run capture-cost 200 python3 benchmarks/probe_capture_cost.py --workload small-256 --rows 64 ;;
     # the second slot's graph cloned against captured: cost of each phase, replay times
     clone-cost) for w in ${WORKLOADS:-small-256}; do  # CLONE_TREES=".baseline .": each tree's own probe and engine, in turn

@@ -51,19 +51,21 @@ def word_values(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 class KernelLayout:
     """A kernel's arguments as the clone reads them, worked out once per kernel: each
     argument's (offset, size), the bytes they span and the offsets of the words that may
-    hold an address (also as an array, for word_values)."""
+    hold an address (an array, for word_values)."""
     arguments: tuple[tuple[int, int], ...]
     span: int = field(init=False)
-    words: tuple[int, ...] = field(init=False)
     word_offsets: np.ndarray = field(init=False, repr=False, compare=False)
     _offsets: np.ndarray = field(init=False, repr=False, compare=False)  # each argument's offset
 
     def __post_init__(self) -> None:
-        words = tuple(argument_words(list(self.arguments)))
         object.__setattr__(self, "span", max((o + n for o, n in self.arguments), default=0))
-        object.__setattr__(self, "words", words)
-        object.__setattr__(self, "word_offsets", np.array(words, dtype=np.int64))
+        object.__setattr__(self, "word_offsets", np.array(argument_words(list(self.arguments)), dtype=np.int64))
         object.__setattr__(self, "_offsets", np.array([o for o, _ in self.arguments], dtype=np.uint64))
+
+    @property
+    def words(self) -> tuple[int, ...]:
+        """`word_offsets` as a tuple."""
+        return tuple(self.word_offsets.tolist())
 
     def values(self, data: bytes) -> np.ndarray:
         """The words of a packed argument buffer that may hold an address (uint64)."""
@@ -178,7 +180,7 @@ def kernel_arguments(driver: Driver, node: ctypes.c_void_p):
         layout = driver.packed_layout(p, size)
     else:
         layout = driver.kernel_layout(p)
-    if not layout.words:  # (nothing in it could be an address: not read)
+    if not layout.word_offsets.size:  # (nothing in it could be an address: not read)
         return p, layout, b""
     data = (ctypes.string_at(address, size) if p.extra
             else layout.read(p.kernel_params))
