@@ -3,7 +3,8 @@
 Each input line is an object with one of "prompt" (text), "prompt_token_ids" (ints) or
 "messages" (a chat; content as a string or OpenAI text parts), an optional "id", and
 optional sampling fields overriding the command-line defaults (null = the command line's
-value).  A bad line fails alone, as its own result line.  Results are written and flushed
+value) and, for a chat, "chat_template_kwargs" (over --chat-template-kwargs, key by key),
+"add_generation_prompt" and "continue_final_message".  A bad line fails alone, as its own result line.  Results are written and flushed
 as each request finishes; `--resume` skips ids already in the output.  Ctrl-C / SIGTERM
 stop the job: what is written stays, the rest can be resumed.
 """
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 
 from slipstream.frontend.prompts import normalize_messages
 from slipstream.sampling_params import SamplingParams
+from slipstream.tokenizer import ChatOptions
 
 INPUT_KEYS = ("prompt", "prompt_token_ids", "messages")
+CHAT_KEYS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
 
 
 @dataclass
@@ -25,6 +28,7 @@ class Job:
     line: int
     prompt: object = None  # str | list[int] | list[dict] (messages)
     is_chat: bool = False
+    chat: ChatOptions | None = None  # how a chat becomes its prompt
     params: SamplingParams | None = None
     error: str | None = None
 
@@ -61,13 +65,14 @@ def done_ids(output_path: str | None) -> set[str]:
     return ids
 
 
-def read_jsonl(path: str, defaults: dict, chat: bool) -> list[Job]:
+def read_jsonl(path: str, defaults: dict, chat: bool,
+               chat_defaults: ChatOptions | None = None) -> list[Job]:
     jobs, first_line = [], {}
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            job = _parse(raw, n, defaults, chat)
+            job = _parse(raw, n, defaults, chat, chat_defaults or ChatOptions())
             if job.id in first_line and not job.error:
                 job.error = f"line {n}: duplicate id {job.id!r} (first on line {first_line[job.id]})"
             first_line.setdefault(job.id, n)
@@ -75,7 +80,7 @@ def read_jsonl(path: str, defaults: dict, chat: bool) -> list[Job]:
     return jobs
 
 
-def _parse(raw: bytes, n: int, defaults: dict, chat: bool) -> Job:
+def _parse(raw: bytes, n: int, defaults: dict, chat: bool, chat_defaults: ChatOptions) -> Job:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -98,12 +103,35 @@ def _parse(raw: bytes, n: int, defaults: dict, chat: bool) -> Job:
     job.error = _check_prompt(job, key, n)
     if job.error:
         return job
+    job.chat, job.error = _chat_options({k: obj.pop(k) for k in CHAT_KEYS if k in obj},
+                                        chat_defaults, job.is_chat, n)
+    if job.error:
+        return job
     sampling = {k: v for k, v in obj.items() if v is not None}  # null: the command line's value
     try:
         job.params = SamplingParams.from_dict({**defaults, **sampling})
     except ValueError as e:
         job.error = f"line {n}: {e}"
     return job
+
+
+def _chat_options(fields: dict, defaults: ChatOptions, is_chat: bool,
+                  n: int) -> tuple[ChatOptions | None, str | None]:
+    """A line's chat options over the command line's; (None, error) if they are bad."""
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if not is_chat:
+        if fields:
+            return None, f"line {n}: {', '.join(fields)} apply to chats only (messages, or --chat)"
+        return None, None
+    kwargs = fields.get("chat_template_kwargs", {})
+    if not isinstance(kwargs, dict):
+        return None, f"line {n}: chat_template_kwargs must be an object"
+    for k in ("add_generation_prompt", "continue_final_message"):
+        if not isinstance(fields.get(k, False), bool):
+            return None, f"line {n}: {k} must be true or false"
+    own = ChatOptions(fields.get("add_generation_prompt", True),
+                      fields.get("continue_final_message", False), kwargs)
+    return own.over(defaults), None
 
 
 def _check_prompt(job: Job, key: str, n: int) -> str | None:
@@ -151,7 +179,7 @@ def run_job(llm, jobs: list[Job], write, skip: set[str] = frozenset(), on_result
             continue
         if not job.error:
             try:
-                prompt = chat_token_ids(job.prompt, llm.tokenizer) if job.is_chat else job.prompt
+                prompt = chat_token_ids(job.prompt, llm.tokenizer, job.chat) if job.is_chat else job.prompt
                 llm.add_request(prompt, job.params, request_id=job.id)
                 continue
             except (ValueError, TypeError) as e:

@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+
+from slipstream.tokenizer import ChatOptions
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -68,6 +72,42 @@ def _engine_kwargs(a: argparse.Namespace) -> dict:
                 batch_invariant=a.batch_invariant, tensor_parallel_size=a.tensor_parallel_size)
 
 
+def _chat_args(p: argparse.ArgumentParser, kwargs_flag: str = "--chat-template-kwargs") -> None:
+    g = p.add_argument_group("chat template")
+    g.add_argument("--chat-template", default=None, metavar="TEMPLATE_OR_FILE",
+                   help="a Jinja chat template, or a file holding one, instead of the tokenizer's")
+    g.add_argument(kwargs_flag, dest="chat_template_kwargs", default=None, metavar="JSON",
+                   help="extra chat template variables, e.g. '{\"enable_thinking\": false}'"
+                        + (" (a request's chat_template_kwargs override them key by key)"
+                           if kwargs_flag.startswith("--default") else ""))
+
+
+def chat_defaults(a: argparse.Namespace) -> ChatOptions:
+    """The chat template flags as ChatOptions; ValueError names a bad flag."""
+    template, raw = getattr(a, "chat_template", None), getattr(a, "chat_template_kwargs", None)
+    if template is not None:
+        template = read_chat_template(template)
+    kwargs = {}
+    if raw is not None:
+        try:
+            kwargs = json.loads(raw)
+        except ValueError:
+            kwargs = None
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"the chat template kwargs must be a JSON object, got {raw!r}")
+    return ChatOptions(template_kwargs=kwargs, template=template)
+
+
+def read_chat_template(value: str) -> str:
+    """A template given inline (it has Jinja tags) or as a file."""
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template {value!r}: no such file, and not a Jinja template")
+
+
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=256)
@@ -93,12 +133,13 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.ray:
         from slipstream.ray.job import run
         SamplingParams(**_sampling_kwargs(a))  # reject bad flags before Ray starts
-        return run(a, _sampling_kwargs(a), _engine_kwargs(a))
+        return run(a, _sampling_kwargs(a), _engine_kwargs(a), chat_defaults(a))
     if (a.prompt is None) == (a.input is None):
         print("error: give a prompt argument, --input prompts.jsonl or --workload NAME", file=sys.stderr)
         return 2
     defaults = _sampling_kwargs(a)
     SamplingParams(**defaults)  # reject bad flags before the model loads
+    chat = chat_defaults(a)
     if a.input:
         return _generate_file(a, defaults)
     if a.resume:
@@ -109,7 +150,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     params = SamplingParams(**defaults)
     if a.chat:
         from slipstream.frontend.prompts import chat_token_ids
-        prompt = chat_token_ids([{"role": "user", "content": a.prompt}], llm.tokenizer)
+        prompt = chat_token_ids([{"role": "user", "content": a.prompt}], llm.tokenizer, chat)
     else:
         prompt = a.prompt
     llm.add_request(prompt, params)
@@ -135,7 +176,7 @@ def _generate_file(a: argparse.Namespace, defaults: dict) -> int:
     if a.resume and not a.output:
         print("error: --resume needs --output", file=sys.stderr)
         return 2
-    jobs = read_jsonl(a.input, defaults, a.chat)
+    jobs = read_jsonl(a.input, defaults, a.chat, chat_defaults(a))
     skip = done_ids(a.output) if a.resume else set()
     llm = load_llm(_engine_kwargs(a))
     f = open(a.output, "a" if a.resume else "w", encoding="utf-8") if a.output else sys.stdout
@@ -235,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     _ray_job_args(g)
     _engine_args(g)
     _sampling_args(g)
+    _chat_args(g)
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="run a named workload, sync vs async, and report throughput "

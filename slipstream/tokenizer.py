@@ -14,14 +14,72 @@ modification time and by the transformers version, and later loads read it (~0.2
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from typing import Any
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class ChatOptionError(ValueError):
+    """A chat option that cannot apply; `param` names the request field it came from."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How a chat becomes a prompt; the fields are vLLM's request fields of the same meaning.
+
+    add_generation_prompt: end with the assistant's turn header (the template's own switch).
+    continue_final_message: end inside the last message instead, so generation continues it
+      (an assistant message that was begun); needs add_generation_prompt off.
+    template_kwargs: extra variables for the template (`chat_template_kwargs`, e.g. Qwen3's
+      {"enable_thinking": false}).
+    template: a Jinja chat template used instead of the tokenizer's own.
+    """
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    template: str | None = None
+
+    def over(self, defaults: "ChatOptions") -> "ChatOptions":
+        """These options on top of a server's defaults: the template and each template
+        variable this request does not set come from `defaults`."""
+        return ChatOptions(self.add_generation_prompt, self.continue_final_message,
+                           {**defaults.template_kwargs, **self.template_kwargs},
+                           self.template or defaults.template)
+
+    def check(self, messages: list[dict[str, Any]], reserved: frozenset[str]) -> None:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ChatOptionError("continue_final_message",
+                                  "continue_final_message needs add_generation_prompt to be false")
+        if self.continue_final_message and not (messages and messages[-1].get("content")):
+            raise ChatOptionError("continue_final_message",
+                                  "continue_final_message needs a last message with content to continue")
+        if not isinstance(self.template_kwargs, dict):
+            raise ChatOptionError("chat_template_kwargs", "chat_template_kwargs must be an object")
+        taken = sorted(k for k in self.template_kwargs if not isinstance(k, str) or k in reserved)
+        if taken:
+            raise ChatOptionError("chat_template_kwargs",
+                                  f"chat_template_kwargs may not set {', '.join(map(str, taken))} "
+                                  "(arguments of the template call itself)")
+
+
+@functools.lru_cache(maxsize=None)
+def _template_arguments(tokenizer_class: type) -> frozenset[str]:
+    """Names template variables may not take: the template call's own arguments."""
+    params = inspect.signature(tokenizer_class.apply_chat_template).parameters.items()
+    names = {n for n, p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return frozenset((names - {"self"}) | {"messages", "conversation"})
 
 
 class Tokenizer:
@@ -46,18 +104,29 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt text of a chat, ending with the assistant's generation prompt."""
-        if not self.has_chat_template:
-            raise ValueError(
+    def render_chat(self, messages: list[dict[str, Any]], options: ChatOptions | None = None) -> str:
+        """The prompt text of a chat: by default ending with the assistant's generation prompt.
+        ChatOptionError names a bad option; ValueError says why the template failed."""
+        options = options or ChatOptions()
+        template = options.template or getattr(self.hf, "chat_template", None)
+        if not template:
+            raise ChatOptionError("messages",
                 f"the tokenizer of {self.hf.name_or_path or 'this model'} has no chat template; "
-                "send a plain prompt instead of chat messages")
-        return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                "send a plain prompt instead of chat messages, or give a chat template")
+        options.check(messages, _template_arguments(type(self.hf)))
+        try:
+            return self.hf.apply_chat_template(
+                messages, chat_template=template, add_generation_prompt=options.add_generation_prompt,
+                continue_final_message=options.continue_final_message, tokenize=False,
+                **options.template_kwargs)
+        except Exception as e:  # the template's own rules (role order, ...), or a bad template
+            raise ValueError(f"the chat template rejected the messages: {e}") from None
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            options: ChatOptions | None = None) -> list[int]:
         # The template writes every special token itself (BOS included where the model wants
         # it), so the rendered text is encoded without adding any.
-        return self.hf.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.hf.encode(self.render_chat(messages, options), add_special_tokens=False)
 
     def __repr__(self) -> str:
         return (f"Tokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size}, "

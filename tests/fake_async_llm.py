@@ -10,29 +10,50 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from types import SimpleNamespace
 
 from slipstream.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from slipstream.tokenizer import Tokenizer
 
 SPECIAL = {0: "<pad>", 1: "<s>", 2: "</s>"}
 
 
-class FakeTokenizer:
+class FakeHFTokenizer:
+    """What `slipstream.tokenizer.Tokenizer` needs of a transformers tokenizer. Its chat
+    template writes `<role>content` lines, then `<assistant>` for the generation prompt;
+    template variables come first as `<k=v>`."""
+    eos_token, eos_token_id, bos_token, bos_token_id = "</s>", 2, "<s>", 1
+    pad_token, unk_token, name_or_path = "<pad>", None, "fake"
+    chat_template = "{fake}"
+
+    def __len__(self) -> int:
+        return FakeTokenizer.vocab_size
+
+    def encode(self, text, add_special_tokens=True):
+        return [b + 3 for b in text.encode("utf-8")]
+
+    def apply_chat_template(self, conversation, chat_template=None, add_generation_prompt=False,
+                            continue_final_message=False, tokenize=True, **kwargs):
+        for m in conversation:
+            if m["role"] == "assistant" and m is conversation[0]:
+                raise ValueError("conversations must start with a user or system message")
+        head = "".join(f"<{k}={v}>" for k, v in sorted(kwargs.items()))
+        if chat_template != self.chat_template:
+            head = f"<template {chat_template}>" + head
+        text = head + "".join(f"<{m['role']}>{m['content']}\n" for m in conversation)
+        if continue_final_message:
+            text = text[:-1]  # inside the last message: no end of turn
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+class FakeTokenizer(Tokenizer):
+    """The real Tokenizer (its chat options, its checks) over FakeHFTokenizer; tokens are bytes."""
     vocab_size = 259
-    eos_token_ids = {2}
-    bos_token_id = 1
-    has_chat_template = True
 
     def __init__(self):
-        self.hf = SimpleNamespace(eos_token="</s>", eos_token_id=2, bos_token="<s>",
-                                  bos_token_id=1, pad_token="<pad>", unk_token=None,
-                                  chat_template="{fake}", encode=self._hf_encode)
-
-    def _hf_encode(self, text, add_special_tokens=True):
-        return self.encode(text)
+        super().__init__(FakeHFTokenizer())
 
     def encode(self, text: str) -> list[int]:
-        return [b + 3 for b in text.encode("utf-8")]
+        return self.hf.encode(text)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         out, buf = [], bytearray()
@@ -46,15 +67,6 @@ class FakeTokenizer:
                 out.append(SPECIAL[t])
         out.append(buf.decode("utf-8", "replace"))
         return "".join(out)
-
-    def render_chat(self, messages) -> str:
-        for m in messages:
-            if m["role"] == "assistant" and m is messages[0]:
-                raise ValueError("conversations must start with a user or system message")
-        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
-
-    def apply_chat_template(self, messages) -> list[int]:
-        return self.encode(self.render_chat(messages))
 
 
 class FakeAsyncLLM:

@@ -128,6 +128,28 @@ def test_tokenize_matches_the_tokenizer(server):
     assert back["prompt"] == tok.decode(r["tokens"], skip_special_tokens=False)
 
 
+def test_continue_final_message_through_the_openai_client(server, client):
+    from slipstream.tokenizer import ChatOptions, load_tokenizer
+
+    tok = load_tokenizer(None)
+    msgs = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My favourite colour is"}]
+    extra = {"add_generation_prompt": False, "continue_final_message": True,
+             "chat_template_kwargs": {"unused_variable": 1}}
+    r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=4, temperature=0,
+                                       extra_body=extra)
+    want = tok.apply_chat_template(msgs, ChatOptions(False, True))
+    assert tok.decode(want, skip_special_tokens=False).endswith("assistant\nMy favourite colour is")
+    assert r.usage.prompt_tokens == len(want) and r.usage.completion_tokens == 4
+    t = httpx.post(server.url + "/tokenize", json={"messages": msgs, **extra}, timeout=10).json()
+    assert t["tokens"] == want
+    echoed = client.chat.completions.create(model="smol", messages=msgs, max_tokens=4, temperature=0,
+                                            extra_body={**extra, "echo": True})
+    assert echoed.choices[0].message.content == msgs[1]["content"] + r.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="add_generation_prompt to be false"):
+        client.chat.completions.create(model="smol", messages=msgs, max_tokens=2,
+                                       extra_body={"continue_final_message": True})
+
+
 def test_a_long_prompt_is_tokenized_off_the_event_loop(server):
     # ~880 KB of text is ~200K tokens: tokenizing it takes a good fraction of a second, and
     # the server goes on answering meanwhile (on the event loop it would answer nothing)

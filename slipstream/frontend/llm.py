@@ -17,7 +17,7 @@ from slipstream.frontend.output_processor import OutputProcessor, RequestState
 from slipstream.frontend.outputs import RequestOutput
 from slipstream.frontend.prompts import chat_token_ids, check_admission, tokenize_prompt
 from slipstream.sampling_params import SamplingParams
-from slipstream.tokenizer import load_tokenizer
+from slipstream.tokenizer import ChatOptions, load_tokenizer
 
 LLM_CORE_MODES = ("inline", "thread", "process")
 
@@ -183,11 +183,20 @@ class LLM:
         return self._run(states, use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = False) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"} dicts) or a list of them."""
+             use_tqdm: bool = False, *, chat_template: str | None = None,
+             chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} dicts) or a list of them.
+
+        chat_template: a Jinja template instead of the tokenizer's; chat_template_kwargs:
+        extra template variables (e.g. {"enable_thinking": False}); continue_final_message
+        (with add_generation_prompt=False): continue the last message, e.g. an assistant
+        reply already begun, instead of starting a new one."""
         if messages and isinstance(messages, (list, tuple)) and isinstance(messages[0], dict):
             messages = [messages]
-        prompts = [chat_token_ids(conv, self.tokenizer) for conv in messages]
+        options = ChatOptions(add_generation_prompt, continue_final_message,
+                              dict(chat_template_kwargs or {}), chat_template)
+        prompts = [chat_token_ids(conv, self.tokenizer, options) for conv in messages]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, states: list[RequestState], use_tqdm: bool) -> list[RequestOutput]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from slipstream.core.admission import admission_error, as_token_ids
 from slipstream.core.messages import CoreInfo
 from slipstream.sampling_params import SamplingParams
+from slipstream.tokenizer import ChatOptions
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -37,9 +38,10 @@ def validated_token_ids(prompt, params: SamplingParams | None, tokenizer, info: 
 
 
 def normalize_messages(messages) -> list[dict]:
-    """Chat messages as the template wants them: a list of {"role", "content": str}; content
-    given as OpenAI text parts ([{"type": "text", "text": ...}]) is joined. ValueError names
-    the first bad message."""
+    """Chat messages as the template wants them: a list of {"role", "content": str, ...};
+    content given as OpenAI text parts ([{"type": "text", "text": ...}]) is joined by
+    newlines, as vLLM joins them; only an assistant message may have null content. Other
+    keys of a message (e.g. "name") are kept. ValueError names the first bad message."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("messages must be a non-empty list of {\"role\", \"content\"} objects")
     out = []
@@ -49,8 +51,8 @@ def normalize_messages(messages) -> list[dict]:
         role, content = m.get("role"), m.get("content")
         if not isinstance(role, str) or role not in CHAT_ROLES:
             raise ValueError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
-        if "content" not in m:
-            raise ValueError(f"messages[{i}] has no content")
+        if content is None and role != "assistant":
+            raise ValueError(f"messages[{i}].content is missing")
         out.append(dict(m, content=_content_text(content, i)))
     return out
 
@@ -65,14 +67,16 @@ def _content_text(content, i: int) -> str:
         for j, part in enumerate(content):
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ValueError(f"messages[{i}].content[{j}] must be a text part "
-                                 f"{{\"type\": \"text\", \"text\": ...}}, got {kind!r}")
+                raise ValueError(f"messages[{i}].content[{j}]: only text parts "
+                                 f"({{\"type\": \"text\", \"text\": ...}}) are supported, got {kind!r}")
             parts.append(part["text"])
-        return "".join(parts)
+        return "\n".join(parts)
     raise ValueError(f"messages[{i}].content must be a string or a list of text parts, got {type(content).__name__}")
 
 
-def chat_token_ids(messages, tokenizer) -> list[int]:
+def chat_token_ids(messages, tokenizer, options: ChatOptions | None = None) -> list[int]:
+    """The prompt of one conversation through the model's chat template (ValueError if the
+    messages or options are bad, or the template refuses them)."""
     if tokenizer is None:
         raise ValueError("chat needs a tokenizer with a chat template; this model has none")
-    return tokenizer.apply_chat_template(normalize_messages(messages))
+    return tokenizer.apply_chat_template(normalize_messages(messages), options)

@@ -66,7 +66,7 @@ def _write_one_file(ds, path: str) -> tuple[int, int]:
     return rows, errors
 
 
-def run(a, sampling_defaults: dict, engine_kwargs: dict) -> int:
+def run(a, sampling_defaults: dict, engine_kwargs: dict, chat=None) -> int:
     from slipstream.ray.cluster import init_ray
     from slipstream.ray.processor import build_processor
 
@@ -82,7 +82,10 @@ def run(a, sampling_defaults: dict, engine_kwargs: dict) -> int:
     processor = build_processor(model, replicas=a.replicas,
                                 sampling_params=sampling_defaults, batch_size=a.batch_size,
                                 max_pending_requests=a.max_pending_requests,
-                                preserve_order=a.preserve_order, **engine_kwargs)
+                                preserve_order=a.preserve_order,
+                                chat_template=chat.template if chat else None,
+                                chat_template_kwargs=chat.template_kwargs if chat else None,
+                                **engine_kwargs)
     ray = init_ray(a.ray_address)
     gpus = a.gpus_per_replica
     if gpus is None:  # a GPU each where the cluster has GPUs (unless --device cpu)

@@ -30,6 +30,8 @@ class Processor:
     preserve_order: bool
     core: str
     engine_options: dict = field(default_factory=dict)
+    chat_template: str | None = None
+    chat_template_kwargs: dict = field(default_factory=dict)
 
     def __call__(self, ds):
         """The Dataset of `ds`'s rows with the generation columns added."""
@@ -48,7 +50,8 @@ class Processor:
                 fn_constructor_kwargs=dict(model=self.model, engine_options=self.engine_options,
                                            defaults=self.sampling_params,
                                            max_pending_requests=self.max_pending_requests,
-                                           core=self.core),
+                                           core=self.core, chat_template=self.chat_template,
+                                           chat_template_kwargs=self.chat_template_kwargs),
                 num_gpus=self.gpus_per_replica or None, num_cpus=self.cpus_per_replica,
                 # a dead replica is replaced; the batches it held run once more
                 max_restarts=-1, max_task_retries=1)
@@ -66,7 +69,8 @@ def build_processor(model: str | None = None, *, replicas: int = 1, gpus_per_rep
                     cpus_per_replica: float = 1, sampling_params: dict | None = None,
                     batch_size: int = 32, max_pending_requests: int | None = None,
                     max_concurrent_batches: int = 4, preserve_order: bool = False,
-                    core: str = "process", **engine_options) -> Processor:
+                    core: str = "process", chat_template: str | None = None,
+                    chat_template_kwargs: dict | None = None, **engine_options) -> Processor:
     """A callable mapping a Dataset of rows with `prompt` or `messages` (and optional
     per-row `sampling_params`) to the same rows with `OUTPUT_COLUMNS` added.
 
@@ -74,6 +78,9 @@ def build_processor(model: str | None = None, *, replicas: int = 1, gpus_per_rep
     GPUs: two replicas share a GPU; then give each gpu_memory_utilization <= 0.45);
     max_pending_requests: requests in the engine per replica at once (default batch_size
     x max_concurrent_batches); preserve_order: output rows in input order (slower).
+    chat_template / chat_template_kwargs: for `messages` rows, a Jinja template instead of
+    the tokenizer's and extra template variables (a row's own `chat_template_kwargs` go
+    over these).
     engine_options: EngineConfig fields (device, max_model_len, ...). Every argument is
     checked here, before any actor starts."""
     for name, value in (("replicas", replicas), ("batch_size", batch_size),
@@ -88,10 +95,15 @@ def build_processor(model: str | None = None, *, replicas: int = 1, gpus_per_rep
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
     if core not in ("process", "thread"):
         raise ValueError(f"core must be 'process' or 'thread', got {core!r}")
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise ValueError(f"chat_template must be a string, got {type(chat_template).__name__}")
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+        raise ValueError(f"chat_template_kwargs must be a mapping, got {type(chat_template_kwargs).__name__}")
     EngineConfig.from_kwargs(model=model, **engine_options)
     return Processor(model=model, replicas=replicas, gpus_per_replica=gpus_per_replica,
                      cpus_per_replica=cpus_per_replica, sampling_params=check_defaults(sampling_params),
                      batch_size=batch_size,
                      max_pending_requests=max_pending_requests or batch_size * max_concurrent_batches,
                      max_concurrent_batches=max_concurrent_batches, preserve_order=preserve_order,
-                     core=core, engine_options=dict(engine_options))
+                     core=core, engine_options=dict(engine_options), chat_template=chat_template,
+                     chat_template_kwargs=dict(chat_template_kwargs or {}))

@@ -15,16 +15,19 @@ import os
 
 from slipstream.errors import EngineDeadError
 from slipstream.ray.rows import INPUT_COLUMNS, OUTPUT_COLUMNS, RowResult, result_of, row_params, row_prompt
+from slipstream.tokenizer import ChatOptions
 
 log = logging.getLogger("slipstream.ray")
 
 
 class EngineReplica:
     def __init__(self, model: str | None, engine_options: dict, defaults: dict,
-                 max_pending_requests: int, core: str = "process") -> None:
+                 max_pending_requests: int, core: str = "process",
+                 chat_template: str | None = None, chat_template_kwargs: dict | None = None) -> None:
         from slipstream.frontend.async_llm import AsyncLLM
         self.llm = AsyncLLM(model, core=core, **engine_options)
         self.defaults = defaults
+        self.chat = ChatOptions(template_kwargs=dict(chat_template_kwargs or {}), template=chat_template)
         self.max_pending = max_pending_requests
         self._pending: asyncio.Semaphore | None = None  # made on the loop that runs the calls
         self._ids = itertools.count()
@@ -41,7 +44,7 @@ class EngineReplica:
 
     async def _run(self, row: dict) -> RowResult:
         try:
-            prompt = row_prompt(row, self.llm.tokenizer)
+            prompt = row_prompt(row, self.llm.tokenizer, self.chat)
             params = row_params(row, self.defaults)
         except (ValueError, TypeError) as e:
             return RowResult(error=str(e))

@@ -1,7 +1,8 @@
 """Rows in and out, as `ray.data.llm` has them.
 
 In: `prompt` (text or token ids) or `messages` (a chat), optional `sampling_params` (a
-mapping over the processor's defaults; a null field keeps the default).  Out: the
+mapping over the processor's defaults; a null field keeps the default) and, with messages,
+optional `chat_template_kwargs` (over the processor's, key by key; null keys are dropped).  Out: the
 columns of `OUTPUT_COLUMNS`; every other column of the row is passed through untouched.
 A row that cannot run gets `finish_reason` "error" and its reason in `error`.
 """
@@ -11,10 +12,11 @@ from dataclasses import dataclass
 
 from slipstream.frontend.prompts import chat_token_ids
 from slipstream.sampling_params import SamplingParams
+from slipstream.tokenizer import ChatOptions
 
 OUTPUT_COLUMNS = ("generated_text", "generated_token_ids", "num_input_tokens",
                   "num_generated_tokens", "finish_reason", "error")
-INPUT_COLUMNS = ("prompt", "messages", "sampling_params")
+INPUT_COLUMNS = ("prompt", "messages", "sampling_params", "chat_template_kwargs")
 
 
 @dataclass
@@ -27,14 +29,20 @@ class RowResult:
     error: str | None = None
 
 
-def row_prompt(row: dict, tokenizer):
-    """The prompt of a row (text, token ids, or a chat rendered to token ids); ValueError
-    naming what is wrong."""
+def row_prompt(row: dict, tokenizer, chat: ChatOptions | None = None):
+    """The prompt of a row (text, token ids, or a chat rendered to token ids with the
+    processor's chat options `chat`); ValueError naming what is wrong."""
     prompt, messages = row.get("prompt"), row.get("messages")
     if (prompt is None) == (messages is None):
         raise ValueError("a row needs exactly one of 'prompt' and 'messages'")
+    own = row.get("chat_template_kwargs")
+    if own is not None and messages is None:
+        raise ValueError("'chat_template_kwargs' applies to 'messages' rows only")
+    if own is not None and not isinstance(own, dict):
+        raise ValueError(f"'chat_template_kwargs' must be a mapping, got {type(own).__name__}")
     if messages is not None:
-        return chat_token_ids(list(messages), tokenizer)
+        options = ChatOptions(template_kwargs={k: v for k, v in (own or {}).items() if v is not None})
+        return chat_token_ids(list(messages), tokenizer, options.over(chat or ChatOptions()))
     if not isinstance(prompt, (str, list)):
         raise ValueError(f"'prompt' must be text or a list of token ids, got {type(prompt).__name__}")
     return prompt

@@ -27,6 +27,7 @@ from slipstream.server.serving_chat import complete_chat, prepare_chat, render_p
 from slipstream.server.serving_common import PromptRun, ServingState, encode, off_loop
 from slipstream.server.serving_completions import (complete, prepare_completion,
                                                    stream_completion)
+from slipstream.tokenizer import ChatOptions
 
 _UNCOUNTED = ("/health", "/metrics", "/version")
 
@@ -155,7 +156,7 @@ async def race_disconnect(request: Request, coro):
 
 def _tokenize(state: ServingState, req: TokenizeRequest) -> list[int]:
     if req.messages is not None:
-        return render_prompt(state, req.messages)
+        return render_prompt(state, req)
     if req.add_special_tokens:
         return encode(state, req.prompt)
     return list(state.need_tokenizer().hf.encode(req.prompt, add_special_tokens=False))
@@ -168,7 +169,8 @@ def build_app(llm, args=None) -> FastAPI:
     state = ServingState(llm=llm, served_names=list(names),
                          max_num_seqs=_opt(args, "max_num_seqs", 256),
                          max_waiting=_opt(args, "max_waiting", None),
-                         stream_interval=_opt(args, "stream_interval", 1))
+                         stream_interval=_opt(args, "stream_interval", 1),
+                         chat_defaults=_opt(args, "chat_defaults", ChatOptions()))
     limit = _opt(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
     app = FastAPI(title="slipstream", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serving = state
@@ -262,6 +264,6 @@ def build_app(llm, args=None) -> FastAPI:
                 "bos_token_id": s(getattr(hf, "bos_token_id", None)),
                 "pad_token": s(getattr(hf, "pad_token", None)),
                 "unk_token": s(getattr(hf, "unk_token", None)),
-                "chat_template": s(getattr(hf, "chat_template", None))}
+                "chat_template": s(state.chat_defaults.template or getattr(hf, "chat_template", None))}
 
     return app

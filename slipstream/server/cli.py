@@ -24,9 +24,11 @@ log = logging.getLogger("slipstream.server")
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
+    from slipstream.cli import _chat_args
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) clients send (default: the model's own name); the "
                         "first is reported in responses")
+    _chat_args(p, "--default-chat-template-kwargs")
 
 
 def add_serve_parser(subparsers, engine_args_fn):
@@ -71,6 +73,8 @@ def add_run_batch_parser(subparsers, engine_args_fn):
 
 
 def _check_flags(a: argparse.Namespace) -> None:
+    from slipstream.cli import chat_defaults
+    a.chat_defaults = chat_defaults(a)  # the chat template flags, read (ValueError if bad)
     for name in ("max_waiting", "stream_interval", "max_body_bytes", "max_concurrency",
                  "data_parallel_size"):
         v = getattr(a, name, None)

@@ -17,20 +17,12 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+_NULL_MEANS_DEFAULT = ("n", "stream", "echo", "logprobs", "ignore_eos", "min_tokens",
+                       "skip_special_tokens", "add_generation_prompt", "continue_final_message")
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
-
-
-class StreamOptions(_Request):
-    include_usage: bool = False
-
-
-_NULL_MEANS_DEFAULT = ("n", "stream", "echo", "logprobs", "ignore_eos", "min_tokens",
-                       "skip_special_tokens")
-
-
-class _SamplingFields(_Request):
-    """Fields shared by completions and chat (OpenAI names, then vLLM's extras)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -39,6 +31,14 @@ class _SamplingFields(_Request):
         if isinstance(data, dict) and any(data.get(k, 0) is None for k in _NULL_MEANS_DEFAULT):
             data = {k: v for k, v in data.items() if not (v is None and k in _NULL_MEANS_DEFAULT)}
         return data
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Request):
+    """Fields shared by completions and chat (OpenAI names, then vLLM's extras)."""
 
     model: str | None = None
     n: int = 1
@@ -86,8 +86,17 @@ class ChatMessage(_Request):
     name: str | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatTemplateFields(_Request):
+    """How the messages become a prompt (vLLM's extras; slipstream.tokenizer.ChatOptions)."""
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # refused: the server's --chat-template sets it
+
+
+class ChatCompletionRequest(_SamplingFields, ChatTemplateFields):
     messages: list[ChatMessage]
+    echo: bool = False  # the reply starts with the last message's content if it is the assistant's
     max_completion_tokens: int | None = None
     max_tokens: int | None = None
     logprobs: bool = False
@@ -97,7 +106,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Union[str, dict[str, Any], None] = None
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(ChatTemplateFields):
     model: str | None = None
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None

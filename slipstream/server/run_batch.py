@@ -131,7 +131,7 @@ async def run_batch_file(a) -> int:
     state = None
     try:
         names = a.served_model_name or [llm.model_name]
-        state = ServingState(llm=llm, served_names=list(names))
+        state = ServingState(llm=llm, served_names=list(names), chat_defaults=a.chat_defaults)
 
         def write(row: dict) -> None:
             dst.write(json.dumps(row, ensure_ascii=False) + "\n")

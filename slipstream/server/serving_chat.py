@@ -6,17 +6,18 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from slipstream.frontend.prompts import normalize_messages
 from slipstream.sampling_params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                                         ChatCompletionResponse, ChatLogprobs, ChatMessage,
                                         ChatMessageOut, ChatStreamChoice, DeltaMessage,
-                                        TokenLogprob, TopLogprob, UsageInfo, random_id)
+                                        TokenLogprob, TopLogprob, UsageInfo, ChatTemplateFields,
+                                        random_id)
 from slipstream.server.serving_common import (PromptRun, ServingState, check_common, clean_lp,
                                               collect, make_params, output_error,
                                               resolve_max_tokens, sse, sse_events, validate_prompt)
-
-ROLES = ("system", "developer", "user", "assistant")
+from slipstream.tokenizer import ChatOptionError, ChatOptions
 
 
 @dataclass
@@ -26,47 +27,44 @@ class PreparedChat:
     params: SamplingParams
     top_logprobs: int | None  # None: no logprobs
     request_id: str
+    echo: str = ""  # what each reply starts with (`echo`: the last message, if the assistant's)
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
-    """Plain {role, content} dicts for the template; text parts are joined by newlines."""
-    if not messages:
-        raise bad_request("messages must not be empty", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        if m.role not in ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
-                              f"{m.role!r}", f"messages[{i}].role")
-        content = m.content
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if part.type != "text" or not isinstance(part.text, str):
-                    raise bad_request(f"messages[{i}].content[{j}]: only text parts "
-                                      "({\"type\": \"text\", \"text\": ...}) are supported",
-                                      f"messages[{i}].content")
-                texts.append(part.text)
-            content = "\n".join(texts)
-        elif content is None:
-            if m.role != "assistant":
-                raise bad_request(f"messages[{i}].content is missing", f"messages[{i}].content")
-            content = ""
-        msg = {"role": m.role, "content": content}
-        if m.name is not None:
-            msg["name"] = m.name
-        out.append(msg)
-    return out
-
-
-def render_prompt(state: ServingState, messages: list[ChatMessage]) -> list[int]:
-    msgs = chat_messages(messages)
-    tok = state.need_tokenizer()
-    if not tok.has_chat_template:
-        raise bad_request("this model's tokenizer has no chat template; use /v1/completions")
+    """Plain {role, content} dicts for the template (frontend.prompts.normalize_messages)."""
     try:
-        return list(tok.apply_chat_template(msgs))
-    except Exception as e:  # a template may raise on its own rules (role order, ...)
-        raise bad_request(f"the chat template rejected the messages: {e}", "messages") from None
+        return normalize_messages([m.model_dump(exclude_none=True) for m in messages])
+    except ValueError as e:
+        raise bad_request(str(e), "messages") from None
+
+
+def chat_options(state: ServingState, req: ChatTemplateFields) -> ChatOptions:
+    """The request's template options over the server's (--chat-template,
+    --default-chat-template-kwargs)."""
+    if req.chat_template is not None:
+        raise bad_request("chat_template is not accepted in a request; the server's "
+                          "--chat-template sets the template", "chat_template")
+    own = ChatOptions(req.add_generation_prompt, req.continue_final_message,
+                      dict(req.chat_template_kwargs or {}))
+    return own.over(state.chat_defaults)
+
+
+def render_prompt(state: ServingState, req: ChatTemplateFields,
+                  msgs: list[dict] | None = None) -> list[int]:
+    """The prompt's token ids: `req.messages` (or `msgs`, already normalized) through the
+    chat template with the request's options."""
+    msgs = chat_messages(req.messages) if msgs is None else msgs
+    options = chat_options(state, req)
+    tok = state.need_tokenizer()
+    if not (tok.has_chat_template or options.template):
+        raise bad_request("this model's tokenizer has no chat template; use /v1/completions "
+                          "(or start the server with --chat-template)")
+    try:
+        return list(tok.apply_chat_template(msgs, options))
+    except ChatOptionError as e:
+        raise bad_request(str(e), e.param) from None
+    except ValueError as e:  # the template's own rules (role order, ...)
+        raise bad_request(str(e), "messages") from None
 
 
 def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedChat:
@@ -83,13 +81,15 @@ def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedCha
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
     top = (req.top_logprobs or 0) if req.logprobs else None
-    ids = render_prompt(state, req.messages)
+    msgs = chat_messages(req.messages)
+    ids = render_prompt(state, req, msgs)
+    echo = msgs[-1]["content"] if req.echo and msgs[-1]["role"] == "assistant" else ""
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = resolve_max_tokens(state, wanted, len(ids), param)
     params = make_params(state, req, max_tokens=max_tokens, logprobs=top)
     return PreparedChat(req, validate_prompt(state, ids, params), params, top,
-                        random_id("chatcmpl"))
+                        random_id("chatcmpl"), echo)
 
 
 def _chat_logprobs(state: ServingState, ids: list[int], lps, k: int) -> ChatLogprobs:
@@ -114,7 +114,7 @@ async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
         lp = None
         if prep.top_logprobs is not None:
             lp = _chat_logprobs(state, c.token_ids, c.logprobs, prep.top_logprobs)
-        choices.append(ChatChoice(index=c.index, message=ChatMessageOut(content=c.text),
+        choices.append(ChatChoice(index=c.index, message=ChatMessageOut(content=prep.echo + c.text),
                                   logprobs=lp, finish_reason=c.finish_reason,
                                   stop_reason=c.stop_reason))
     usage = UsageInfo(prompt_tokens=len(prep.prompt), completion_tokens=completion_tokens,
@@ -142,6 +142,8 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
     for idx in range(req.n):
         sent[idx], pending[idx] = 0, ""
         yield chunk(idx, DeltaMessage(role="assistant", content=""))
+        if prep.echo:
+            yield chunk(idx, DeltaMessage(content=prep.echo))
     async for _, out in run.events():
         err = output_error(state, out) if out.finished else None
         if err is not None:

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 from slipstream.sampling_params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.metrics import ServerMetrics
+from slipstream.tokenizer import ChatOptions
 
 MAX_N = 128
 MAX_PROMPTS = 1024
@@ -31,6 +32,7 @@ class ServingState:
     max_num_seqs: int = 256
     max_waiting: int | None = None
     stream_interval: int = 1
+    chat_defaults: ChatOptions = field(default_factory=ChatOptions)  # --chat-template, ...
     metrics: ServerMetrics = None  # type: ignore[assignment]
     shutting_down: bool = False
     active_requests: int = 0  # engine requests submitted and not yet ended
