@@ -82,6 +82,9 @@ class IncrementalDetokenizer:
     ``min_tokens`` (optional, vLLM semantics): stop strings are only looked for
     once ``min_tokens`` output tokens exist; an occurrence that lies entirely in
     the text of the first ``min_tokens - 1`` tokens is ignored.
+
+    ``include_stop`` (vLLM's ``include_stop_str_in_output``): the text released at a
+    stop hit ends with the stop string instead of before it.
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         *,
         min_tokens: int = 0,
+        include_stop: bool = False,
     ) -> None:
         if isinstance(stop, str):
             stop = (stop,)
@@ -104,6 +108,7 @@ class IncrementalDetokenizer:
         self.stop: tuple[str, ...] = stop
         self._hold_back = max((len(s) for s in stop), default=1) - 1
         self._min_tokens = int(min_tokens)
+        self._include_stop = bool(include_stop)
 
         # Layer 1: the decode window.
         self._tokens: list[int] = [int(t) for t in list(prompt_token_ids[-CONTEXT_TOKENS:])]
@@ -236,7 +241,7 @@ class IncrementalDetokenizer:
                 if i != -1 and (best_index == -1 or i < best_index):
                     best_index, best_stop = i, s
             if best_stop is not None:
-                out = pending[:best_index]
+                out = pending[:best_index + (len(best_stop) if self._include_stop else 0)]
                 self._pending = ""
                 self._searched = 0
                 self.stop_hit = best_stop

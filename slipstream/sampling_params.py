@@ -96,8 +96,11 @@ class SamplingParams:
                              the top probability; in [0, 1]; 0 = off.
     seed [None]              int of any size or None (the engine picks one).
                              Draws depend only on (seed, token index).
-    stop [None -> ()]        str or list of str; generation ends before the first
-                             occurrence of any of them (not included in output).
+    stop [None -> ()]        str or list of str; generation ends at the first
+                             occurrence of any of them (not included in output,
+                             unless include_stop_str_in_output).
+    include_stop_str_in_output [False] keep the stop string that ended the
+                             output at the end of its text.
     stop_token_ids [[]]      extra token ids that end generation (the token is
                              kept in the output ids, its text is not shown if
                              special). ints >= 0.
@@ -125,6 +128,7 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     stop: str | list[str] | tuple[str, ...] | None = None
+    include_stop_str_in_output: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     repetition_penalty: float = 1.0
@@ -196,6 +200,8 @@ class SamplingParams:
                 )
 
         self.skip_special_tokens = _check_bool("skip_special_tokens", self.skip_special_tokens)
+        self.include_stop_str_in_output = _check_bool("include_stop_str_in_output",
+                                                      self.include_stop_str_in_output)
 
         self.n = _check_int("n", self.n, f"in [1, {MAX_N}]")
         if not 1 <= self.n <= MAX_N:

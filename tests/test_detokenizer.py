@@ -180,6 +180,16 @@ def test_stop_string_spanning_tokens_is_trimmed_exactly(tok, prompt_ids):
     assert detok.text == TEXT[:start]
 
 
+def test_include_stop_keeps_the_stop_string_that_ended_the_text(tok, prompt_ids):
+    ids = encode(tok, TEXT)
+    stop = "s. I"
+    detok = IncrementalDetokenizer(tok, prompt_ids, stop=(stop, "lazy"), include_stop=True)
+    pieces, hit_at = run(detok, ids)
+    assert hit_at is not None and detok.stop_hit == stop
+    assert detok.text == "".join(pieces) == TEXT[:TEXT.index(stop) + len(stop)]
+    assert detok.add_token(ids[0]) == ("", True) and detok.finish() == ""
+
+
 def test_hold_back_never_releases_part_of_a_stop_string(tok):
     ids = encode(tok, TEXT)
     stop = "sleepy dogs"  # shares prefixes with the text ("s", "sleep") but never occurs

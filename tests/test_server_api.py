@@ -150,6 +150,25 @@ def test_continue_final_message_through_the_openai_client(server, client):
                                        extra_body={"continue_final_message": True})
 
 
+def test_include_stop_str_in_output(client):
+    free = client.completions.create(model="smol", prompt="The sky is", max_tokens=12, temperature=0)
+    text = free.choices[0].text
+    stop = text[4:7]
+    assert len(stop) == 3 and stop in text
+    cut = text.index(stop)
+    plain, kept = (client.completions.create(model="smol", prompt="The sky is", max_tokens=12, temperature=0,
+                                             stop=[stop], extra_body={"include_stop_str_in_output": inc})
+                   for inc in (False, True))
+    assert plain.choices[0].text == text[:cut] and kept.choices[0].text == text[:cut + len(stop)]
+    assert plain.choices[0].finish_reason == kept.choices[0].finish_reason == "stop"
+    chat = dict(model="smol", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0)
+    said = client.chat.completions.create(**chat).choices[0].message.content
+    stop = said[2:5]
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+        **chat, stop=[stop], stream=True, extra_body={"include_stop_str_in_output": True}) if ch.choices)
+    assert streamed == said[:said.index(stop) + len(stop)]
+
+
 def test_a_long_prompt_is_tokenized_off_the_event_loop(server):
     # ~880 KB of text is ~200K tokens: tokenizing it takes a good fraction of a second, and
     # the server goes on answering meanwhile (on the event loop it would answer nothing)

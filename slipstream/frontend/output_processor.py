@@ -88,7 +88,8 @@ class OutputProcessor:
         if self.tokenizer is None:
             return None
         return IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop, params.skip_special_tokens,
-                                      min_tokens=params.min_tokens)
+                                      min_tokens=params.min_tokens,
+                                      include_stop=params.include_stop_str_in_output)
 
     def add(self, state: RequestState) -> list[AddRequest]:
         """Register a request; the core messages of its completions."""

@@ -18,7 +18,8 @@ def random_id(prefix: str) -> str:
 
 
 _NULL_MEANS_DEFAULT = ("n", "stream", "echo", "logprobs", "ignore_eos", "min_tokens",
-                       "skip_special_tokens", "add_generation_prompt", "continue_final_message")
+                       "skip_special_tokens", "add_generation_prompt", "continue_final_message",
+                       "include_stop_str_in_output")
 
 
 class _Request(BaseModel):
@@ -57,6 +58,7 @@ class _SamplingFields(_Request):
     min_p: float | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True

@@ -127,7 +127,8 @@ def make_params(state: ServingState, req, *, max_tokens: int, logprobs: int | No
               ignore_eos=req.ignore_eos, repetition_penalty=req.repetition_penalty,
               presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
               logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-              skip_special_tokens=req.skip_special_tokens)
+              skip_special_tokens=req.skip_special_tokens,
+              include_stop_str_in_output=req.include_stop_str_in_output)
     try:
         return SamplingParams.from_dict(kw)
     except ValueError as e:
