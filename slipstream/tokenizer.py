@@ -90,9 +90,10 @@ class Tokenizer:
         self.bos_token_id: int | None = hf_tokenizer.bos_token_id
         self.vocab_size: int = len(hf_tokenizer)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, with BOS if (and as) the model's tokenizer adds one."""
-        return self.hf.encode(text, add_special_tokens=True)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`, with BOS if (and as) the model's tokenizer adds one, unless
+        `add_special_tokens` is false."""
+        return self.hf.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.hf.decode(_as_list(ids), skip_special_tokens=skip_special_tokens)

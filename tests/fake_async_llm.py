@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from types import SimpleNamespace
 
 from slipstream.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from slipstream.tokenizer import Tokenizer
@@ -28,8 +29,10 @@ class FakeHFTokenizer:
     def __len__(self) -> int:
         return FakeTokenizer.vocab_size
 
+    adds_bos = False  # a test may set it: encode then starts with BOS unless told not to
+
     def encode(self, text, add_special_tokens=True):
-        return [b + 3 for b in text.encode("utf-8")]
+        return [1] * (self.adds_bos and add_special_tokens) + [b + 3 for b in text.encode("utf-8")]
 
     def apply_chat_template(self, conversation, chat_template=None, add_generation_prompt=False,
                             continue_final_message=False, tokenize=True, **kwargs):
@@ -51,9 +54,6 @@ class FakeTokenizer(Tokenizer):
 
     def __init__(self):
         super().__init__(FakeHFTokenizer())
-
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         out, buf = [], bytearray()
@@ -200,3 +200,20 @@ class FakeAsyncLLM:
 
     async def shutdown(self) -> None:
         pass
+
+
+def run_app(coro_fn, llm=None, **args):
+    """Call coro_fn(client, llm) against a fresh server app on a fake engine, in process
+    (httpx's ASGI transport); `args` are the server's flags (as `build_app` reads them)."""
+    import httpx
+
+    from slipstream.server.app import build_app
+
+    async def main():
+        fake = llm or FakeAsyncLLM()
+        base = dict(served_model_name=None, api_key=None, max_waiting=None, stream_interval=1,
+                    max_body_bytes=4096, max_num_seqs=4)
+        app = build_app(fake, SimpleNamespace(**{**base, **args}))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await asyncio.wait_for(coro_fn(c, fake), 30)
+    return asyncio.run(main())

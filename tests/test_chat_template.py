@@ -4,20 +4,17 @@ SmolLM2, the server's protocol on the fake engine, the flags of `serve` / `gener
 JSONL batch job, Ray rows, and `LLM.chat`."""
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
 from types import SimpleNamespace
 
-import httpx
 import pytest
 
-from fake_async_llm import FakeAsyncLLM, FakeTokenizer
+from fake_async_llm import FakeTokenizer, run_app
 from slipstream.cli import chat_defaults, main, read_chat_template
 from slipstream.frontend.prompts import chat_token_ids, normalize_messages
 from slipstream.ray.rows import row_prompt
-from slipstream.server.app import build_app
 from slipstream.tokenizer import ChatOptionError, ChatOptions, load_tokenizer
 
 CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}]
@@ -90,14 +87,7 @@ def test_one_normalization_of_messages():
 
 # ---------------------------------------------------------------- the server (fake engine)
 def _serve(body_fn, **args):
-    async def main_():
-        llm = FakeAsyncLLM()
-        base = dict(served_model_name=None, api_key=None, max_waiting=None, stream_interval=1,
-                    max_body_bytes=1 << 16, max_num_seqs=4)
-        app = build_app(llm, SimpleNamespace(**{**base, **args}))
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-            return await asyncio.wait_for(body_fn(c), 30)
-    return asyncio.run(main_())
+    return run_app(lambda c, llm: body_fn(c), max_body_bytes=1 << 16, **args)
 
 
 def _prompt_text(ids):

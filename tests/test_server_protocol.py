@@ -5,31 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
-
-import httpx
 import pytest
 
-from fake_async_llm import FakeAsyncLLM
-from slipstream.server.app import build_app
+from fake_async_llm import FakeAsyncLLM, run_app
 
 
-def _args(**kw):
-    base = dict(served_model_name=None, api_key=None, max_waiting=None, stream_interval=1,
-                max_body_bytes=4096, max_num_seqs=4)
-    base.update(kw)
-    return SimpleNamespace(**base)
-
-
-def run(coro_fn, llm=None, **kw):
-    """Call coro_fn(client, llm) against a fresh app on a fake engine."""
-    async def main():
-        fake = llm or FakeAsyncLLM()
-        app = build_app(fake, _args(**kw))
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-            return await asyncio.wait_for(coro_fn(c, fake), 30)
-    return asyncio.run(main())
+run = run_app
 
 
 def events(text: str) -> list:

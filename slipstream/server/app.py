@@ -155,11 +155,9 @@ async def race_disconnect(request: Request, coro):
 
 
 def _tokenize(state: ServingState, req: TokenizeRequest) -> list[int]:
-    if req.messages is not None:
-        return render_prompt(state, req)
-    if req.add_special_tokens:
-        return encode(state, req.prompt)
-    return list(state.need_tokenizer().hf.encode(req.prompt, add_special_tokens=False))
+    if req.messages is not None:  # as vLLM: a chat's special tokens are the template's
+        return render_prompt(state, req, add_special_tokens=bool(req.add_special_tokens))
+    return encode(state, req.prompt, req.add_special_tokens is not False)
 
 
 def build_app(llm, args=None) -> FastAPI:

@@ -59,9 +59,23 @@ class _SamplingFields(_Request):
     repetition_penalty: float | None = None
     stop_token_ids: list[StrictInt] | None = None
     include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: the context)
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    # vLLM extras slipstream does not have: refused when set (serving_common.UNSUPPORTED)
+    use_beam_search: bool = False
+    length_penalty: float | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    priority: int = 0
+    prompt_logprobs: int | None = None
+    return_tokens_as_token_ids: bool = False
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
 
 TokenIds = list[StrictInt]
@@ -73,6 +87,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     max_tokens: int | None = 16  # null: up to the context length
     return_token_ids: bool = False  # each choice also carries its token ids (vLLM's extension)
+    add_special_tokens: bool = True  # a text prompt gets the tokenizer's BOS (where it adds one)
     suffix: str | None = None
     best_of: int | None = None
 
@@ -99,6 +114,7 @@ class ChatTemplateFields(_Request):
 class ChatCompletionRequest(_SamplingFields, ChatTemplateFields):
     messages: list[ChatMessage]
     echo: bool = False  # the reply starts with the last message's content if it is the assistant's
+    add_special_tokens: bool = False  # the template writes them; true: the tokenizer's too
     max_completion_tokens: int | None = None
     max_tokens: int | None = None
     logprobs: bool = False
@@ -112,7 +128,7 @@ class TokenizeRequest(ChatTemplateFields):
     model: str | None = None
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # default: true for a prompt, false for messages
 
 
 class DetokenizeRequest(_Request):

@@ -16,7 +16,8 @@ from slipstream.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCom
                                         random_id)
 from slipstream.server.serving_common import (PromptRun, ServingState, check_common, clean_lp,
                                               collect, make_params, output_error,
-                                              resolve_max_tokens, sse, sse_events, validate_prompt)
+                                              encode, resolve_max_tokens, sse, sse_events,
+                                              truncate_prompt, validate_prompt)
 from slipstream.tokenizer import ChatOptionError, ChatOptions
 
 
@@ -49,10 +50,11 @@ def chat_options(state: ServingState, req: ChatTemplateFields) -> ChatOptions:
     return own.over(state.chat_defaults)
 
 
-def render_prompt(state: ServingState, req: ChatTemplateFields,
-                  msgs: list[dict] | None = None) -> list[int]:
+def render_prompt(state: ServingState, req: ChatTemplateFields, msgs: list[dict] | None = None,
+                  add_special_tokens: bool = False) -> list[int]:
     """The prompt's token ids: `req.messages` (or `msgs`, already normalized) through the
-    chat template with the request's options."""
+    chat template with the request's options (the template writes the special tokens;
+    `add_special_tokens` adds the tokenizer's too)."""
     msgs = chat_messages(req.messages) if msgs is None else msgs
     options = chat_options(state, req)
     tok = state.need_tokenizer()
@@ -60,11 +62,12 @@ def render_prompt(state: ServingState, req: ChatTemplateFields,
         raise bad_request("this model's tokenizer has no chat template; use /v1/completions "
                           "(or start the server with --chat-template)")
     try:
-        return list(tok.apply_chat_template(msgs, options))
+        text = tok.render_chat(msgs, options)
     except ChatOptionError as e:
         raise bad_request(str(e), e.param) from None
     except ValueError as e:  # the template's own rules (role order, ...)
         raise bad_request(str(e), "messages") from None
+    return encode(state, text, add_special_tokens)
 
 
 def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedChat:
@@ -82,7 +85,8 @@ def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedCha
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
     top = (req.top_logprobs or 0) if req.logprobs else None
     msgs = chat_messages(req.messages)
-    ids = render_prompt(state, req, msgs)
+    ids = truncate_prompt(state, render_prompt(state, req, msgs, req.add_special_tokens),
+                          req.truncate_prompt_tokens)
     echo = msgs[-1]["content"] if req.echo and msgs[-1]["role"] == "assistant" else ""
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -101,8 +101,20 @@ def clean_lp(lp: float) -> float:
     return lp if math.isfinite(lp) and lp > -9999.0 else -9999.0
 
 
+# vLLM request fields slipstream does not implement, with the value that means "not used":
+# a request that sets one otherwise gets a 400 rather than an answer without it
+UNSUPPORTED = {"use_beam_search": False, "length_penalty": None, "allowed_token_ids": None,
+               "bad_words": None, "priority": 0, "prompt_logprobs": None,
+               "return_tokens_as_token_ids": False, "structured_outputs": None,
+               "guided_json": None, "guided_regex": None, "guided_choice": None,
+               "guided_grammar": None}
+
+
 def check_common(req) -> None:
     """Field combinations both APIs reject."""
+    for name, unused in UNSUPPORTED.items():
+        if getattr(req, name) not in (unused, [] if unused is None else unused):
+            raise bad_request(f"{name} is not supported by this server", name)
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options can only be given when stream is true", "stream_options")
     if not 1 <= req.n <= MAX_N:
@@ -180,8 +192,21 @@ async def off_loop(state: ServingState, fn, *args):
     return await asyncio.get_running_loop().run_in_executor(state.prepare_pool, fn, *args)
 
 
-def encode(state: ServingState, text: str) -> list[int]:
-    return list(state.need_tokenizer().encode(text))
+def encode(state: ServingState, text: str, add_special_tokens: bool = True) -> list[int]:
+    return list(state.need_tokenizer().encode(text, add_special_tokens))
+
+
+def truncate_prompt(state: ServingState, ids: list[int], keep: int | None) -> list[int]:
+    """`truncate_prompt_tokens`: the prompt's last `keep` tokens (-1: as many as the context
+    holds); None leaves it whole."""
+    if keep is None:
+        return ids
+    if keep == -1:
+        keep = state.llm.max_model_len
+    if keep < 1:
+        raise bad_request(f"truncate_prompt_tokens must be >= 1 or -1, got {keep}",
+                          "truncate_prompt_tokens")
+    return ids[-keep:]
 
 
 class PromptRun:

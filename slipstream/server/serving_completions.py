@@ -18,7 +18,8 @@ from slipstream.server.protocol import (CompletionChoice, CompletionChunk, Compl
 from slipstream.server.serving_common import (MAX_CHOICES, MAX_PROMPTS, PromptRun, ServingState,
                                               check_common, clean_lp, collect, encode,
                                               make_params, output_error, resolve_max_tokens,
-                                              sse, sse_events, validate_prompt)
+                                              sse, sse_events, truncate_prompt,
+                                              validate_prompt)
 
 
 @dataclass
@@ -59,12 +60,14 @@ def prepare_completion(state: ServingState, req: CompletionRequest) -> PreparedC
     prompt_lp = req.logprobs if req.echo and req.logprobs is not None else None
     prompts, texts, params = [], [], []
     for item in items:
-        ids = encode(state, item) if isinstance(item, str) else list(item)
+        ids = encode(state, item, req.add_special_tokens) if isinstance(item, str) else list(item)
+        whole = len(ids)
+        ids = truncate_prompt(state, ids, req.truncate_prompt_tokens)
         max_tokens = 1 if echo_only else resolve_max_tokens(state, req.max_tokens, len(ids))
         sp = make_params(state, req, max_tokens=max_tokens, logprobs=req.logprobs,
                          prompt_logprobs=prompt_lp)
         prompts.append(validate_prompt(state, ids, sp))
-        texts.append(item if isinstance(item, str) else None)
+        texts.append(item if isinstance(item, str) and len(ids) == whole else None)
         params.append(sp)
     return PreparedCompletion(req, prompts, texts, params, echo_only, random_id("cmpl"))
 
