@@ -169,6 +169,25 @@ def test_include_stop_str_in_output(client):
     assert streamed == said[:said.index(stop) + len(stop)]
 
 
+def test_truncation_special_tokens_and_refused_extras(server, client):
+    prompt = "One two three four five six seven eight nine ten"
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": prompt}, timeout=60).json()["tokens"]
+    greedy = dict(model="smol", max_tokens=4, temperature=0)
+    cut = client.completions.create(prompt=prompt, echo=True, extra_body={"truncate_prompt_tokens": 3}, **greedy)
+    alone = client.completions.create(prompt=ids[-3:], echo=True, **greedy)
+    assert cut.usage.prompt_tokens == 3 < len(ids)
+    assert cut.choices[0].text == alone.choices[0].text  # the last 3 tokens, echoed, then the same reply
+    # SmolLM2 adds no BOS to a plain prompt: add_special_tokens changes nothing there, and a chat
+    # prompt gets no second set of special tokens from the tokenizer by default
+    plain = client.completions.create(prompt=prompt, extra_body={"add_special_tokens": False}, **greedy)
+    assert plain.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError, match="use_beam_search is not supported"):
+        client.completions.create(prompt=prompt, extra_body={"use_beam_search": True}, **greedy)
+    with pytest.raises(openai.BadRequestError, match="guided_choice is not supported"):
+        client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}],
+                                       extra_body={"guided_choice": ["yes", "no"]}, **greedy)
+
+
 def test_a_long_prompt_is_tokenized_off_the_event_loop(server):
     # ~880 KB of text is ~200K tokens: tokenizing it takes a good fraction of a second, and
     # the server goes on answering meanwhile (on the event loop it would answer nothing)
