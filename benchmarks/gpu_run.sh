@@ -3,7 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine gputests-clone kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
-#         prefill-long prefill-tiles boundary slot-copy slot-copy-ctx step-gaps step-gaps-clone graph-topology capture-cost gemm-host clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
+#         prefill-long prefill-tiles boundary slot-copy slot-copy-ctx step-gaps step-gaps-clone graph-topology capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -96,6 +96,10 @@ for stage in "$@"; do
                     run graph-topology-reverse 200 python3 benchmarks/probe_graph_topology.py --workload "${WORKLOAD:-seed-8b-bs8}" --rows "${ROWS:-8}" --reverse ;;
     # host µs of a layer GEMM call (first, eager, captured) under cublas and cublaslt: the start's cuBLAS time
     gemm-host) for m in ${MODELS:-0.6b 8b}; do run "gemm-host-$m" 200 python3 benchmarks/probe_gemm_host_cost.py --model "$m"; done ;;
+    # the device's read-only bandwidth against its copy bandwidth, and the one-row GEMV on each 8B weight
+    read-bw) run read-bw 300 python3 benchmarks/probe_read_bandwidth.py ${READ_BW_ARGS:---variant n8:stream_block_n=8 \
+               --variant n32:stream_block_n=32 --variant s2:stream_stages=2 --variant s4:stream_stages=4 \
+               --variant k512:stream_block_k=512 --variant k2048:stream_block_k=2048 --variant w8:stream_warps=8} ;;
     # one graph capture's CPU time against the same step eager (cuBLAS, Triton's launch path)
     capture-cost) run capture-cost 200 python3 benchmarks/probe_capture_cost.py --workload small-256 --rows 64 ;;
     # the second slot's graph cloned against captured: cost of each phase, replay times

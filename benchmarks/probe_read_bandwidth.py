@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""How fast can a one-row step read its weights? The device's read-only bandwidth against
+its copy bandwidth (the floor's unit), and the one-row GEMV (`ops/triton_gemv.py`) on each
+8B-shape weight alone, as TB/s of weight bytes.
+
+The floor of docs/benchmarks.md counts bytes at the measured copy bandwidth (read + written).
+A GEMV only reads, and a read-only stream may run faster than a copy; if so, the one-row
+8B step's GEMVs (1.04-1.05 x their bytes' time at copy bandwidth) have room left that the
+floor hides, and this says which weight shape has it.
+
+  read      a Triton kernel summing a 4 GiB bf16 tensor, each program striding over it
+            in BLOCK-wide loads (grid = SMs x programs_per_sm), the best of a few shapes
+  gemv      `gemv(x, w)` at one row, each weight shape alone: 8 distinct copies (more
+            than L2) in turn in one CUDA graph, with PDL as the engine launches it; the
+            median replay over the calls.  `--variant NAME:field=v,...` adds GemvConfig
+            variants (stream_block_n, stream_block_k, stream_stages, stream_warps)
+
+Usage: python benchmarks/probe_read_bandwidth.py [--variant NAME:k=v,...] [--copies 8]
+On a CPU (the test) it runs the interpreter at toy sizes and checks the read kernel's sum.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from slipstream.bench.cuda_timing import time_graph  # noqa: E402
+from slipstream.ops.device import sm_count  # noqa: E402
+from slipstream.ops.triton_gemv import DEFAULT_GEMV_CONFIG, gemv  # noqa: E402
+
+# the 8B shape's one-row products: (name, N, K)
+WEIGHTS_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
+              ("down", 4096, 14336), ("lm_head", 128256, 4096)]
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """Sum of x (fp32), each program taking every num_programs-th BLOCK-wide slice."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in tl.range(pid * BLOCK, n, step, num_stages=STAGES):
+        acc += tl.load(x_ptr + start + offs, mask=start + offs < n, other=0.0).to(tl.float32)
+    tl.atomic_add(out_ptr, tl.sum(acc, axis=0))
+
+
+def read_sum(x: torch.Tensor, out: torch.Tensor, programs: int, block: int, stages: int) -> None:
+    _read_kernel[(programs,)](x, out, x.numel(), BLOCK=block, STAGES=stages, num_warps=4)
+
+
+def copy_tbps(numel: int, dev) -> float:
+    src = torch.empty(numel, dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(src)
+    ms = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        ms.append(start.elapsed_time(end))
+    return 2 * src.numel() * 2 / (sorted(ms)[len(ms) // 2] * 1e-3) / 1e12
+
+
+def read_table(dev, numel: int) -> float:
+    """The best read-only rate over a few launch shapes (TB/s); prints each."""
+    x = torch.randn(numel, device=dev, dtype=torch.bfloat16)
+    out = torch.zeros(1, device=dev, dtype=torch.float32)
+    sms = sm_count(dev)
+    best = 0.0
+    print("| read kernel | programs | TB/s |\n|---|---|---|")
+    for per_sm, block, stages in [(1, 8192, 3), (2, 4096, 3), (2, 8192, 3), (4, 4096, 3), (4, 2048, 4),
+                                  (8, 2048, 3), (2, 16384, 2)]:
+        ms = time_graph([lambda: read_sum(x, out, sms * per_sm, block, stages)], iters=10,
+                        device=dev.type)
+        tbps = numel * 2 / (ms * 1e-3) / 1e12
+        best = max(best, tbps)
+        print(f"| block {block}, {stages} stages | {sms} x {per_sm} | {tbps:.2f} |")
+    return best
+
+
+def gemv_table(dev, variants: dict, copies: int, read_best: float, copy_best: float) -> None:
+    print("| weight | MB | variant | us a call | TB/s | / read | / copy |\n|---|---|---|---|---|---|---|")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for name, n, k in WEIGHTS_8B:
+        ws = [(torch.randn(n, k, generator=gen, device=dev) / k ** 0.5).to(torch.bfloat16)
+              for _ in range(copies if n * k * 2 * copies < (12 << 30) else 2)]
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        y = torch.empty(1, n, device=dev, dtype=torch.bfloat16)
+        ref = (x.float() @ ws[0].float().t())
+        mb = n * k * 2 / 1e6
+        for vname, cfg in variants.items():
+            err = ((gemv(x, ws[0], cfg=cfg).float() - ref).abs().max() / ref.abs().max()).item()
+            if err > 1e-2:
+                raise AssertionError(f"{name} {vname}: relative error {err:.2e}")
+            calls = [lambda w=w: gemv(x, w, out=y, cfg=cfg) for w in ws] * max(1, 8 // len(ws))
+            us = time_graph(calls, iters=20, device=dev.type) * 1e3
+            tbps = n * k * 2 / (us * 1e-6) / 1e12
+            print(f"| {name} | {mb:.1f} | {vname} | {us:.2f} | {tbps:.2f} | {tbps / read_best:.3f} | "
+                  f"{tbps / copy_best:.3f} |")
+        del ws
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME:field=value,... (GemvConfig fields, integers)")
+    ap.add_argument("--copies", type=int, default=8)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    if dev.type != "cuda":  # interpreter smoke check: the read kernel sums correctly
+        x = torch.randn(3000)
+        out = torch.zeros(1)
+        read_sum(x, out, programs=3, block=256, stages=1)
+        assert abs(out.item() - x.sum().item()) < 1e-2 * max(1.0, x.abs().sum().item() ** 0.5), out
+        print(f"read kernel sum ok: {out.item():.4f} vs {x.sum().item():.4f}")
+        return 0
+    variants = {"default": DEFAULT_GEMV_CONFIG}
+    for spec in args.variant:
+        vname, _, body = spec.partition(":")
+        kw = {key: int(v) for key, v in (item.split("=") for item in filter(None, body.split(",")))}
+        variants[vname] = dataclasses.replace(DEFAULT_GEMV_CONFIG, **kw)
+    copy_best = copy_tbps(1 << 30, dev)
+    print(f"{torch.cuda.get_device_name()}, {sm_count(dev)} SMs, torch {torch.__version__}, "
+          f"triton {triton.__version__}; copy {copy_best:.2f} TB/s (read + written)")
+    read_best = read_table(dev, 2 << 30)
+    print(f"read-only best {read_best:.2f} TB/s = {read_best / copy_best:.3f} x copy")
+    gemv_table(dev, variants, args.copies, read_best, copy_best)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
