@@ -101,7 +101,14 @@ def test_which_products_take_the_gemv():
     assert not gemv_applies(torch.empty(1, 4096), o_8b, GemvConfig(max_weight_bytes=16 << 20))
     assert not gemv_applies(torch.empty(1, 32768), torch.empty(16, 32768))  # K past the tile kernel's max_k
     assert gemv_applies(torch.empty(1, 32768), torch.empty(512, 32768, dtype=torch.bfloat16))  # streamed: any K
-    assert stream_columns(o_8b.numel() * 2) == 16 and stream_columns(12 << 20) == 4
+    # the 8B shape on 132 SMs: o and down (256 programs of 16) fit at once, qkv, gate_up and the
+    # lm_head take 8 columns; below stream_wide_bytes 4
+    mib = 1 << 20
+    assert [stream_columns(n, n * k * 2, 132) for n, k in [(4096, 4096), (4096, 14336), (6144, 4096),
+                                                           (28672, 4096), (128256, 4096)]] == [16, 16, 8, 8, 8]
+    assert stream_columns(4096, 12 * mib, 132) == 4 and stream_columns(6144, 48 * mib, 192) == 16
+    assert stream_columns(6144, 48 * mib, 132, GemvConfig(stream_wide_programs_per_sm=3)) == 16
+    assert stream_columns(6144, 48 * mib, 132, GemvConfig(stream_block_n=32)) == 32
     assert not gemv_applies(torch.empty(1, 64), torch.empty(64, 128).t())  # weight not row-major
 
 

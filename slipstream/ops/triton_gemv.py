@@ -56,9 +56,14 @@ class GemvConfig:
     # over K in stream_block_k chunks instead of the whole K extent in registers
     stream_weight_bytes: int = int(os.environ.get("SLIPSTREAM_GEMV_STREAM_MB", "16")) << 20
     stream_block_n: int | None = None  # None: `stream_columns`
-    stream_wide_bytes: int = 32 << 20  # weights from this size stream 16 columns a program, else 4
+    stream_wide_bytes: int = 32 << 20  # weights from this size stream 8 or 16 columns a program, else 4
+    # a wide weight streams 16 columns while those programs fit on the SMs at once (this many
+    # an SM: 16 columns at 4 stages hold ~100 KB of shared memory), else 8 (`stream_columns`)
+    stream_wide_programs_per_sm: int = 2
     stream_block_k: int = 1024
-    stream_stages: int = 3
+    # 4 stages with that choice of columns: seed-8b-bs1 3.95 -> 3.86 ms a step; either alone
+    # was slower (3.99, 3.98; docs/kernel-notes.md, "Streaming GEMV: columns and stages")
+    stream_stages: int = 4
     stream_warps: int = 4
 
 
@@ -145,13 +150,19 @@ def _gemv_stream_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, N, eps, stride_wn,
     tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
-def stream_columns(weight_bytes: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> int:
-    """Output columns a program of the streaming kernel: every program re-reads the input row
-    (twice for silu_mul) from L2, 1 / BLOCK_N of its weight bytes, which costs a large weight
-    (the 8B shape) more than the programs it gives up; a small one wants the programs."""
+def stream_columns(n: int, weight_bytes: int, sms: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> int:
+    """Output columns a program of the streaming kernel, for a weight of `n` output columns.
+    Every program re-reads the input row (twice for silu_mul) from L2, 1 / BLOCK_N of its
+    weight bytes, which costs a large weight (the 8B shape) more than the programs it gives
+    up; a small one wants the programs. A large weight takes 16 columns while its programs
+    all fit on the SMs at once (the 8B shape's o and down: 256 programs), and 8 when 16 would
+    leave a partial second wave (qkv's 384, gate_up's, the lm_head's): shorter programs then
+    let the SMs that finish first take the rest (and, with PDL, the next kernel's)."""
     if cfg.stream_block_n is not None:
         return cfg.stream_block_n
-    return 16 if weight_bytes >= cfg.stream_wide_bytes else 4
+    if weight_bytes < cfg.stream_wide_bytes:
+        return 4
+    return 16 if triton.cdiv(n, 16) <= cfg.stream_wide_programs_per_sm * sms else 8
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> bool:
@@ -205,7 +216,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     res2 = residual.view(-1, n) if residual is not None else out2
     wbytes = weight.numel() * weight.element_size()
     if streams(m, wbytes, cfg):
-        block_n = stream_columns(wbytes, cfg)
+        block_n = stream_columns(n, wbytes, sm_count(x.device), cfg)
         _gemv_stream_kernel[(triton.cdiv(n, block_n),)](
             x2, weight, bias if bias is not None else weight, res2, out2, n, float(row_scale_eps or 0.0),
             weight.stride(0), K=k, BLOCK_N=block_n, BLOCK_K=cfg.stream_block_k,
