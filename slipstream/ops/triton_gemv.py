@@ -14,7 +14,8 @@ A weight over `stream_weight_bytes` (16 MiB: the 8B shape's 34-117 MB layers, ev
 lm_head) takes `_gemv_stream_kernel` instead: its columns stream through a pipelined loop
 over K in 1,024-wide chunks, which no register tile could hold.  There it beats cuBLAS,
 whose one-row kernels split K and add reduce kernels (the 8B shape's layer chain 0.92x
-cuBLAS's time; seed-8b-bs1 4.48 -> 3.99 ms a step: docs/kernel-notes.md, "Small-batch GEMV").
+cuBLAS's time; seed-8b-bs1 4.48 -> 3.99 ms a step, 3.86 with `stream_columns`' rule
+and 4 stages: docs/kernel-notes.md, "Small-batch GEMV", "Streaming GEMV: columns and stages").
 
 `residual` adds into the output in fp32 before the one rounding, as cuBLAS's beta = 1
 does for `linear_add_`.  Used by `slipstream.ops.linear` on CUDA for M <= `max_rows` (one)
