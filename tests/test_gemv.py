@@ -152,22 +152,26 @@ def test_fused_norm_and_silu_paths_match_the_unfused_ones_on_cuda():
 
 
 STREAM = GemvConfig(stream_weight_bytes=0, stream_block_n=4, stream_block_k=32, stream_stages=2)
+# the default's shapes: 8 and 16 columns a program, 4 stages
+STREAM_WIDE = [STREAM, GemvConfig(stream_weight_bytes=0, stream_block_n=8, stream_block_k=32),
+               GemvConfig(stream_weight_bytes=0, stream_block_n=16, stream_block_k=64)]
 
 
+@pytest.mark.parametrize("cfg", STREAM_WIDE, ids=["4x2", "8x4", "16x4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_streaming_kernel_every_form_at_one_row(dtype):
+def test_streaming_kernel_every_form_at_one_row(dtype, cfg):
     # K = 200 in 32-wide chunks: six full chunks and a masked tail; N = 37, a ragged last block
     from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref
     w, x, b, r = _data(1, 37, 200, dtype, seed=3)
     x = x * 7.0
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     ref = F.linear(x.float(), w.float(), b.float())
-    torch.testing.assert_close(gemv(x, w, b, cfg=STREAM).float(), ref, atol=tol, rtol=tol)
-    torch.testing.assert_close(gemv(x, w, b, row_scale_eps=1e-5, cfg=STREAM).float(),
+    torch.testing.assert_close(gemv(x, w, b, cfg=cfg).float(), ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(gemv(x, w, b, row_scale_eps=1e-5, cfg=cfg).float(),
                                scale_rows_ref(F.linear(x.float(), w.float()), x.float(), 1e-5, b.float()),
                                atol=tol, rtol=tol)
     gate_up = torch.randn(1, 400, generator=torch.Generator().manual_seed(4)).to(dtype).to(DEVICE)
     expect = r.float() + F.linear(silu_and_mul_ref(gate_up).float(), w.float())
-    out = gemv(gate_up, w, residual=r, out=r, silu_mul=True, cfg=STREAM)
+    out = gemv(gate_up, w, residual=r, out=r, silu_mul=True, cfg=cfg)
     assert out.data_ptr() == r.data_ptr()
     torch.testing.assert_close(r.float(), expect, atol=tol, rtol=tol)
