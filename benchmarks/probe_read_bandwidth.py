@@ -31,6 +31,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from bench_gemv import copy_bandwidth  # noqa: E402  (this folder)
 from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.ops.device import sm_count  # noqa: E402
 from slipstream.ops.triton_gemv import DEFAULT_GEMV_CONFIG, gemv  # noqa: E402
@@ -54,20 +55,6 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, STAGES: tl.constexpr):
 
 def read_sum(x: torch.Tensor, out: torch.Tensor, programs: int, block: int, stages: int) -> None:
     _read_kernel[(programs,)](x, out, x.numel(), BLOCK=block, STAGES=stages, num_warps=4)
-
-
-def copy_tbps(numel: int, dev) -> float:
-    src = torch.empty(numel, dtype=torch.bfloat16, device=dev)
-    dst = torch.empty_like(src)
-    ms = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        ms.append(start.elapsed_time(end))
-    return 2 * src.numel() * 2 / (sorted(ms)[len(ms) // 2] * 1e-3) / 1e12
 
 
 def read_table(dev, numel: int) -> float:
@@ -118,6 +105,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     if dev.type != "cuda":  # interpreter smoke check: the read kernel sums correctly
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("probe_read_bandwidth: without a GPU, run it under TRITON_INTERPRET=1")
         x = torch.randn(3000)
         out = torch.zeros(1)
         read_sum(x, out, programs=3, block=256, stages=1)
@@ -129,7 +118,7 @@ def main(argv=None) -> int:
         vname, _, body = spec.partition(":")
         kw = {key: int(v) for key, v in (item.split("=") for item in filter(None, body.split(",")))}
         variants[vname] = dataclasses.replace(DEFAULT_GEMV_CONFIG, **kw)
-    copy_best = copy_tbps(1 << 30, dev)
+    copy_best = copy_bandwidth(dev) / 1e12
     print(f"{torch.cuda.get_device_name()}, {sm_count(dev)} SMs, torch {torch.__version__}, "
           f"triton {triton.__version__}; copy {copy_best:.2f} TB/s (read + written)")
     read_best = read_table(dev, 2 << 30)
