@@ -123,11 +123,12 @@ class Tokenizer:
         except Exception as e:  # the template's own rules (role order, ...), or a bad template
             raise ValueError(f"the chat template rejected the messages: {e}") from None
 
-    def apply_chat_template(self, messages: list[dict[str, Any]],
-                            options: ChatOptions | None = None) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]], options: ChatOptions | None = None,
+                            add_special_tokens: bool = False) -> list[int]:
         # The template writes every special token itself (BOS included where the model wants
-        # it), so the rendered text is encoded without adding any.
-        return self.hf.encode(self.render_chat(messages, options), add_special_tokens=False)
+        # it), so by default the rendered text is encoded without adding any (vLLM's
+        # `add_special_tokens` on chat requests asks for the tokenizer's too).
+        return self.encode(self.render_chat(messages, options), add_special_tokens)
 
     def __repr__(self) -> str:
         return (f"Tokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size}, "

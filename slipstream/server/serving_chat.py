@@ -16,7 +16,7 @@ from slipstream.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCom
                                         random_id)
 from slipstream.server.serving_common import (PromptRun, ServingState, check_common, clean_lp,
                                               collect, make_params, output_error,
-                                              encode, resolve_max_tokens, sse, sse_events,
+                                              resolve_max_tokens, sse, sse_events,
                                               truncate_prompt, validate_prompt)
 from slipstream.tokenizer import ChatOptionError, ChatOptions
 
@@ -62,12 +62,11 @@ def render_prompt(state: ServingState, req: ChatTemplateFields, msgs: list[dict]
         raise bad_request("this model's tokenizer has no chat template; use /v1/completions "
                           "(or start the server with --chat-template)")
     try:
-        text = tok.render_chat(msgs, options)
+        return list(tok.apply_chat_template(msgs, options, add_special_tokens))
     except ChatOptionError as e:
         raise bad_request(str(e), e.param) from None
     except ValueError as e:  # the template's own rules (role order, ...)
         raise bad_request(str(e), "messages") from None
-    return encode(state, text, add_special_tokens)
 
 
 def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedChat:
