@@ -290,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--enforce-eager", action="store_true")
     b.add_argument("--batch-invariant", action="store_true", help="batch-invariant kernels (slower)")
     b.add_argument("--num-requests", type=int, default=None, help="only the first N requests")
-    b.add_argument("--no-measure", action="store_true", help="use the recorded H200 ceilings")
+    b.add_argument("--no-measure", action="store_true",
+                   help="use the recorded H200 ceilings (on another GPU, wall/floor is then against the H200's floor)")
     b.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens per step (prefill chunk budget); default: the workload's")
     b.add_argument("--cuda-graph-shared-from", type=int, default=None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slipstream.bench.run import ceilings_line
 from slipstream.bench.throughput import breakdown_table, step_breakdown, step_floors
 from slipstream.bench.timeline import BatchStats, Span, Timeline
 from slipstream.model.config import ModelConfig
@@ -180,3 +181,10 @@ def test_run_result_ms_per_step_adds_a_column_and_a_json_key():
     assert d["ms_per_step"] == pytest.approx(25.0) and d["wall_s"] == 1.5 and d["steps"] == 60  # keys added, kept
     empty = RunResult("w", "sync", 0.0, 0, 0.0, 0, None, 0.0, float("nan"), 0.0, None)
     assert empty.ms_per_step is None and empty.row(ms_per_step=True).endswith("| 0 | - |")
+
+
+def test_the_ceilings_line_says_whether_they_were_measured():
+    measured = ceilings_line(3.0e12, 700e12, measured=True)
+    recorded = ceilings_line(4.26e12, 792e12, measured=False)
+    assert "measured on this GPU" in measured and "copy 3.00 TB/s, matmul 700 TFLOP/s" in measured
+    assert "H200" in recorded and "not measured" in recorded and "copy 4.26 TB/s" in recorded

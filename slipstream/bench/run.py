@@ -65,7 +65,8 @@ def run_bench(a) -> int:
     print(f"engine start: {init_s:.2f} s ({', '.join(f'{k} {v}' for k, v in engine.startup.items())}){ready}")
     bandwidth, rate = COPY_BANDWIDTH, MATMUL_RATE
     tp = config.tensor_parallel_size
-    if engine.device.type == "cuda" and not a.no_measure and tp == 1:  # (GPU 0 is a rank's under TP)
+    measured = engine.device.type == "cuda" and not a.no_measure and tp == 1  # (GPU 0 is a rank's under TP)
+    if measured:
         bandwidth, rate = measure_ceilings(engine.device)
     bandwidth, rate = bandwidth * tp, rate * tp  # the floor of a step over tp GPUs (no all-reduce)
     # Warm-up: every prompt, 2 tokens each, so the timed runs meet the same prefill batch
@@ -85,7 +86,8 @@ def run_bench(a) -> int:
     summary = {"workload": workload.name, "env": environment(), "engine_init_s": init_s,
                "engine_startup": engine.startup, "process_to_ready_s": ready_s,
                "engine_options": dict(engine_options, max_num_batched_tokens=engine.max_num_batched_tokens),
-               "copy_bandwidth": bandwidth, "matmul_rate": rate, "kv_blocks": engine.pool.num_blocks,
+               "copy_bandwidth": bandwidth, "matmul_rate": rate, "ceilings_measured": measured,
+               "kv_blocks": engine.pool.num_blocks,
                "results": {m: result_dict(r) for m, r in results.items()}}
     if len(modes) == 2:
         same = outputs["sync"] == outputs["async"]
@@ -103,10 +105,17 @@ def run_bench(a) -> int:
             print(f"\n{mode}: where the GPU time goes\n{breakdown_table(r.breakdown)}")
     if "speedup" in summary:
         print(f"async speedup {summary['speedup']:.3f}x; identical outputs: {summary['identical_outputs']}")
-    print(f"ceilings: copy {bandwidth / 1e12:.2f} TB/s, matmul {rate / 1e12:.0f} TFLOP/s; env {summary['env']}")
+    print(f"{ceilings_line(bandwidth, rate, measured)}; env {summary['env']}")
     if a.out:
         _write(a.out, workload.name, summary, timelines)
     return 0
+
+
+def ceilings_line(bandwidth: float, rate: float, measured: bool) -> str:
+    """The floor's ceilings, saying where they come from: unmeasured ones are the H200's, so
+    wall/floor on another GPU compares against the H200's floor, not its own."""
+    source = "measured on this GPU" if measured else "the H200's recorded ones, not measured here"
+    return f"ceilings ({source}): copy {bandwidth / 1e12:.2f} TB/s, matmul {rate / 1e12:.0f} TFLOP/s"
 
 
 def _write(out: str, name: str, summary: dict, timelines: dict) -> None:
