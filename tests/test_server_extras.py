@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fake_async_llm import FakeAsyncLLM, run_app
-from slipstream.server.serving_common import UNSUPPORTED
+from slipstream.server.protocol import UNSUPPORTED
 
 CHAT = [{"role": "user", "content": "abcdef"}]
 

@@ -63,7 +63,7 @@ class _SamplingFields(_Request):
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
-    # vLLM extras slipstream does not have: refused when set (serving_common.UNSUPPORTED)
+    # vLLM extras slipstream does not have: refused when set (UNSUPPORTED below)
     use_beam_search: bool = False
     length_penalty: float | None = None
     allowed_token_ids: list[int] | None = None
@@ -77,6 +77,13 @@ class _SamplingFields(_Request):
     guided_choice: Any = None
     guided_grammar: Any = None
 
+
+# those extras, each with its default, the value that means "not used": a request that sets
+# one otherwise gets a 400 (serving_common.check_common) rather than an answer without it
+UNSUPPORTED = {name: _SamplingFields.model_fields[name].default for name in (
+    "use_beam_search", "length_penalty", "allowed_token_ids", "bad_words", "priority", "prompt_logprobs",
+    "return_tokens_as_token_ids", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar")}
 
 TokenIds = list[StrictInt]
 

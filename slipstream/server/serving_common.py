@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 from slipstream.sampling_params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.metrics import ServerMetrics
+from slipstream.server.protocol import UNSUPPORTED
 from slipstream.tokenizer import ChatOptions
 
 MAX_N = 128
@@ -99,15 +100,6 @@ def clean_lp(lp: float) -> float:
     """A logprob JSON can carry (-inf and NaN become -9999.0, as vLLM sends them)."""
     lp = float(lp)
     return lp if math.isfinite(lp) and lp > -9999.0 else -9999.0
-
-
-# vLLM request fields slipstream does not implement, with the value that means "not used":
-# a request that sets one otherwise gets a 400 rather than an answer without it
-UNSUPPORTED = {"use_beam_search": False, "length_penalty": None, "allowed_token_ids": None,
-               "bad_words": None, "priority": 0, "prompt_logprobs": None,
-               "return_tokens_as_token_ids": False, "structured_outputs": None,
-               "guided_json": None, "guided_regex": None, "guided_choice": None,
-               "guided_grammar": None}
 
 
 def check_common(req) -> None:
