@@ -42,7 +42,8 @@ import triton  # noqa: E402
 from slipstream.bench import cuda_timing  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.ops import triton_attention as ta  # noqa: E402
-from slipstream.ops.attention import AttentionMetadata, paged_attention_ref  # noqa: E402
+from slipstream.ops.attention import paged_attention_ref  # noqa: E402
+from slipstream.ops.metadata import AttentionMetadata  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16

@@ -48,7 +48,8 @@ import triton  # noqa: E402
 
 from slipstream.bench import cuda_timing  # noqa: E402
 from slipstream.ops import triton_attention as ta  # noqa: E402
-from slipstream.ops.attention import AttentionMetadata, paged_attention_ref  # noqa: E402
+from slipstream.ops.attention import paged_attention_ref  # noqa: E402
+from slipstream.ops.metadata import AttentionMetadata  # noqa: E402
 from slipstream.ops.device import sm_count  # noqa: E402
 from slipstream.runner.graphs import capture_sizes  # noqa: E402
 

@@ -27,7 +27,7 @@ from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.core.engine_core import EngineCore  # noqa: E402
-from slipstream.ops.attention import AttentionMetadata  # noqa: E402
+from slipstream.ops.metadata import AttentionMetadata  # noqa: E402
 from slipstream.ops.fused import rms_norm  # noqa: E402
 
 

@@ -119,7 +119,7 @@ def main() -> int:
         return 0
     for tree in trees:  # warm Triton's cache (and the page cache) for every tree
         start_once(tree, args.workload)
-    print(f"| tree | run | process start to ready | startup breakdown |\n|---|---|---|---|")
+    print("| tree | run | process start to ready | startup breakdown |\n|---|---|---|---|")
     for rep in range(1, args.reps + 1):
         for tree in trees:
             seconds, breakdown = start_once(tree, args.workload)

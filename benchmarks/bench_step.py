@@ -29,7 +29,7 @@ from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.core.engine_core import EngineCore  # noqa: E402
 from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_token_sizes  # noqa: E402
 from slipstream.runner.inputs import StepPad, StepShape, sampling_scalars  # noqa: E402
-from slipstream.sampler import SamplerFlags  # noqa: E402
+from slipstream.sampling.sampler import SamplerFlags  # noqa: E402
 
 MiB = 1 << 20
 

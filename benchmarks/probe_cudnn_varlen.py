@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.ops import triton_attention as ta  # noqa: E402
-from slipstream.ops.attention import AttentionMetadata  # noqa: E402
+from slipstream.ops.metadata import AttentionMetadata  # noqa: E402
 
 DEV, DT, D, BS = "cuda", torch.bfloat16, 128, 16
 

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from slipstream.bench.workloads import get_workload  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.core.engine_core import EngineCore  # noqa: E402
-from slipstream.sampling_params import SamplingParams  # noqa: E402
+from slipstream.sampling.params import SamplingParams  # noqa: E402
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.core.engine_core import EngineCore  # noqa: E402
 from slipstream.runner.inputs import StepPad, StepShape  # noqa: E402
-from slipstream.sampler import SamplerFlags  # noqa: E402
+from slipstream.sampling.sampler import SamplerFlags  # noqa: E402
 
 CASES = [("llama-3.1-8b", 32, 1024), ("llama-3.1-8b", 32, 4096), ("qwen3-0.6b", 256, 1024), ("qwen3-0.6b", 48, 1024)]
 KINDS = [("gemm", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "cublas")), ("attention", ("attn", "decode", "prefill")),

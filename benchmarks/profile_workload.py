@@ -25,11 +25,11 @@ from profile_step import kind_of  # noqa: E402
 
 from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.throughput import COPY_BANDWIDTH, MATMUL_RATE, StepCosts, step_group  # noqa: E402
-from slipstream.bench.timeline import Timeline  # noqa: E402
+from slipstream.core.tracing import Timeline  # noqa: E402
 from slipstream.bench.workloads import get_workload  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.core.engine_core import EngineCore  # noqa: E402
-from slipstream.sampling_params import SamplingParams  # noqa: E402
+from slipstream.sampling.params import SamplingParams  # noqa: E402
 
 
 def part_floors(costs: StepCosts, batch) -> tuple[float, float]:

@@ -1,5 +1,5 @@
 """slipstream: an LLM inference engine whose continuous batching runs asynchronously."""
-__version__ = "0.1.0"
+from slipstream.version import __version__  # noqa: F401 (the package version)
 
 # The public names load on first use (PEP 562), so tools that need none of them (the
 # serving load generator, `slipstream --help`) start without importing torch.
@@ -9,7 +9,7 @@ _PUBLIC = {
     "EngineDeadError": "slipstream.errors",
     "LLM": "slipstream.frontend.llm",
     "RequestOutput": "slipstream.frontend.outputs",
-    "SamplingParams": "slipstream.sampling_params",
+    "SamplingParams": "slipstream.sampling.params",
 }
 __all__ = sorted(_PUBLIC)
 

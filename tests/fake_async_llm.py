@@ -13,13 +13,13 @@ import time
 from types import SimpleNamespace
 
 from slipstream.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from slipstream.tokenizer import Tokenizer
+from slipstream.model.tokenizer import Tokenizer
 
 SPECIAL = {0: "<pad>", 1: "<s>", 2: "</s>"}
 
 
 class FakeHFTokenizer:
-    """What `slipstream.tokenizer.Tokenizer` needs of a transformers tokenizer. Its chat
+    """What `slipstream.model.tokenizer.Tokenizer` needs of a transformers tokenizer. Its chat
     template writes `<role>content` lines, then `<assistant>` for the generation prompt;
     template variables come first as `<k=v>`."""
     eos_token, eos_token_id, bos_token, bos_token_id = "</s>", 2, "<s>", 1

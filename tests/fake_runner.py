@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from slipstream.runner.inputs import fill_inputs
-from slipstream.sampling_columns import ALL_COLUMNS
-from slipstream.scheduler import BatchResult
+from slipstream.sampling.columns import ALL_COLUMNS
+from slipstream.sched.scheduler import BatchResult
 
 VOCAB = 97
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slipstream.ops.attention import AttentionMetadata
+from slipstream.ops.metadata import AttentionMetadata
 
 # kind -> (transformers class names, config overrides, tied, save shard size)
 _COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -200,7 +200,7 @@ class PagedModelRunner:
 def smollm2():
     """(model, config, tokenizer) of the embedded SmolLM2 GGUF, float32 on CPU, loaded once."""
     from slipstream.model.loader import load_model
-    from slipstream.tokenizer import load_tokenizer
+    from slipstream.model.tokenizer import load_tokenizer
 
     model, config = load_model(None)
     return model, config, load_tokenizer(None)

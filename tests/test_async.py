@@ -90,7 +90,7 @@ def test_all_padding_batch_of_graph_capture_runs(tokenized_tiny, decode):
     """The inputs graph capture runs on (runner.fill_padding): no row has context, nothing is
     stored, every sample row draws greedily into the scratch row; the step runs on them."""
     from slipstream.runner.inputs import StepShape
-    from slipstream.sampler import SamplerFlags
+    from slipstream.sampling.sampler import SamplerFlags
     llm = LLM(tokenized_tiny, device="cpu", max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64)
     runner, slot = llm.engine.runner, llm.engine.runner.slots[0]
     T = 8 if decode else 32

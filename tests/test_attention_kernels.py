@@ -16,7 +16,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from slipstream.ops.attention import AttentionMetadata, QKVEpilogue, paged_attention, paged_attention_ref
+from slipstream.ops.attention import paged_attention, paged_attention_ref
+from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
 from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue_ref
 from slipstream.ops.triton_attention import (DecodeConfig, DecodeSplitPolicy, PrefillConfig,
                                              choose_num_splits, decode_attention, decode_split_options,
@@ -705,7 +706,7 @@ def launch_every_kernel(ta, te, tf, tg) -> None:
         ta.paged_attention_triton(q, kc, vc, meta, 0.1, decode_config=DecodeConfig(prefetch_batch=8))
     # with the qkv epilogue inside (DecodeConfig.epilogue_batch): one row of the 0.6B shape
     # with Qwen3's q/k norms and of the 8B shape's heads without, qkv finished by the GEMV
-    from slipstream.ops.attention import QKVEpilogue
+    from slipstream.ops.metadata import QKVEpilogue
     for group, norms in [(2, True), (4, False)]:
         q, kc, vc, meta = make_batch([(512, 1)], 8, group, 128, 16, torch.bfloat16, seed=0)
         qkv = torch.zeros(1, (8 * group + 16) * 128, dtype=torch.bfloat16)

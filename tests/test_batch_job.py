@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from slipstream.cli import main
+from slipstream.cli.main import main
 
 COMMON = ["--device", "cpu", "--quiet", "--max-model-len", "256"]
 RESULT_KEYS = {"id", "text", "token_ids", "finish_reason", "num_prompt_tokens"}
@@ -69,7 +69,7 @@ BAD = {  # id -> (line, words its error must hold)
 @pytest.fixture(scope="module")
 def mixed_job(tokenized_tiny, tmp_path_factory):
     """Runs the mixed job once; records, at each finished result, what the output file holds."""
-    import slipstream.batch_job as bj
+    import slipstream.cli.batch_job as bj
 
     folder = tmp_path_factory.mktemp("mixed")
     src, dst = folder / "in.jsonl", folder / "out.jsonl"
@@ -282,7 +282,7 @@ def test_sigterm_stops_cleanly_and_resume_finishes(tokenized_tiny, tmp_path):
     # a few short ones so a result lands early, the rest long enough to still be running
     write_jsonl(src, [{"id": rid, "prompt": f"request {i}", "ignore_eos": True,
                        "max_tokens": 2 if i < 2 else 200} for i, rid in enumerate(ids)])
-    cmd = [sys.executable, "-m", "slipstream.cli", "generate", "--model", tokenized_tiny,
+    cmd = [sys.executable, "-m", "slipstream.cli.main", "generate", "--model", tokenized_tiny,
            "--input", str(src), "--output", str(dst), *COMMON, "--max-num-seqs", "8"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH")])))

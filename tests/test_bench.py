@@ -6,7 +6,7 @@ import torch
 
 from slipstream.bench.run import ceilings_line
 from slipstream.bench.throughput import breakdown_table, step_breakdown, step_floors
-from slipstream.bench.timeline import BatchStats, Span, Timeline
+from slipstream.core.tracing import BatchStats, Span, Timeline
 from slipstream.model.config import ModelConfig
 
 CFG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=1000, hidden_size=64, intermediate_size=128,
@@ -65,7 +65,7 @@ def _pipelined(n: int) -> Timeline:
 def test_chrome_trace_and_middle_window(tmp_path):
     import json
 
-    from slipstream.bench.timeline import write_chrome_trace
+    from slipstream.core.tracing import write_chrome_trace
     tl = _pipelined(20)
     mid = tl.middle(4)
     assert sorted({s.batch_id for s in mid.spans}) == [8, 9, 10, 11] and len(mid.batches) == 4
@@ -117,7 +117,7 @@ def test_gc_pauses_records_collections_by_generation():
 def test_freeze_gc_moves_live_objects_out_of_the_collector():
     import gc
 
-    from slipstream.core.engine_core import freeze_gc
+    from slipstream.utils.process import freeze_gc
 
     try:
         freeze_gc()
@@ -131,7 +131,7 @@ def test_the_collector_is_off_while_an_engine_is_built_and_back_after(monkeypatc
     import gc
 
     from slipstream.core import engine_core
-    from slipstream.core.engine_core import collector_paused
+    from slipstream.utils.process import collector_paused
 
     seen = []
     real_build = engine_core.EngineCore._build

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import pytest
 
 from fake_async_llm import FakeTokenizer, run_app
-from slipstream.cli import chat_defaults, main, read_chat_template
+from slipstream.cli.main import main
+from slipstream.cli.options import chat_defaults, read_chat_template
 from slipstream.frontend.prompts import chat_token_ids, normalize_messages
 from slipstream.ray.rows import row_prompt
-from slipstream.tokenizer import ChatOptionError, ChatOptions, load_tokenizer
+from slipstream.model.tokenizer import ChatOptionError, ChatOptions, load_tokenizer
 
 CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}]
 # a template that shows its variables, so a test sees what reached it
@@ -168,7 +169,7 @@ def test_flags_read_a_template_inline_or_from_a_file(tmp_path):
 
 
 def test_serve_refuses_bad_template_flags_before_loading_a_model():
-    r = subprocess.run([sys.executable, "-m", "slipstream.cli", "serve", "--port", "0",
+    r = subprocess.run([sys.executable, "-m", "slipstream.cli.main", "serve", "--port", "0",
                         "--default-chat-template-kwargs", "{not json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "must be a JSON object" in r.stderr and "Traceback" not in r.stderr

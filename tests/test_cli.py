@@ -7,7 +7,7 @@ import json
 import pytest
 
 from slipstream import LLM
-from slipstream.cli import main
+from slipstream.cli.main import main
 from slipstream.config import EngineConfig, default_max_num_batched_tokens
 
 
@@ -83,7 +83,7 @@ def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypat
     # both modes, identical outputs, the breakdown, the --max-num-batched-tokens override, and
     # (as a latency workload) the ms-per-step column and JSON key
     from slipstream.bench import workloads
-    from slipstream.sampling_params import SamplingParams
+    from slipstream.sampling.params import SamplingParams
 
     folder, _ = tiny_model("qwen3")
     prompts = [[(7 * i + j) % 90 + 1 for j in range(5 + 3 * i)] for i in range(6)]

@@ -3,7 +3,7 @@ import importlib.util
 
 import pytest
 
-from slipstream.detokenizer import CONTEXT_TOKENS, MAX_PENDING_TOKENS, IncrementalDetokenizer
+from slipstream.frontend.detokenizer import CONTEXT_TOKENS, MAX_PENDING_TOKENS, IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"
 

@@ -129,7 +129,7 @@ def test_without_a_cuda_driver_the_cloner_says_why_and_clones_nothing(monkeypatc
 def test_cloning_is_on_by_default_off_when_asked_and_never_with_tensor_parallelism():
     import argparse
 
-    from slipstream.cli import _engine_args, _engine_kwargs
+    from slipstream.cli.options import engine_args, engine_kwargs
     from slipstream.core.engine_core import EngineCore
     assert EngineConfig().cuda_graph_clone
     for tp, expected in ((1, True), (2, False)):
@@ -140,9 +140,9 @@ def test_cloning_is_on_by_default_off_when_asked_and_never_with_tensor_paralleli
     core.config = EngineConfig(cuda_graph_clone=False)
     assert not core._runner_options(64).cuda_graph_clone
     parser = argparse.ArgumentParser()
-    _engine_args(parser)
-    assert _engine_kwargs(parser.parse_args([]))["cuda_graph_clone"] is True
-    assert _engine_kwargs(parser.parse_args(["--no-cuda-graph-clone"]))["cuda_graph_clone"] is False
+    engine_args(parser)
+    assert engine_kwargs(parser.parse_args([]))["cuda_graph_clone"] is True
+    assert engine_kwargs(parser.parse_args(["--no-cuda-graph-clone"]))["cuda_graph_clone"] is False
 
 
 class _FakeLib:

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from slipstream.kv_cache import BlockPool, InFlight
+from slipstream.sched.block_pool import BlockPool
+from slipstream.sched.in_flight import InFlight
 
 
 def test_allocate_and_free_without_batches_in_flight():

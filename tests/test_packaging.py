@@ -37,9 +37,9 @@ else:
 
 import slipstream.model.llama, slipstream.model.loader, slipstream.ops.attention
 import slipstream.ops.carry, slipstream.ops.fused, slipstream.ops.linear
-import slipstream.runner.model_runner, slipstream.sampler, slipstream.tokenizer
+import slipstream.runner.model_runner, slipstream.sampling.sampler, slipstream.model.tokenizer
 from slipstream.model.loader import load_model
-from slipstream.ops.attention import AttentionMetadata
+from slipstream.ops.metadata import AttentionMetadata
 from slipstream.ops.carry import carry_over
 
 model, config = load_model(sys.argv[1], load_format="dummy", device="cpu")
@@ -105,7 +105,7 @@ def test_missing_embedded_model_says_how_to_install_it(monkeypatch, tmp_path):
 def test_the_load_generator_and_the_cli_start_without_torch():
     import subprocess
     import sys
-    code = ("import sys, slipstream, slipstream.bench.serve, slipstream.cli; "
+    code = ("import sys, slipstream, slipstream.bench.serve, slipstream.cli.main; "
             "assert 'torch' not in sys.modules, 'torch was imported'; "
             "from slipstream import SamplingParams; SamplingParams(max_tokens=2); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -114,11 +114,11 @@ def test_the_load_generator_and_the_cli_start_without_torch():
 
 _NO_RAY = _NO_TRITON.replace("triton", "ray").replace("_NoTriton", "_NoRay")
 _WITHOUT_RAY = """
-import slipstream, slipstream.cli, slipstream.frontend.data_parallel, slipstream.server.app
+import slipstream, slipstream.cli.main, slipstream.frontend.data_parallel, slipstream.server.app
 assert "ray" not in sys.modules
-code = slipstream.cli.main(["generate", "--ray", "--input", sys.argv[1], "--output", sys.argv[2]])
+code = slipstream.cli.main.main(["generate", "--ray", "--input", sys.argv[1], "--output", sys.argv[2]])
 assert code == 2, code
-code = slipstream.cli.main(["serve", "--ray-address", "auto", "--device", "cpu"])
+code = slipstream.cli.main.main(["serve", "--ray-address", "auto", "--device", "cpu"])
 assert code == 2, code
 print("ok")
 """

@@ -17,7 +17,7 @@ import pytest
 import ray
 
 from slipstream import LLM, SamplingParams
-from slipstream.cli import main as cli_main
+from slipstream.cli.main import main as cli_main
 from slipstream.frontend.prompts import chat_token_ids
 from slipstream.ray import build_processor
 

@@ -1,4 +1,4 @@
-"""The sampler (slipstream/sampler.py): semantics of the torch path, and the Triton kernel
+"""The sampler (slipstream/sampling/sampler.py): semantics of the torch path, and the Triton kernel
 (slipstream/ops/triton_sampling.py, interpreter on CPU) giving the same tokens."""
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from slipstream.sampler import (
+from slipstream.sampling.sampler import (
     PenaltyState,
     SamplerFlags,
     SamplerOutput,
@@ -475,7 +475,7 @@ def test_host_scalars_equal_the_samplers_own():
     from types import SimpleNamespace
 
     from slipstream.runner.inputs import sampling_scalars
-    from slipstream.sampler import _row_scalars
+    from slipstream.sampling.sampler import _row_scalars
 
     B, V = 8, 700
     kw = _mixed_rows(B, 5)

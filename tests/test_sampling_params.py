@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from slipstream.sampling_params import MAX_LOGPROBS, SamplingParams
+from slipstream.sampling.params import MAX_LOGPROBS, SamplingParams
 
 # (field, bad value) pairs: each must raise a ValueError that names the field.
 BAD_VALUES = [

@@ -9,11 +9,12 @@ import random
 import pytest
 
 from slipstream.core.step_loop import StepLoop
-from slipstream.kv_cache import BlockPool, InFlight
-from slipstream.request import Request
-from slipstream.request_table import RequestTable
-from slipstream.sampling_params import SamplingParams
-from slipstream.scheduler import Scheduler
+from slipstream.sched.block_pool import BlockPool
+from slipstream.sched.in_flight import InFlight
+from slipstream.sched.request import Request
+from slipstream.sched.request_table import RequestTable
+from slipstream.sampling.params import SamplingParams
+from slipstream.sched.scheduler import Scheduler
 from fake_runner import FakeRunner, reference_output
 
 EOS = 5

@@ -91,7 +91,7 @@ def test_logprobs(client):
 
 def test_echo_logprobs_match_offline_prompt_logprobs(client):
     from slipstream import LLM, SamplingParams
-    from slipstream.tokenizer import load_tokenizer
+    from slipstream.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(None)
     prompts = ["The capital of France is Paris", "Water boils at 100 degrees"]
@@ -115,7 +115,7 @@ def test_echo_logprobs_match_offline_prompt_logprobs(client):
 
 
 def test_tokenize_matches_the_tokenizer(server):
-    from slipstream.tokenizer import load_tokenizer
+    from slipstream.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(None)
     text = "Hello, wörld! 你好 <|im_start|>"
@@ -129,7 +129,7 @@ def test_tokenize_matches_the_tokenizer(server):
 
 
 def test_continue_final_message_through_the_openai_client(server, client):
-    from slipstream.tokenizer import ChatOptions, load_tokenizer
+    from slipstream.model.tokenizer import ChatOptions, load_tokenizer
 
     tok = load_tokenizer(None)
     msgs = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My favourite colour is"}]

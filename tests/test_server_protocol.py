@@ -237,7 +237,7 @@ def test_non_streaming_disconnect_aborts():
             async def receive(self):
                 return await msgs.get()
 
-        from slipstream.sampling_params import SamplingParams
+        from slipstream.sampling.params import SamplingParams
         coro = collect(state, [[70, 71]], SamplingParams(max_tokens=200), "r1")
         task = asyncio.ensure_future(race_disconnect(Req(), coro))
         await asyncio.sleep(0.1)
@@ -273,7 +273,7 @@ def test_choices_finishing_at_different_times_end_once(path):
 
 
 def test_drain_lets_short_requests_finish_and_aborts_the_rest():
-    from slipstream.server.cli import drain
+    from slipstream.cli.serve import drain
 
     async def body(c, llm):
         state = c._transport.app.state.serving

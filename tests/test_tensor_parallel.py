@@ -74,7 +74,7 @@ def test_head_counts_that_do_not_split(tiny_model, capsys):
     from slipstream import AsyncLLM
     with pytest.raises(ValueError, match="num_attention_heads=4"):
         AsyncLLM(folder, device="cpu", tensor_parallel_size=3)  # before the core process starts
-    from slipstream.cli import main
+    from slipstream.cli.main import main
     assert main(["generate", "hi", "--model", folder, "--device", "cpu", "-tp", "3"]) == 2
     assert "error: tensor_parallel_size=3 does not divide" in capsys.readouterr().err
     assert time.monotonic() - start < 10

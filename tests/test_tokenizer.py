@@ -5,7 +5,7 @@ import shutil
 import pytest
 from helpers import make_hf_model
 
-from slipstream.tokenizer import Tokenizer, load_tokenizer
+from slipstream.model.tokenizer import Tokenizer, load_tokenizer
 
 CHATML = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
           "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"

@@ -1,7 +1,7 @@
 """PNG timelines: CPU and the three GPU streams as lanes, one panel per mode."""
 from __future__ import annotations
 
-from slipstream.bench.timeline import LANES, Timeline
+from slipstream.core.tracing import LANES, Timeline
 
 COLORS = {"schedule": "#4c72b0", "launch": "#55a868", "wait": "#dddddd", "process": "#c44e52",
           "h2d": "#8172b2", "compute": "#ccb974", "d2h": "#64b5cd"}

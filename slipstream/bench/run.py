@@ -12,8 +12,9 @@ from slipstream.bench.throughput import (COPY_BANDWIDTH, MATMUL_RATE, RunResult,
                                          measure_ceilings, result_dict, run_workload)
 from slipstream.bench.workloads import get_workload
 from slipstream.config import EngineConfig
-from slipstream.core.engine_core import EngineCore, freeze_gc
-from slipstream.sampling_params import SamplingParams
+from slipstream.core.engine_core import EngineCore
+from slipstream.utils.process import freeze_gc
+from slipstream.sampling.params import SamplingParams
 
 
 def environment() -> dict:
@@ -119,7 +120,7 @@ def ceilings_line(bandwidth: float, rate: float, measured: bool) -> str:
 
 
 def _write(out: str, name: str, summary: dict, timelines: dict) -> None:
-    from slipstream.bench.timeline import write_chrome_trace
+    from slipstream.core.tracing import write_chrome_trace
     write_json(out, f"{name}.json", summary)
     write_chrome_trace(os.path.join(out, f"{name}.trace.json"),
                        {mode: tl.middle(300) for mode, tl in timelines.items()})

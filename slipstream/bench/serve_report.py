@@ -211,7 +211,7 @@ def _version() -> str:
         from importlib.metadata import version
         return version("slipstream")
     except Exception:  # not installed: the package's own string
-        from slipstream import __version__
+        from slipstream.version import __version__
         return __version__
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from slipstream.bench.timeline import Timeline
+from slipstream.core.tracing import Timeline
 from slipstream.bench.workloads import Workload
 
 # Measured on the benchmark H200 (design brief §5); `measure_ceilings` re-measures them.

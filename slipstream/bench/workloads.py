@@ -10,7 +10,7 @@ import os
 import random
 from dataclasses import dataclass, field, replace
 
-from slipstream.sampling_params import SamplingParams
+from slipstream.sampling.params import SamplingParams
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
 

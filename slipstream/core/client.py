@@ -23,7 +23,7 @@ import zmq
 from slipstream.config import EngineConfig
 from slipstream.core.messages import (Abort, Call, CoreInfo, Ready, Shutdown, StartupFailed, encoder,
                                       from_core_decoder)
-from slipstream.core.service import new_socket
+from slipstream.utils.process import new_socket
 from slipstream.errors import EngineDeadError
 
 CORE_MODES = ("thread", "process")

@@ -7,9 +7,6 @@ finish_reason "error" and its message, alone.  `service.run_core` drives it from
 """
 from __future__ import annotations
 
-import atexit
-import contextlib
-import gc
 import itertools
 import os
 import random
@@ -17,20 +14,22 @@ import time
 
 import torch
 
-from slipstream.bench.timeline import Timeline
+from slipstream.core.tracing import Timeline
+from slipstream.utils.process import collector_paused
 from slipstream.config import EngineConfig, default_max_num_batched_tokens
 from slipstream.core.admission import admission_error
 from slipstream.core.messages import AddRequest, CoreInfo, CoreOutput
 from slipstream.core.step_loop import StepLoop
-from slipstream.kv_cache import BlockPool, InFlight
+from slipstream.sched.block_pool import BlockPool
+from slipstream.sched.in_flight import InFlight
 from slipstream.model.loader import load_config, load_model, resolve_dtype, resolve_model_source
-from slipstream.request import Request, Status
-from slipstream.request_table import RequestTable
+from slipstream.sched.request import Request, Status
+from slipstream.sched.request_table import RequestTable
 from slipstream.runner.model_runner import ModelRunner, RunnerOptions
 from slipstream.runner.kv_memory import gpu_memory_in_use
-from slipstream.sampling_params import SamplingParams
-from slipstream.scheduler import Scheduler
-from slipstream.tokenizer import load_tokenizer
+from slipstream.sampling.params import SamplingParams
+from slipstream.sched.scheduler import Scheduler
+from slipstream.model.tokenizer import load_tokenizer
 
 
 def resolve_device(name: str) -> torch.device:
@@ -302,38 +301,3 @@ def _display_name(model: str | None, source: str) -> str:
     if model is None:
         return "SmolLM2-135M-Instruct"
     return os.path.basename(os.path.normpath(model)) or model
-
-
-@contextlib.contextmanager
-def collector_paused():
-    """The garbage collector off while an engine is built, on again after (if it was on).
-
-    The build allocates hundreds of thousands of objects (modules' graphs, CUDA graph nodes'
-    ctypes buffers), nearly all kept for the process's life or freed by their reference
-    counts; yet each allocation burst triggers collections, and a full one scans the whole
-    startup heap (docs/benchmarks.md, "Engine start"). Cycles made meanwhile wait for the
-    next collection."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
-
-
-def freeze_gc() -> None:
-    """Take everything alive now (model, CUDA graphs, imported modules: hundreds of thousands
-    of objects) out of the garbage collector's reach, for a process that keeps one engine.
-
-    Python's full collections scan every tracked object. While requests arrive their lists
-    trigger such collections, and scanning the startup heap with them stalls the CPU that
-    feeds the GPU (docs/benchmarks.md, "Garbage collector"). Frozen objects are never
-    scanned again, and not collected until the process exits (they are thawed then, so
-    extension modules see their objects released). Call it once the engine is built and
-    warmed up, in processes that run one engine (the CLI, the core process, the bench do).
-    """
-    gc.collect()
-    gc.freeze()
-    atexit.unregister(gc.unfreeze)  # once, however often this is called
-    atexit.register(gc.unfreeze)

@@ -17,20 +17,11 @@ import traceback
 import zmq
 
 from slipstream.config import EngineConfig
+from slipstream.utils.process import new_socket
 from slipstream.core.messages import (Abort, AddRequest, Call, CallResult, CoreDead, Ready,
                                       StartupFailed, StepOutputs, encoder, to_core_decoder)
 
 IDLE_POLL_MS = 1000  # an idle core wakes this often, only to see whether its parent is alive
-
-
-def new_socket(ctx: zmq.Context, kind: int, linger_ms: int = 0) -> zmq.Socket:
-    """A socket of the core's channels: no high-water mark (a message is never dropped or
-    blocks its sender), and `linger_ms` to deliver what is queued at close."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, linger_ms)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    return sock
 
 
 class _Inbox:
@@ -56,7 +47,8 @@ class _Inbox:
 
 def run_core(config: EngineConfig, in_sock: zmq.Socket, out_sock: zmq.Socket,
              parent_pid: int | None = None, on_ready=None) -> None:
-    from slipstream.core.engine_core import EngineCore, freeze_gc
+    from slipstream.core.engine_core import EngineCore
+    from slipstream.utils.process import freeze_gc
     try:
         core = EngineCore(config)
     except BaseException as e:  # noqa: BLE001 - every startup failure reaches the caller as one line

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import time
 
-from slipstream.bench.timeline import Timeline
+from slipstream.core.tracing import Timeline
 from slipstream.executor import Executor
-from slipstream.kv_cache import InFlight
-from slipstream.request import Request
-from slipstream.scheduler import Scheduler
+from slipstream.sched.in_flight import InFlight
+from slipstream.sched.request import Request
+from slipstream.sched.scheduler import Scheduler
 
 
 class StepLoop:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import zmq
 
-from slipstream.core.service import new_socket
+from slipstream.utils.process import new_socket
 from slipstream.errors import EngineDeadError
 from slipstream.executor.messages import (Allocate, Profiled, Step, StepDone, Stop, WorkerFailed,
                                           WorkerReady, encoder, from_worker)
@@ -36,7 +36,7 @@ from slipstream.runner.graphs import step_graphs
 from slipstream.runner.inputs import fill_inputs
 from slipstream.runner.model_runner import Launched, ModelRunner, RunnerOptions
 from slipstream.runner.slots import IOSlot
-from slipstream.scheduler import BatchResult, ScheduledBatch
+from slipstream.sched.scheduler import BatchResult, ScheduledBatch
 
 POLL_MS = 100  # how often a waiting core looks at the workers' exit codes
 STEP_DEADLINE_S = COLLECTIVE_TIMEOUT_S + 30  # a step's tokens later than this: a rank hangs

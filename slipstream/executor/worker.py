@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import zmq
 
-from slipstream.core.engine_core import collector_paused
-from slipstream.core.service import new_socket
+from slipstream.utils.process import collector_paused
+from slipstream.utils.process import new_socket
 from slipstream.executor.messages import (Allocate, Profiled, Step, StepDone, Stop, WorkerFailed,
                                           WorkerReady, encoder, to_worker)
 
@@ -136,7 +136,7 @@ def _serve(runner, rank: int, steps: zmq.Socket, ctx: zmq.Context, result_addr: 
 def issue_step(runner, h: Step, ints, floats):
     """A received step on this rank: its inputs into the runner's slot, then the device work."""
     from slipstream.runner.inputs import StepShape
-    from slipstream.sampler import SamplerFlags
+    from slipstream.sampling.sampler import SamplerFlags
     slot = runner.slots[h.batch_id % 2]
     slot.h2d_done.synchronize()  # the slot's last upload is done: its host side is free
     slot.unpack(ints, floats, h.num_tokens, h.num_seqs, h.num_samples, h.num_rows, h.block_cols)

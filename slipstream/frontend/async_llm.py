@@ -21,8 +21,8 @@ from slipstream.errors import EngineDeadError
 from slipstream.frontend.output_processor import OutputProcessor
 from slipstream.frontend.prompts import check_admission, tokenize_prompt, validated_token_ids
 from slipstream.model.loader import resolve_model_source
-from slipstream.sampling_params import SamplingParams
-from slipstream.tokenizer import load_tokenizer
+from slipstream.sampling.params import SamplingParams
+from slipstream.model.tokenizer import load_tokenizer
 
 
 class AsyncLLM:

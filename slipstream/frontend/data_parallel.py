@@ -251,13 +251,3 @@ def _on_cpu(engine_options: dict) -> bool:
 
 async def _none():
     return None
-
-
-def make_data_parallel(engine_options: dict, size: int, ray_address: str | None = None) -> DataParallelLLM:
-    """`size` replicas: local core processes, or Ray actors on the cluster at `ray_address`."""
-    options = dict(engine_options)
-    model = options.pop("model", None)
-    if ray_address:
-        from slipstream.ray.serving import ray_replica_factory
-        return DataParallelLLM(ray_replica_factory(model, options, ray_address), size)
-    return DataParallelLLM(local_replica_factory(model, options, size), size)

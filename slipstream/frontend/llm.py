@@ -16,8 +16,8 @@ from slipstream.errors import EngineDeadError
 from slipstream.frontend.output_processor import OutputProcessor, RequestState
 from slipstream.frontend.outputs import RequestOutput
 from slipstream.frontend.prompts import chat_token_ids, check_admission, tokenize_prompt
-from slipstream.sampling_params import SamplingParams
-from slipstream.tokenizer import ChatOptions, load_tokenizer
+from slipstream.sampling.params import SamplingParams
+from slipstream.model.tokenizer import ChatOptions, load_tokenizer
 
 LLM_CORE_MODES = ("inline", "thread", "process")
 

@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass, field
 
 from slipstream.core.messages import AddRequest, CoreOutput
-from slipstream.detokenizer import IncrementalDetokenizer
+from slipstream.frontend.detokenizer import IncrementalDetokenizer
 from slipstream.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from slipstream.sampling_params import SamplingParams, completion_seed
+from slipstream.sampling.params import SamplingParams, completion_seed
 
 
 @dataclass(eq=False)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from slipstream.core.admission import admission_error, as_token_ids
 from slipstream.core.messages import CoreInfo
-from slipstream.sampling_params import SamplingParams
-from slipstream.tokenizer import ChatOptions
+from slipstream.sampling.params import SamplingParams
+from slipstream.model.tokenizer import ChatOptions
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 

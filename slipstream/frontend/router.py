@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from slipstream.kv_cache import prefix_block_keys
+from slipstream.sched.block_pool import prefix_block_keys
 
 
 def prefix_hashes(token_ids: list[int], block_size: int, max_blocks: int) -> list[int]:

@@ -162,11 +162,6 @@ class ModelConfig:
             raise ValueError(f"{path} is not valid JSON: {e}") from None
         return cls.from_hf_config(cfg)
 
-    @classmethod
-    def from_gguf_metadata(cls, metadata: dict[str, Any], tensor_names) -> "ModelConfig":
-        from slipstream.model.gguf import config_from_gguf_metadata
-        return config_from_gguf_metadata(metadata, tensor_names)
-
 
 def _normalize_rope_scaling(scaling: dict[str, Any]) -> dict[str, Any] | None:
     if not scaling:

@@ -39,7 +39,8 @@ from torch import nn
 
 from slipstream.model.config import ModelConfig
 from slipstream.model.parallel import TPGroup, TPShard
-from slipstream.ops.attention import AttentionMetadata, QKVEpilogue, attention_after_qkv
+from slipstream.ops.attention import attention_after_qkv
+from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
 from slipstream.ops.fused import build_cos_sin_cache, rms_norm, silu_and_mul
 from slipstream.ops.linear import linear, linear_add_, linear_into_, norm_linear, silu_mul_linear_add_
 

@@ -1,8 +1,5 @@
 """Paged attention: metadata, pure-torch references, and the device dispatch.
 
-(`store_kv_ref` is the oracle of the KV store that `slipstream.ops.fused.qkv_epilogue`
-fuses with the q/k norm and RoPE.)
-
 KV cache layout (one tensor each for K and V, per layer):
     [num_blocks, block_size, num_kv_heads, head_dim]
 A token's cache slot is `block_id * block_size + offset`; `slot_mapping` gives it for
@@ -17,61 +14,10 @@ A row with seq_len == 0 is padding (CUDA-graph batches are padded): its output i
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from slipstream.ops.fused import qkv_epilogue
-
-
-@dataclass
-class AttentionMetadata:
-    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
-    seq_lens: torch.Tensor  # int32 [num_seqs]; 0 marks a padding row
-    block_table: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
-    slot_mapping: torch.Tensor  # int32 [num_tokens]; -1 = do not store
-    max_query_len: int  # host-side bound; 1 means a decode-only batch
-    max_seq_len: int  # host-side bound on seq_lens (graphs pass the model's max length)
-    # optional, decode kernel only: rows by decreasing seq_len (int32 [num_seqs], a
-    # permutation), and int32 zeros >= num_seqs x num_kv_heads that the split merge counts
-    # in (it leaves them zero again)
-    decode_order: torch.Tensor | None = None
-    split_counters: torch.Tensor | None = None
-    # mixed batches (max_query_len > 1): when > 0, decode_order[:num_decode] lists the rows
-    # with one query token (longest first); the split-KV decode kernel takes those rows and
-    # the prefill kernel the others
-    num_decode: int = 0
-    # the decode kernel's split count, chosen by the caller from the batch's context
-    # lengths (the runner: `triton_attention.pick_decode_splits`); None: the heuristic
-    num_splits: int | None = None
-
-    @property
-    def num_seqs(self) -> int:
-        return self.seq_lens.shape[0]
-
-
-@dataclass(frozen=True)
-class QKVEpilogue:
-    """What the qkv epilogue (`slipstream.ops.fused.qkv_epilogue`) needs besides qkv, the
-    caches and the slots (meta.slot_mapping): the rotary inputs, Qwen3's q/k norm weights, and
-    for an unfinished GEMM output the residual stream it read (folded norm) and the bias."""
-    positions: torch.Tensor
-    cos_sin_cache: torch.Tensor
-    q_norm_weight: torch.Tensor | None = None
-    k_norm_weight: torch.Tensor | None = None
-    eps: float = 1e-6
-    hidden: torch.Tensor | None = None
-    bias: torch.Tensor | None = None
-
-
-def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-    """Write k, v [num_tokens, num_kv_heads, head_dim] into their cache slots."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim)[slots] = k[keep].to(k_cache.dtype)
-    v_cache.view(-1, num_kv_heads, head_dim)[slots] = v[keep].to(v_cache.dtype)
+from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -71,6 +71,16 @@ def silu_and_mul_ref(x: torch.Tensor, hidden: torch.Tensor | None = None,
     return (torch.nn.functional.silu(g) * u).to(x.dtype)
 
 
+def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """Write k, v [num_tokens, num_kv_heads, head_dim] into their cache slots."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = v[keep].to(v_cache.dtype)
+
+
 def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tensor:
     """float32 [max_position, 2 * len(inv_freq)]: cos | sin of position * inv_freq."""
     positions = torch.arange(max_position, dtype=torch.float32, device=inv_freq.device)
@@ -96,7 +106,6 @@ def qkv_epilogue_ref(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
     Returns the rotated q as a new contiguous tensor [T, num_heads, head_dim]; qkv is not
     modified.  This is the CPU path and the oracle of `qkv_epilogue_triton`.
     """
-    from slipstream.ops.attention import store_kv_ref
 
     num_tokens = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim

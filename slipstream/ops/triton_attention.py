@@ -55,7 +55,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import triton
 
-from slipstream.ops.attention import QKVEpilogue
+from slipstream.ops.metadata import QKVEpilogue
 from slipstream.ops.device import dot_flags, sm_count
 from slipstream.ops.pdl import pdl_launch
 from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel, _prefill_kernel

@@ -1,8 +1,8 @@
 """Triton kernel of the sampler: temperature, cutoff, Gumbel noise and argmax in one pass.
 
 The semantics (and the torch twin used on CPU and as the oracle) live in
-`slipstream.sampler`; read its module docstring first. This kernel must reproduce
-`slipstream.sampler.sample_ref` exactly: the same 32-bit hash, the same float32
+`slipstream.sampling.sampler`; read its module docstring first. This kernel must reproduce
+`slipstream.sampling.sampler.sample_ref` exactly: the same 32-bit hash, the same float32
 operations in the same order, the same tie-breaking (first index of the maximum).
 
 Work split: grid (rows, splits). Each program scans one contiguous range of the

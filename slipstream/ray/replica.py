@@ -15,7 +15,7 @@ import os
 
 from slipstream.errors import EngineDeadError
 from slipstream.ray.rows import INPUT_COLUMNS, OUTPUT_COLUMNS, RowResult, result_of, row_params, row_prompt
-from slipstream.tokenizer import ChatOptions
+from slipstream.model.tokenizer import ChatOptions
 
 log = logging.getLogger("slipstream.ray")
 

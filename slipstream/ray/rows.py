@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slipstream.frontend.prompts import chat_token_ids
-from slipstream.sampling_params import SamplingParams
-from slipstream.tokenizer import ChatOptions
+from slipstream.sampling.params import SamplingParams
+from slipstream.model.tokenizer import ChatOptions
 
 OUTPUT_COLUMNS = ("generated_text", "generated_token_ids", "num_input_tokens",
                   "num_generated_tokens", "finish_reason", "error")

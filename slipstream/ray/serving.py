@@ -15,7 +15,7 @@ import msgspec
 
 from slipstream.errors import EngineDeadError
 from slipstream.frontend.outputs import RequestOutput
-from slipstream.sampling_params import SamplingParams
+from slipstream.sampling.params import SamplingParams
 
 PING_INTERVAL_S = 1.0
 PING_TIMEOUT_S = 10.0
@@ -65,7 +65,7 @@ class RayReplica:
 
         from slipstream.core.messages import CoreInfo
         from slipstream.model.loader import resolve_model_source
-        from slipstream.tokenizer import load_tokenizer
+        from slipstream.model.tokenizer import load_tokenizer
 
         self._ray = ray
         self.actor = _actor_class(ray).options(**actor_options).remote(model, engine_options)

@@ -43,7 +43,7 @@ import torch
 
 from slipstream.runner.graph_clone import ClonedGraph, SlotGraphCloner
 from slipstream.runner.inputs import StepPad, StepShape
-from slipstream.sampler import SamplerFlags
+from slipstream.sampling.sampler import SamplerFlags
 
 
 def capture_sizes(max_batch: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Turn a scheduled batch into a slot's host inputs, with numpy gathers over rows.
 
 No Python loop runs over the requests of a batch: every per-token and per-row field is
-gathered from the request table (slipstream.request_table) by row index.
+gathered from the request table (slipstream.sched.request_table) by row index.
 """
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slipstream.sampler import GREEDY_EPS, SamplerFlags
-from slipstream.sampling_columns import SAMPLING_COLUMNS
-from slipstream.scheduler import ScheduledBatch
+from slipstream.sampling.sampler import GREEDY_EPS, SamplerFlags
+from slipstream.sampling.columns import SAMPLING_COLUMNS
+from slipstream.sched.scheduler import ScheduledBatch
 
 
 @dataclass(frozen=True)

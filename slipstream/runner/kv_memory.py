@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from slipstream.ops.attention import AttentionMetadata
+from slipstream.ops.metadata import AttentionMetadata
 from slipstream.runner.graphs import mixed_graph_tokens
-from slipstream.sampler import SamplerFlags, SamplingTensors, sample
+from slipstream.sampling.sampler import SamplerFlags, SamplingTensors, sample
 
 GiB = 1 << 30
 

@@ -21,16 +21,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from slipstream.ops.attention import AttentionMetadata
+from slipstream.ops.metadata import AttentionMetadata
 from slipstream.ops.carry import carry_over, carry_over_shared, tokens_to_slot
 from slipstream.runner.graphs import step_graphs
 from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
-from slipstream.sampler import PenaltyState, SamplingTensors, sample
-from slipstream.sampling_columns import ALL_COLUMNS
-from slipstream.scheduler import BatchResult, ScheduledBatch
+from slipstream.sampling.sampler import PenaltyState, SamplingTensors, sample
+from slipstream.sampling.columns import ALL_COLUMNS
+from slipstream.sched.scheduler import BatchResult, ScheduledBatch
 
 
 @dataclass

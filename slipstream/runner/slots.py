@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from slipstream.sampling_columns import ALL_COLUMNS, int32_words
+from slipstream.sampling.columns import ALL_COLUMNS, int32_words
 
 MAX_LOGPROBS = 20
 # int inputs with one entry per token, per sequence row (query_start_loc has one more);

@@ -27,7 +27,7 @@ from slipstream.server.serving_chat import complete_chat, prepare_chat, render_p
 from slipstream.server.serving_common import PromptRun, ServingState, encode, off_loop
 from slipstream.server.serving_completions import (complete, prepare_completion,
                                                    stream_completion)
-from slipstream.tokenizer import ChatOptions
+from slipstream.model.tokenizer import ChatOptions
 
 _UNCOUNTED = ("/health", "/metrics", "/version")
 
@@ -223,7 +223,7 @@ def build_app(llm, args=None) -> FastAPI:
 
     @app.get("/version")
     async def version():
-        from slipstream import __version__
+        from slipstream.version import __version__
         return {"version": __version__}
 
     @app.post("/tokenize")

@@ -111,7 +111,7 @@ class ChatMessage(_Request):
 
 
 class ChatTemplateFields(_Request):
-    """How the messages become a prompt (vLLM's extras; slipstream.tokenizer.ChatOptions)."""
+    """How the messages become a prompt (vLLM's extras; slipstream.model.tokenizer.ChatOptions)."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import uuid
 
 from slipstream.server.app import parse_json
@@ -113,37 +112,3 @@ async def run_batch(state: ServingState, lines, write, max_concurrency: int = 25
     if tasks:
         await asyncio.gather(*tasks)
     return counts[0], counts[1]
-
-
-async def run_batch_file(a) -> int:
-    from slipstream.server.cli import make_llm
-
-    src = sys.stdin if a.input_file == "-" else open(a.input_file, encoding="utf-8",
-                                                      errors="replace")
-    with src:
-        lines = src.read().splitlines()
-    try:
-        llm = make_llm(a)
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    dst = sys.stdout if a.output_file == "-" else open(a.output_file, "w", encoding="utf-8")
-    state = None
-    try:
-        names = a.served_model_name or [llm.model_name]
-        state = ServingState(llm=llm, served_names=list(names), chat_defaults=a.chat_defaults)
-
-        def write(row: dict) -> None:
-            dst.write(json.dumps(row, ensure_ascii=False) + "\n")
-            dst.flush()
-
-        done, failed = await run_batch(state, lines, write, a.max_concurrency)
-    finally:
-        if state is not None:
-            state.close()
-        await llm.shutdown()
-        if dst is not sys.stdout:
-            dst.close()
-    print(f"run-batch: {done} requests, {failed} failed, written to {a.output_file}",
-          file=sys.stderr)
-    return 0

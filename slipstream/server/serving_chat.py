@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from slipstream.frontend.prompts import normalize_messages
-from slipstream.sampling_params import SamplingParams
+from slipstream.sampling.params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                                         ChatCompletionResponse, ChatLogprobs, ChatMessage,
@@ -18,7 +18,7 @@ from slipstream.server.serving_common import (PromptRun, ServingState, check_com
                                               collect, make_params, output_error,
                                               resolve_max_tokens, sse, sse_events,
                                               truncate_prompt, validate_prompt)
-from slipstream.tokenizer import ChatOptionError, ChatOptions
+from slipstream.model.tokenizer import ChatOptionError, ChatOptions
 
 
 @dataclass

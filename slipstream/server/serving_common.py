@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from slipstream.sampling_params import SamplingParams
+from slipstream.sampling.params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.metrics import ServerMetrics
 from slipstream.server.protocol import UNSUPPORTED
-from slipstream.tokenizer import ChatOptions
+from slipstream.model.tokenizer import ChatOptions
 
 MAX_N = 128
 MAX_PROMPTS = 1024

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from slipstream.sampling_params import SamplingParams
+from slipstream.sampling.params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
                                         CompletionRequest, CompletionResponse, UsageInfo,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from slipstream.request import Request
-from slipstream.sampling_columns import SAMPLING_COLUMNS
+from slipstream.sched.request import Request
+from slipstream.sampling.columns import SAMPLING_COLUMNS
 
 
 class RequestTable:

@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass
 
 from slipstream.frontend.prompts import normalize_messages
-from slipstream.sampling_params import SamplingParams
-from slipstream.tokenizer import ChatOptions
+from slipstream.sampling.params import SamplingParams
+from slipstream.model.tokenizer import ChatOptions
 
 INPUT_KEYS = ("prompt", "prompt_token_ids", "messages")
 CHAT_KEYS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def load_llm(engine_kwargs: dict):
-    from slipstream.core.engine_core import freeze_gc
+    from slipstream.utils.process import freeze_gc
     from slipstream.frontend.llm import LLM
     llm = LLM(**engine_kwargs)
     freeze_gc()

@@ -5,7 +5,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Hashable
 
-from slipstream.sampling_params import SamplingParams
+from slipstream.sampling.params import SamplingParams
 
 
 class Status(enum.Enum):

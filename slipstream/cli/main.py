@@ -3,45 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-from slipstream.tokenizer import ChatOptions
-
-
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None,
-                   help="HF folder (config.json + safetensors) or .gguf file; default: embedded SmolLM2-135M-Instruct")
-    g.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per step, the prefill chunk budget (default 16384 on GPUs of "
-                        ">= 70 GiB, else 8192)")
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    g.add_argument("--async-scheduling", dest="async_scheduling", action="store_true", default=None,
-                   help="overlap CPU scheduling with GPU compute (default on CUDA)")
-    g.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false")
-    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    g.add_argument("--cuda-graph-max-tokens", type=int, default=None,
-                   help="largest prefill/mixed step run as a CUDA graph (default "
-                        "--max-num-batched-tokens; 0: those steps run eagerly)")
-    g.add_argument("--cuda-graph-shared-from", type=int, default=None,
-                   help="decode batches of at least this many rows, and prefill/mixed steps, "
-                        "replay one CUDA graph shared by the two IO slots: about half the "
-                        "captures at start, for 1-2%% of throughput (default: a graph per slot)")
-    g.add_argument("--cuda-graph-clone", action=argparse.BooleanOptionalAction, default=True,
-                   help="clone the second IO slot's CUDA graphs from the first slot's instead of "
-                        "capturing them: half the captures at start, the same steps (default: on)")
-    g.add_argument("--batch-invariant", action="store_true",
-                   help="results independent of batch composition (slower; GPU)")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="shard the model over N GPUs (N worker processes; gloo on the CPU)")
+from slipstream.cli.options import chat_args, chat_defaults, engine_args, engine_kwargs
 
 
 def _ray_job_args(p: argparse.ArgumentParser) -> None:
@@ -59,53 +23,6 @@ def _ray_job_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--preserve-order", action="store_true", help="results in input order")
     g.add_argument("--output-format", default="jsonl", choices=["jsonl", "parquet"],
                    help="for an --output folder (a path not ending in .jsonl/.json/.parquet)")
-
-
-def _engine_kwargs(a: argparse.Namespace) -> dict:
-    return dict(model=a.model, load_format=a.load_format, dtype=a.dtype, device=a.device,
-                max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
-                max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
-                gpu_memory_utilization=a.gpu_memory_utilization,
-                enable_prefix_caching=a.enable_prefix_caching, async_scheduling=a.async_scheduling,
-                enforce_eager=a.enforce_eager, cuda_graph_max_tokens=a.cuda_graph_max_tokens,
-                cuda_graph_shared_from=a.cuda_graph_shared_from, cuda_graph_clone=a.cuda_graph_clone,
-                batch_invariant=a.batch_invariant, tensor_parallel_size=a.tensor_parallel_size)
-
-
-def _chat_args(p: argparse.ArgumentParser, kwargs_flag: str = "--chat-template-kwargs") -> None:
-    g = p.add_argument_group("chat template")
-    g.add_argument("--chat-template", default=None, metavar="TEMPLATE_OR_FILE",
-                   help="a Jinja chat template, or a file holding one, instead of the tokenizer's")
-    g.add_argument(kwargs_flag, dest="chat_template_kwargs", default=None, metavar="JSON",
-                   help="extra chat template variables, e.g. '{\"enable_thinking\": false}'"
-                        + (" (a request's chat_template_kwargs override them key by key)"
-                           if kwargs_flag.startswith("--default") else ""))
-
-
-def chat_defaults(a: argparse.Namespace) -> ChatOptions:
-    """The chat template flags as ChatOptions; ValueError names a bad flag."""
-    template, raw = getattr(a, "chat_template", None), getattr(a, "chat_template_kwargs", None)
-    if template is not None:
-        template = read_chat_template(template)
-    kwargs = {}
-    if raw is not None:
-        try:
-            kwargs = json.loads(raw)
-        except ValueError:
-            kwargs = None
-        if not isinstance(kwargs, dict):
-            raise ValueError(f"the chat template kwargs must be a JSON object, got {raw!r}")
-    return ChatOptions(template_kwargs=kwargs, template=template)
-
-
-def read_chat_template(value: str) -> str:
-    """A template given inline (it has Jinja tags) or as a file."""
-    if os.path.isfile(value):
-        with open(value, encoding="utf-8") as f:
-            return f.read()
-    if "{{" in value or "{%" in value:
-        return value
-    raise ValueError(f"--chat-template {value!r}: no such file, and not a Jinja template")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -126,14 +43,14 @@ def _sampling_kwargs(a: argparse.Namespace) -> dict:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from slipstream.sampling_params import SamplingParams
+    from slipstream.sampling.params import SamplingParams
 
     if a.workload:
         return _generate_workload(a)
     if a.ray:
         from slipstream.ray.job import run
         SamplingParams(**_sampling_kwargs(a))  # reject bad flags before Ray starts
-        return run(a, _sampling_kwargs(a), _engine_kwargs(a), chat_defaults(a))
+        return run(a, _sampling_kwargs(a), engine_kwargs(a), chat_defaults(a))
     if (a.prompt is None) == (a.input is None):
         print("error: give a prompt argument, --input prompts.jsonl or --workload NAME", file=sys.stderr)
         return 2
@@ -145,8 +62,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.resume:
         print("error: --resume needs --input and --output", file=sys.stderr)
         return 2
-    from slipstream.engine_setup import load_llm
-    llm = load_llm(_engine_kwargs(a))
+    from slipstream.cli.engine_setup import load_llm
+    llm = load_llm(engine_kwargs(a))
     params = SamplingParams(**defaults)
     if a.chat:
         from slipstream.frontend.prompts import chat_token_ids
@@ -166,11 +83,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def _generate_file(a: argparse.Namespace, defaults: dict) -> int:
-    import json
     import signal
 
-    from slipstream.batch_job import check_paths, done_ids, read_jsonl, run_job
-    from slipstream.engine_setup import load_llm
+    from slipstream.cli.batch_job import check_paths, done_ids, read_jsonl, run_job
+    from slipstream.cli.engine_setup import load_llm
 
     check_paths(a.input, a.output)
     if a.resume and not a.output:
@@ -178,7 +94,7 @@ def _generate_file(a: argparse.Namespace, defaults: dict) -> int:
         return 2
     jobs = read_jsonl(a.input, defaults, a.chat, chat_defaults(a))
     skip = done_ids(a.output) if a.resume else set()
-    llm = load_llm(_engine_kwargs(a))
+    llm = load_llm(engine_kwargs(a))
     f = open(a.output, "a" if a.resume else "w", encoding="utf-8") if a.output else sys.stdout
     if a.resume and a.output and not _ends_with_newline(a.output):
         f.write("\n")  # a line cut off by a crash stays alone (and its request runs again)
@@ -230,11 +146,11 @@ def _generate_workload(a: argparse.Namespace) -> int:
     import time
 
     from slipstream.bench.workloads import get_workload
-    from slipstream.core.engine_core import freeze_gc
+    from slipstream.utils.process import freeze_gc
     from slipstream.frontend.llm import LLM
 
     workload = get_workload(a.workload)
-    kwargs = _engine_kwargs(a)
+    kwargs = engine_kwargs(a)
     kwargs.update(workload.engine)
     kwargs["model"] = a.model or workload.model
     if a.model is None:
@@ -274,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                         "seed-8b-bs1, seed-8b-bs8, small-bs1); "
                         "without --model, on its architecture with dummy weights")
     _ray_job_args(g)
-    _engine_args(g)
+    engine_args(g)
     _sampling_args(g)
-    _chat_args(g)
+    chat_args(g)
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="run a named workload, sync vs async, and report throughput "
@@ -303,9 +219,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="shard the model over N GPUs (N worker processes; gloo on the CPU)")
     b.set_defaults(func=cmd_bench)
 
-    from slipstream.server.cli import add_run_batch_parser, add_serve_parser
-    add_serve_parser(sub, _engine_args)
-    add_run_batch_parser(sub, _engine_args)
+    from slipstream.cli.serve import add_run_batch_parser, add_serve_parser
+    add_serve_parser(sub, engine_args)
+    add_run_batch_parser(sub, engine_args)
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:2] == ["bench", "serve"]:  # the serving load generator has flags of its own

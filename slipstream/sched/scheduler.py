@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from slipstream.kv_cache import BlockPool, InFlight
-from slipstream.request import Request, Status
-from slipstream.request_table import RequestTable
+from slipstream.sched.block_pool import BlockPool
+from slipstream.sched.in_flight import InFlight
+from slipstream.sched.request import Request, Status
+from slipstream.sched.request_table import RequestTable
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """`slipstream serve` and `slipstream run-batch`: parsers and entry points.
 
-The lead's slipstream/cli.py adds them with::
+slipstream/cli/main.py adds them with::
 
-    from slipstream.server.cli import add_run_batch_parser, add_serve_parser
-    add_serve_parser(sub, _engine_args)
-    add_run_batch_parser(sub, _engine_args)
+    from slipstream.cli.serve import add_run_batch_parser, add_serve_parser
+    add_serve_parser(sub, engine_args)
+    add_run_batch_parser(sub, engine_args)
 
 and each sub-command's `func(args)` returns the exit code.
 """
@@ -16,6 +16,7 @@ import contextlib
 import logging
 import signal
 import sys
+import json
 import time
 
 from slipstream.server import DEFAULT_MAX_BODY_BYTES
@@ -24,11 +25,11 @@ log = logging.getLogger("slipstream.server")
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
-    from slipstream.cli import _chat_args
+    from slipstream.cli.options import chat_args
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) clients send (default: the model's own name); the "
                         "first is reported in responses")
-    _chat_args(p, "--default-chat-template-kwargs")
+    chat_args(p, "--default-chat-template-kwargs")
 
 
 def add_serve_parser(subparsers, engine_args_fn):
@@ -73,7 +74,7 @@ def add_run_batch_parser(subparsers, engine_args_fn):
 
 
 def _check_flags(a: argparse.Namespace) -> None:
-    from slipstream.cli import chat_defaults
+    from slipstream.cli.options import chat_defaults
     a.chat_defaults = chat_defaults(a)  # the chat template flags, read (ValueError if bad)
     for name in ("max_waiting", "stream_interval", "max_body_bytes", "max_concurrency",
                  "data_parallel_size"):
@@ -86,15 +87,14 @@ def _check_flags(a: argparse.Namespace) -> None:
 
 
 def make_llm(a: argparse.Namespace):
-    from slipstream import AsyncLLM
-    from slipstream.cli import _engine_kwargs
-    from slipstream.core.engine_core import freeze_gc
+    from slipstream.frontend.async_llm import AsyncLLM
+    from slipstream.cli.options import engine_kwargs
+    from slipstream.utils.process import freeze_gc
     size, address = getattr(a, "data_parallel_size", 1), getattr(a, "ray_address", None)
     if size > 1 or address:
-        from slipstream.frontend.data_parallel import make_data_parallel
-        llm = make_data_parallel(_engine_kwargs(a), size, address)
+        llm = make_data_parallel(engine_kwargs(a), size, address)
     else:
-        llm = AsyncLLM(core="process", **_engine_kwargs(a))
+        llm = AsyncLLM(core="process", **engine_kwargs(a))
     freeze_gc()  # a long-lived process: its startup heap need not be scanned again
     return llm
 
@@ -205,5 +205,50 @@ async def drain(state, timeout: float, hurry: asyncio.Event | None = None) -> No
 
 def cmd_run_batch(a: argparse.Namespace) -> int:
     _check_flags(a)
-    from slipstream.server.run_batch import run_batch_file
     return asyncio.run(run_batch_file(a))
+
+
+def make_data_parallel(engine_options: dict, size: int, ray_address: str | None = None) -> "DataParallelLLM":  # noqa: F821 (imported inside)
+    """`size` replicas: local core processes, or Ray actors on the cluster at `ray_address`."""
+    from slipstream.frontend.data_parallel import DataParallelLLM, local_replica_factory
+    options = dict(engine_options)
+    model = options.pop("model", None)
+    if ray_address:
+        from slipstream.ray.serving import ray_replica_factory
+        return DataParallelLLM(ray_replica_factory(model, options, ray_address), size)
+    return DataParallelLLM(local_replica_factory(model, options, size), size)
+
+
+async def run_batch_file(a) -> int:
+    from slipstream.server.run_batch import run_batch
+    from slipstream.server.serving_common import ServingState
+
+    src = sys.stdin if a.input_file == "-" else open(a.input_file, encoding="utf-8",
+                                                      errors="replace")
+    with src:
+        lines = src.read().splitlines()
+    try:
+        llm = make_llm(a)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    dst = sys.stdout if a.output_file == "-" else open(a.output_file, "w", encoding="utf-8")
+    state = None
+    try:
+        names = a.served_model_name or [llm.model_name]
+        state = ServingState(llm=llm, served_names=list(names), chat_defaults=a.chat_defaults)
+
+        def write(row: dict) -> None:
+            dst.write(json.dumps(row, ensure_ascii=False) + "\n")
+            dst.flush()
+
+        done, failed = await run_batch(state, lines, write, a.max_concurrency)
+    finally:
+        if state is not None:
+            state.close()
+        await llm.shutdown()
+        if dst is not sys.stdout:
+            dst.close()
+    print(f"run-batch: {done} requests, {failed} failed, written to {a.output_file}",
+          file=sys.stderr)
+    return 0
