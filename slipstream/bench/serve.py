@@ -2,7 +2,7 @@
 
 This file sends the requests: the streaming client that times each content chunk, the
 arrival schedule, the run loop (one event loop or --num-workers processes) and `main(argv)`.
-serve_report.py computes the metrics (`vllm bench serve`'s definitions, design brief §9)
+serve_report.py computes the metrics (`vllm bench serve`'s definitions)
 from the per-request results, and prints, plots and saves them.
 
 A request fails on an HTTP error, an `{"error": ...}` event in the stream, a transport

@@ -42,7 +42,7 @@ def random_requests(num: int, input_len: int, output_len: int, range_ratio: floa
 
 
 def small_256_requests() -> list[ServeRequest]:
-    """The small-256 workload (design brief §6), built by `slipstream.bench.workloads`."""
+    """The small-256 workload, built by `slipstream.bench.workloads`."""
     from slipstream.bench.workloads import small_256
 
     w = small_256()

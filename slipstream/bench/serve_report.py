@@ -2,7 +2,8 @@
 the metrics computed from the per-request results, the printed block, the sweep table, the
 PNG plot and the --save-result JSON.
 
-The definitions follow `vllm bench serve` (design brief §9; SGLang's bench_serving agrees):
+The definitions follow `vllm bench serve` (SGLang's bench_serving agrees), so the numbers
+compare with theirs:
 
 * TTFT: from the POST to the first chunk that carries content (non-empty `text`, or
   `delta.content` on the chat endpoint, or, from a model without a tokenizer, non-empty

@@ -1,4 +1,4 @@
-"""The benchmark workloads, by name (design brief §6).
+"""The benchmark workloads, by name (docs/performance.md, "The workloads").
 
 Each is a model architecture (a config.json shipped with the package, loaded with
 dummy weights), a list of prompts as token ids, their sampling parameters, and the

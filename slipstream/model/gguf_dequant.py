@@ -4,8 +4,8 @@ slice of a tensor only.
 `gguf.quants.dequantize` is the reference; it works in numpy over groups of 16 rows.  This
 does the same float32 operations in the same order in torch, so the result is bit for bit
 the reference's (tests/test_gguf_dequant.py), in less time: every tensor of the embedded
-SmolLM2 (Q4_1, one Q8_0, F32) 1.19-1.62 s -> 0.50-0.57 s on a 2-core CPU, 10782c9
-(benchmarks/bench_gguf_load.py; benchmarks/results/2026-12-02-10782c9-cpu-gguf).  Other types
+SmolLM2 (Q4_1, one Q8_0, F32) 1.19-1.62 s -> 0.50-0.57 s on a 2-core CPU
+(benchmarks/bench_gguf_load.py).  Other types
 (the K-quants, ...) go to the reference.
 
 A block of 32 weights along a row is stored as one or two float16 scales and the packed

@@ -1,7 +1,7 @@
 """Programmatic dependent launch (PDL, Hopper and later): a kernel may be launched while the
 kernel before it on the stream is still running, and waits for it (`gdc_wait`) before it
 touches memory. What it saves is the launch gap between two kernels (~1 µs inside a CUDA
-graph; docs/kernel-notes.md, "Programmatic dependent launch"), which a 0.6B decode step
+graph; benchmarks/notes/kernel-notes.md, "Programmatic dependent launch"), which a 0.6B decode step
 pays ~260 times (only between two PDL kernels: cuBLAS's GEMMs are launched normally).
 
 The rule every PDL kernel here follows: `pdl_start(USE_PDL)` is its first statement, in

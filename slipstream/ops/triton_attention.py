@@ -79,11 +79,11 @@ class DecodeConfig:
     to large_batch rows, large_block_n / large_num_warps to larger ones."""
     block_n: int = 64  # KV tokens per tile (any power of two >= 16; may span many blocks)
     num_warps: int = 4
-    num_stages: int = 2  # measured best on the H200 (docs/kernel-notes.md, 2026-11-29)
+    num_stages: int = 2  # measured best on the H200 (benchmarks/notes/kernel-notes.md)
     min_chunk: int = 256  # fewest KV tokens one split covers (rounded up to block_n)
     # split heuristic: splits = (ctas_per_sm x SMs) // (num_seqs x kv_heads), so all programs
     # are resident at once (4 fit per SM by registers); 2 splits at 32 x 8 heads beat 9 by
-    # 4-5 points of copy bandwidth on the H200 (docs/kernel-notes.md, v4)
+    # 4-5 points of copy bandwidth on the H200 (benchmarks/notes/kernel-notes.md, v4)
     ctas_per_sm: int = 4
     max_splits: int = 32
     longest_first: bool = True  # use meta.decode_order when the batch has one
@@ -92,13 +92,13 @@ class DecodeConfig:
     # a batch of more than large_batch rows runs these tiles instead (more programs resident
     # on an SM): on small-256's own batches (0.6B shape, H200) +2-4 points of copy bandwidth
     # at 149-256 rows, -5 at 76-112; one warp rather than two: small-256 0.8% faster
-    # (docs/kernel-notes.md, "Tiles by batch size", measured on 969d311)
+    # (benchmarks/notes/kernel-notes.md, "Tiles by batch size")
     large_batch: int = 128
     large_block_n: int = 32
     large_num_warps: int = 1
     # a batch of at most small_batch rows splits its rows into chunks of (at most)
     # small_min_chunk tokens or more: more programs on a GPU that one row's few splits leave idle.  Batch 1,
-    # H200, min_chunk 256 -> 128 (2026-12-01, benchmarks/results/2026-12-01-ff73abe): Qwen3-
+    # H200, min_chunk 256 -> 128 (benchmarks/notes/benchmarks.md, "Batch 1"): Qwen3-
     # 0.6B shape 1.31 -> 1.26 ms a step, Llama-3.1-8B shape 4.53 -> 4.45 (64: 1.29, 4.46);
     # 128 for every batch size cost small-256 0.2-0.4%, hence only small batches
     small_batch: int = 8
@@ -108,17 +108,17 @@ class DecodeConfig:
     # kernel, so that they stream while the qkv epilogue ends (module doc); the qkv epilogue
     # of a batch of that many tokens or fewer loads its positions, rotary rows and slots
     # early too (ops/fused.py).  Larger batches compile to the same PTX as without it
-    # (benchmarks/ptx_diff.py).  H200, 2026-12-02, 297a843, 0 / 8 alternately, twice
-    # (benchmarks/results/2026-12-02-297a843): small-bs1 0.91 -> 0.88 ms a step, seed-8b-bs8
+    # (benchmarks/ptx_diff.py).  On the H200, 0 / 8 alternately, twice
+    # (benchmarks/notes/benchmarks.md, "Batch 1"): small-bs1 0.91 -> 0.88 ms a step, seed-8b-bs8
     # 4.87 -> 4.79, seed-8b-bs1, seed-8b-short and small-256 unchanged.
     # `SLIPSTREAM_PREFETCH_BATCH=0` in the environment turns both off (A/B runs)
     prefetch_batch: int = field(default_factory=lambda: _env_rows("SLIPSTREAM_PREFETCH_BATCH", 8))
     # a decode batch of at most epilogue_batch rows (0: none) whose qkv is finished (today: one
     # row on the GEMV, ops/linear.py) runs the qkv epilogue (q/k norm, RoPE, the KV store)
     # inside the decode kernel (`decode_attention(epilogue=)`): one kernel a layer fewer.
-    # H200, 2026-12-02, against 5c8d221 in one call: small-bs1 0.88 -> 0.86 ms a step (607a253,
-    # this form; c3e8880 twice alternately the same), seed-8b-bs8, seed-8b-short and small-256
-    # unchanged (benchmarks/results/2026-12-02-607a253).  `SLIPSTREAM_EPILOGUE_BATCH=0` turns
+    # On the H200, against the code without it in one call: small-bs1 0.88 -> 0.86 ms a step;
+    # seed-8b-bs8, seed-8b-short and small-256
+    # unchanged (benchmarks/notes/benchmarks.md, "Batch 1").  `SLIPSTREAM_EPILOGUE_BATCH=0` turns
     # it off (A/B runs)
     epilogue_batch: int = field(default_factory=lambda: _env_rows("SLIPSTREAM_EPILOGUE_BATCH", 8))
 
@@ -135,7 +135,7 @@ class PrefillConfig:
     num_stages: int = 3
     # the KV tiles every row of a program sees in full go wide_n at a time (a multiple of
     # block_n; 0: all block_n). None: 128 at 128+ rows a program, else 64 (the H200's best
-    # at 2-16K tokens, docs/benchmarks.md, "Prefill attention")
+    # at 2-16K tokens, benchmarks/notes/benchmarks.md, "Prefill attention")
     wide_n: int | None = None
 
 
@@ -166,7 +166,7 @@ def decode_split_options(num_seqs: int, num_kv_heads: int, max_seq_len: int, cfg
     ragged rows (about two waves of programs, so that the long rows' splits do not run
     alone at the end).  On the H200, 48 rows of 100-2000 tokens ran 11% faster with 3
     splits than with the heuristic's 1, while 32 rows of 4096 lose 3% with 4 instead of 2
-    (docs/kernel-notes.md, ragged sweep).  Host ints only."""
+    (benchmarks/notes/kernel-notes.md, ragged sweep).  Host ints only."""
     if cfg.num_splits is not None:
         return (max(1, int(cfg.num_splits)),)
     base = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, cfg, num_sms)
@@ -285,7 +285,7 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
     order = meta.decode_order if cfg.longest_first or subset else None
     counters = meta.split_counters if cfg.fused_merge or subset else None
     # The in-kernel merge is used with a row order only: merge without one measured 25-30%
-    # slower at 32 x 4096-8192 on the H200 (docs/kernel-notes.md, v4), the reduce pass not.
+    # slower at 32 x 4096-8192 on the H200 (benchmarks/notes/kernel-notes.md, v4), the reduce pass not.
     merge = split and counters is not None and order is not None
     if merge:
         assert counters.dtype == torch.int32 and counters.numel() >= num_seqs * num_kv_heads, \
@@ -352,8 +352,8 @@ def epilogue_in_decode_applies(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: tor
     folded norm's row scale and the bias: `ops/linear.py`), and whose q/k norms and cache
     keep qkv's dtype (the epilogue kernel's float32-intermediate variants stay separate).
     An unfinished qkv stays with the epilogue kernel: a first version that applied the row
-    scale in every decode program made seed-8b-bs8 2.3% slower (4.71 -> 4.82 ms a step,
-    H200, 2026-12-02, benchmarks/results/2026-12-02-c3e8880)."""
+    scale in every decode program made seed-8b-bs8 2.3% slower (4.71 -> 4.82 ms a step
+    on the H200; benchmarks/notes/kernel-notes.md)."""
     cfg = config or DEFAULT_DECODE_CONFIG
     rows = meta.num_seqs
     if not (meta.max_query_len <= 1 and 0 < rows <= cfg.epilogue_batch and qkv.shape[0] == rows

@@ -3,7 +3,7 @@
 At batch 1 a decode step's GEMMs are matrix-vector products: their time is the weight's
 bytes, and on a small model each weight is 2-12 MB, too little for cuBLAS to reach the
 copy bandwidth (the 0.6B shape's 112 layer GEMMs took 892 us at batch 1, 3.2x their
-bytes' time: docs/benchmarks.md, "Batch 1").  Here each program owns BLOCK_N output
+bytes' time: benchmarks/notes/benchmarks.md, "Batch 1").  Here each program owns BLOCK_N output
 columns and loads their whole K extent (K_PAD, the next power of two) as one tile, before
 waiting for the previous kernel (programmatic dependent launch): the weights stream while
 that kernel finishes, and the bytes in flight, not the arithmetic, decide the time.  No
@@ -15,7 +15,8 @@ lm_head) takes `_gemv_stream_kernel` instead: its columns stream through a pipel
 over K in 1,024-wide chunks, which no register tile could hold.  There it beats cuBLAS,
 whose one-row kernels split K and add reduce kernels (the 8B shape's layer chain 0.92x
 cuBLAS's time; seed-8b-bs1 4.48 -> 3.99 ms a step, 3.86 with `stream_columns`' rule
-and 4 stages: docs/kernel-notes.md, "Small-batch GEMV", "Streaming GEMV: columns and stages").
+and 4 stages: benchmarks/notes/kernel-notes.md, "Small-batch GEMV", "Streaming GEMV: columns
+and stages").
 
 `residual` adds into the output in fp32 before the one rounding, as cuBLAS's beta = 1
 does for `linear_add_`.  Used by `slipstream.ops.linear` on CUDA for M <= `max_rows` (one)
@@ -42,10 +43,11 @@ from slipstream.ops.triton_fused import silu_mul
 class GemvConfig:
     # M up to this takes the GEMV: at one row it takes 0.52x cuBLAS's time (0.6B shape's layer
     # GEMMs) and 0.45x (135M); from two rows its broadcast product loses (1.1-7x at 2-8 rows
-    # on the 0.6B shape; docs/kernel-notes.md, "Small-batch GEMV")
+    # on the 0.6B shape; benchmarks/notes/kernel-notes.md, "Small-batch GEMV")
     max_rows: int = 1
     # no bound by default: above stream_weight_bytes the streaming kernel beats cuBLAS too (the
-    # 8B shape, lm_head included: seed-8b-bs1 4.48 -> 3.99 ms a step, docs/kernel-notes.md);
+    # 8B shape, lm_head included: seed-8b-bs1 4.48 -> 3.99 ms a step,
+    # benchmarks/notes/kernel-notes.md);
     # SLIPSTREAM_GEMV_MAX_MB=16 keeps weights over 16 MiB on cuBLAS (A/B runs)
     max_weight_bytes: int = int(os.environ.get("SLIPSTREAM_GEMV_MAX_MB", str(1 << 20))) << 20
     max_k: int = 16384  # the whole-tile kernel holds BLOCK_N x K_PAD weights in registers
@@ -63,7 +65,8 @@ class GemvConfig:
     stream_wide_programs_per_sm: int = 2
     stream_block_k: int = 1024
     # 4 stages with that choice of columns: seed-8b-bs1 3.95 -> 3.86 ms a step; either alone
-    # was slower (3.99, 3.98; docs/kernel-notes.md, "Streaming GEMV: columns and stages")
+    # was slower (3.99, 3.98; benchmarks/notes/kernel-notes.md, "Streaming GEMV: columns and
+    # stages")
     stream_stages: int = 4
     stream_warps: int = 4
 

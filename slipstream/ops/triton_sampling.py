@@ -212,13 +212,13 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
         return out
     if block_v is None:
         # chunks of 1024 with 4 warps: 1-20% faster than 2048 with 8 at 8-256 rows, greedy
-        # and sampled (bench_sampler.py, results/2026-11-29-s7/gemm-sampler/sampler.log)
+        # and sampled (benchmarks/bench_sampler.py)
         block_v = min(1024, triton.next_power_of_2(V))
     n_chunks = triton.cdiv(V, block_v)
     if num_splits is None:
         # compute-bound (hash + logs): ~16 programs per SM; 8 splits of 2048-token chunks at
         # 256 or 128 rows of the 151,936 vocabulary beat 2 by 11-12% on the H200
-        # (benchmarks/bench_sampler.py, 2026-11-29)
+        # (benchmarks/bench_sampler.py)
         target = 16 * sm_count(logits.device, cpu=1)
         num_splits = max(1, min(triton.cdiv(target, B), triton.cdiv(n_chunks, 4)))
     num_splits = max(1, min(num_splits, n_chunks))

@@ -1,7 +1,7 @@
 """The other IO slot's CUDA graph of a step, made from this slot's instead of captured.
 
 A capture costs Python launching the step's 150-350 kernels (15-25 ms on the H200's hosts,
-most of the engine's start: docs/benchmarks.md, "Engine start"), and the two slots' graphs
+most of the engine's start: benchmarks/notes/benchmarks.md, "Engine start"), and the two slots' graphs
 of one shape differ only in the addresses of the slots' own buffers: the same kernels,
 grids and scratch memory.  So the second slot's graph is a copy of the first's
 (`cuGraphClone`) in which every node argument that points into one slot's buffers points
@@ -18,8 +18,8 @@ and destination of memcpy nodes and the destination of memset nodes.  Any other 
 `CloneUnsupported`, and the caller captures instead.  Bit-equal outputs of a clone and a
 capture are checked on the GPU (tests/test_gpu_graph_clone.py).  On by default
 (EngineConfig.cuda_graph_clone); the steps run as fast as with captured graphs once the
-clone is not uploaded ahead of its first launch (`clone_graph`; docs/benchmarks.md,
-"Engine start").
+clone is not uploaded ahead of its first launch (`clone_graph`;
+benchmarks/notes/benchmarks.md, "Engine start").
 """
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def clone_graph(driver: Driver, graph_handle: int, amap: AddressMap,
     Not uploaded (`cuGraphUpload`), as torch does not upload its own: an executable uploaded
     on the compute stream ran every later step of the 8B decode loop 2% slower, cloned or
     not, while the same executable left to upload at its first launch ran as fast as a
-    capture (docs/benchmarks.md, "Engine start")."""
+    capture (benchmarks/notes/benchmarks.md, "Engine start")."""
     marks = [time.perf_counter()]
     clone = ctypes.c_void_p()
     driver.call("cuGraphClone", ctypes.byref(clone), ctypes.c_void_p(graph_handle))

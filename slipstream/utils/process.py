@@ -26,7 +26,7 @@ def collector_paused():
     The build allocates hundreds of thousands of objects (modules' graphs, CUDA graph nodes'
     ctypes buffers), nearly all kept for the process's life or freed by their reference
     counts; yet each allocation burst triggers collections, and a full one scans the whole
-    startup heap (docs/benchmarks.md, "Engine start"). Cycles made meanwhile wait for the
+    startup heap (benchmarks/notes/benchmarks.md, "Engine start"). Cycles made meanwhile wait for the
     next collection."""
     was_on = gc.isenabled()
     gc.disable()
@@ -43,7 +43,8 @@ def freeze_gc() -> None:
 
     Python's full collections scan every tracked object. While requests arrive their lists
     trigger such collections, and scanning the startup heap with them stalls the CPU that
-    feeds the GPU (docs/benchmarks.md, "Garbage collector"). Frozen objects are never
+    feeds the GPU (a full collection of 86 ms while small-256's prompts arrived;
+    benchmarks/notes/benchmarks.md). Frozen objects are never
     scanned again, and not collected until the process exits (they are thawed then, so
     extension modules see their objects released). Call it once the engine is built and
     warmed up, in processes that run one engine (the CLI, the core process, the bench do).
