@@ -1,4 +1,4 @@
-"""Start `slipstream serve` (as `python -m slipstream.cli.main serve`) as a subprocess on a free
+"""Start `slipstream serve` (as `python -m slipstream.cli serve`) as a subprocess on a free
 loopback port and stop it; every wait is bounded."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ START_TIMEOUT = 240.0
 
 class ServerProcess:
     def __init__(self, *flags: str, log_path: str | None = None):
-        cmd = [sys.executable, "-m", "slipstream.cli.main", "serve", "--device", "cpu",
+        cmd = [sys.executable, "-m", "slipstream.cli", "serve", "--device", "cpu",
                "--host", "127.0.0.1", "--port", "0", *flags]
         self.log = open(log_path or os.devnull, "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")

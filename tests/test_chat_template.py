@@ -15,7 +15,8 @@ from fake_async_llm import FakeTokenizer, run_app
 from slipstream.cli.main import main
 from slipstream.cli.options import chat_defaults, read_chat_template
 from slipstream.frontend.prompts import chat_token_ids, normalize_messages
-from slipstream.ray.rows import row_prompt
+from slipstream.frontend.batch_rows import RowDefaults
+from slipstream.ray.rows import parse_ray_row
 from slipstream.model.tokenizer import ChatOptionError, ChatOptions, load_tokenizer
 
 CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}]
@@ -169,7 +170,7 @@ def test_flags_read_a_template_inline_or_from_a_file(tmp_path):
 
 
 def test_serve_refuses_bad_template_flags_before_loading_a_model():
-    r = subprocess.run([sys.executable, "-m", "slipstream.cli.main", "serve", "--port", "0",
+    r = subprocess.run([sys.executable, "-m", "slipstream.cli", "serve", "--port", "0",
                         "--default-chat-template-kwargs", "{not json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "must be a JSON object" in r.stderr and "Traceback" not in r.stderr
@@ -191,19 +192,23 @@ def test_batch_job_lines_carry_their_own_options(tokenized_tiny, tmp_path):
     expect = {"kw": "[user]Hi\n(mood=sad)[assistant]", "default": "[user]Hi\n(mood=calm)[assistant]",
               "cont": "[user]Hi\n[assistant]The answer is"}  # cut after the last message's content
     for rid, text in expect.items():
-        assert out[rid]["num_prompt_tokens"] == len(tok.hf.encode(text, add_special_tokens=False)), rid
+        assert out[rid]["num_input_tokens"] == len(tok.hf.encode(text, add_special_tokens=False)), rid
     assert "add_generation_prompt to be false" in out["both"]["error"]
     assert "apply to chats only" in out["plain"]["error"]
 
 
 def test_ray_rows_take_the_processors_options_and_their_own():
     tok = FakeTokenizer()
-    chat = ChatOptions(template_kwargs={"mood": "calm"})
-    ids = row_prompt({"messages": CHAT[:1], "chat_template_kwargs": {"mood": "sad", "x": None}}, tok, chat)
+    defaults = RowDefaults(chat=ChatOptions(template_kwargs={"mood": "calm"}))
+
+    def row_prompt(row):
+        return parse_ray_row(row, defaults).engine_prompt(tok)
+
+    ids = row_prompt({"messages": CHAT[:1], "chat_template_kwargs": {"mood": "sad", "x": None}})
     assert tok.decode(ids) == "<mood=sad><user>Hi\n<assistant>"
-    assert tok.decode(row_prompt({"messages": CHAT[:1]}, tok, chat)) == "<mood=calm><user>Hi\n<assistant>"
-    with pytest.raises(ValueError, match="applies to 'messages' rows only"):
-        row_prompt({"prompt": "x", "chat_template_kwargs": {"a": 1}}, tok, chat)
+    assert tok.decode(row_prompt({"messages": CHAT[:1]})) == "<mood=calm><user>Hi\n<assistant>"
+    with pytest.raises(ValueError, match="apply to chats only"):
+        row_prompt({"prompt": "x", "chat_template_kwargs": {"a": 1}})
 
 
 def test_llm_chat_continues_the_final_message(tokenized_tiny):

@@ -24,7 +24,7 @@ def test_run_batch_with_bad_lines(tmp_path):
     ]
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "slipstream.cli.main", "run-batch", "-i", str(src),
+    proc = subprocess.run([sys.executable, "-m", "slipstream.cli", "run-batch", "-i", str(src),
                            "-o", str(dst), "--device", "cpu", "--served-model-name", "smol"],
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,4 +1,1 @@
-"""The `slipstream` command: generate | serve | run-batch | bench."""
-from slipstream.cli.main import main
-
-__all__ = ["main"]
+"""The `slipstream` command (`slipstream.cli.main:main`): generate | serve | run-batch | bench."""
