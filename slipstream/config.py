@@ -1,59 +1,80 @@
-"""Engine configuration: one validated dataclass, clear errors for bad values."""
+"""Engine configuration: one validated dataclass, clear errors for bad values.
+
+Each field is declared once, with its help text and command-line spelling in the field's
+metadata (`option`); `engine_options()` reads them back as the table of engine options that
+the CLI flags (slipstream/cli/options.py) and docs/engine-options.md are generated from.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import typing
+from dataclasses import MISSING, dataclass, field, fields
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 
 
+def option(default, help: str, *, unset: str | None = None, flag: str | None = None,
+           aliases: tuple[str, ...] = (), choices: tuple | None = None):
+    """A field of EngineConfig with what its CLI flag and doc row need. `unset` says what a
+    None default means; `flag` replaces the spelling derived from the name (--max-num-seqs)."""
+    return field(default=default, metadata=dict(help=help, unset=unset, flag=flag,
+                                                aliases=aliases, choices=choices))
+
+
 @dataclass
 class EngineConfig:
-    model: str | None = None  # a HF folder, a .gguf file, or None for the embedded SmolLM2
-    load_format: str = "auto"
-    dtype: str = "auto"  # auto: float32 on CPU, the model's bf16/fp16 on CUDA
-    device: str = "auto"  # auto: cuda when available
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
-    max_num_seqs: int = 256
-    # tokens per step (the prefill chunk budget); default: `default_max_num_batched_tokens`
-    max_num_batched_tokens: int | None = None
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # fixed KV pool size; default: sized from free memory
-    gpu_memory_utilization: float = 0.9
-    cpu_kv_cache_gib: float = 1.0  # KV pool budget on CPU
-    enable_prefix_caching: bool = True
-    async_scheduling: bool | None = None  # default: True on CUDA, False on CPU
-    enforce_eager: bool = False  # CUDA graphs off
-    cuda_graph_max_batch: int | None = None  # largest captured decode batch (default max_num_seqs)
-    # largest captured prefill/mixed step in tokens (default max_num_batched_tokens; 0: such
-    # steps run eagerly); those graphs pad rows to max_num_seqs, so they need
-    # cuda_graph_max_batch >= max_num_seqs
-    cuda_graph_max_tokens: int | None = None
-    # decode batches padded to at least this many rows, and steps with prompt tokens (padded
-    # to max_num_seqs rows), replay one CUDA graph shared by the two IO slots (the step's
-    # inputs copied in) instead of one graph per slot: about half the graphs captured at
-    # start, for 1-2% of throughput (docs/benchmarks.md, "Engine start").  None: a graph
-    # per slot everywhere
-    cuda_graph_shared_from: int | None = None
-    # the second IO slot's graph of each step is a copy of the first slot's, re-pointed at its
-    # buffers (runner/graph_clone.py), not a second capture: half the captures at start, the
-    # same kernels and step times (docs/benchmarks.md, "Engine start").  Without a CUDA 12.4+
-    # driver, or with tensor parallelism: captured
-    cuda_graph_clone: bool = True
-    seed: int = 0  # draws the seeds of requests that bring none
-    trace: bool = False  # record a CPU/GPU timeline of every batch
-    debug_kv: bool = False  # check that no block is freed while an in-flight batch uses it
-    # a token's result does not depend on its batch (GPU; slower GEMMs and decode attention):
-    # bf16 sync and async runs then agree token for token on any workload
-    batch_invariant: bool = False
-    # ranks the model is sharded over (Megatron-style), one worker process each (executor/)
-    tensor_parallel_size: int = 1
+    model: str | None = option(
+        None, "a Hugging Face folder (config.json + safetensors) or a .gguf file",
+        unset="the embedded SmolLM2-135M-Instruct")
+    load_format: str = option("auto", "how to read the weights (dummy: random weights from "
+                                      "config.json, for benchmarks)", choices=LOAD_FORMATS)
+    dtype: str = option("auto", "the model's dtype (auto: float32 on the CPU, the model's "
+                                "bf16/fp16 on CUDA)", choices=DTYPES)
+    device: str = option("auto", "where the engine runs (auto: cuda when available)",
+                         choices=DEVICES)
+    max_model_len: int | None = option(
+        None, "longest sequence, prompt and output tokens", unset="the model's max_position_embeddings")
+    max_num_seqs: int = option(256, "requests running at once (rows of a step)")
+    max_num_batched_tokens: int | None = option(
+        None, "tokens per step, the prefill chunk budget",
+        unset="16384 on CUDA GPUs of 70 GiB or more (not the A100), else 8192")
+    block_size: int = option(16, "tokens per KV cache block (a power of two >= 8)")
+    num_kv_blocks: int | None = option(None, "a fixed KV cache pool size in blocks",
+                                       unset="sized from free memory")
+    gpu_memory_utilization: float = option(0.9, "the share of the GPU's memory the engine may use")
+    cpu_kv_cache_gib: float = option(1.0, "the KV cache pool's size on the CPU, in GiB")
+    enable_prefix_caching: bool = option(
+        True, "reuse the KV blocks of prompt prefixes already computed", flag="--prefix-caching")
+    async_scheduling: bool | None = option(
+        None, "schedule step N+1 on the CPU while step N runs on the GPU",
+        unset="on for CUDA, off on the CPU")
+    enforce_eager: bool = option(False, "no CUDA graphs: every step runs eagerly")
+    cuda_graph_max_batch: int | None = option(
+        None, "largest decode batch captured as a CUDA graph", unset="max_num_seqs")
+    # prefill/mixed graphs pad rows to max_num_seqs, so they need cuda_graph_max_batch >= max_num_seqs
+    cuda_graph_max_tokens: int | None = option(
+        None, "largest prefill/mixed step in tokens run as a CUDA graph (0: those steps run eagerly)",
+        unset="max_num_batched_tokens")
+    # a clone costs 3.5-9 ms against a capture's 10-36 ms, for the same kernels and step times
+    # (benchmarks/notes/benchmarks.md, "Engine start"); without a CUDA 12.4+ driver, or under tensor
+    # parallelism, the second slot's graphs are captured
+    cuda_graph_clone: bool = option(
+        True, "the second IO slot's CUDA graphs are copies of the first slot's, re-pointed at its "
+              "buffers, instead of captures: half the captures at start")
+    seed: int = option(0, "draws the seeds of requests that bring none", flag="--engine-seed")
+    trace: bool = option(False, "record a CPU/GPU timeline of every batch")
+    debug_kv: bool = option(False, "check that no KV block is freed while an in-flight batch uses it")
+    batch_invariant: bool = option(
+        False, "a token's result does not depend on its batch, so bf16 sync and async runs agree "
+               "token for token (GPU; slower GEMMs and decode attention)")
+    tensor_parallel_size: int = option(
+        1, "GPUs the model is sharded over, one worker process each (gloo on the CPU)", aliases=("-tp",))
 
     def __post_init__(self) -> None:
-        _choice("load_format", self.load_format, LOAD_FORMATS)
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("device", self.device, DEVICES)
+        for f in fields(self):
+            if f.metadata["choices"] is not None:
+                _choice(f.name, getattr(self, f.name), f.metadata["choices"])
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.max_num_batched_tokens is not None:
@@ -67,8 +88,6 @@ class EngineConfig:
             _positive_int("num_kv_blocks", self.num_kv_blocks)
         if self.cuda_graph_max_batch is not None:
             _positive_int("cuda_graph_max_batch", self.cuda_graph_max_batch)
-        if self.cuda_graph_shared_from is not None:
-            _positive_int("cuda_graph_shared_from", self.cuda_graph_shared_from)
         if self.cuda_graph_max_tokens is not None and self.cuda_graph_max_tokens != 0:
             _positive_int("cuda_graph_max_tokens", self.cuda_graph_max_tokens)
         if not (0.0 < self.gpu_memory_utilization <= 1.0):
@@ -89,13 +108,42 @@ class EngineConfig:
         return cls(**kwargs)
 
 
+@dataclass(frozen=True)
+class EngineOption:
+    """One row of the engine options table: an EngineConfig field as an LLM kwarg and a CLI flag."""
+    name: str  # the EngineConfig field and LLM keyword
+    type: type  # str, int, float or bool
+    optional: bool  # None is a value (the default's meaning is `unset`)
+    default: object
+    help: str
+    unset: str | None
+    flags: tuple[str, ...]  # the CLI spellings; a bool's negation (--no-X) comes with --X
+    choices: tuple | None
+
+
+def engine_options() -> tuple[EngineOption, ...]:
+    """The table of engine options, in EngineConfig's field order."""
+    hints = typing.get_type_hints(EngineConfig)
+    table = []
+    for f in fields(EngineConfig):
+        if "help" not in f.metadata or f.default is MISSING:
+            raise TypeError(f"EngineConfig.{f.name} must be declared with option(...)")
+        base = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
+        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        table.append(EngineOption(
+            name=f.name, type=base[0], optional=type(None) in typing.get_args(hints[f.name]),
+            default=f.default, help=f.metadata["help"], unset=f.metadata["unset"],
+            flags=(flag, *f.metadata["aliases"]), choices=f.metadata["choices"]))
+    return tuple(table)
+
+
 def default_max_num_batched_tokens(device_type: str, total_memory: int = 0, name: str = "",
                                    max_num_seqs: int = 1) -> int:
     """Tokens per step when none is given: 16384 on a CUDA GPU of 70 GiB or more (H100 / H200
     class), 8192 elsewhere, and never fewer than max_num_seqs. vLLM's offline engine makes the
     same choice (not on the A100, where it measured a loss). Fewer, larger prefill steps: on
     the H200, small-256's prefill phase took 10 steps and 0.330 s of GPU time against 19 steps
-    and 0.362 s (docs/benchmarks.md, measured on 1879a42)."""
+    and 0.362 s (benchmarks/notes/benchmarks.md)."""
     big = device_type == "cuda" and total_memory >= 70 * 2**30 and "a100" not in name.lower()
     return max(16384 if big else 8192, max_num_seqs)
 

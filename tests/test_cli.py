@@ -44,7 +44,6 @@ def test_batch_job_bad_lines_fail_alone(tmp_path):
     (["generate", "--device", "cpu"], "give a prompt argument"),
     (["generate", "--device", "cpu", "--max-num-seqs", "0", "hi"], "max_num_seqs"),
     (["generate", "--device", "cpu", "--cuda-graph-max-tokens", "-5", "hi"], "cuda_graph_max_tokens"),
-    (["generate", "--device", "cpu", "--cuda-graph-shared-from", "0", "hi"], "cuda_graph_shared_from"),
 ])
 def test_bad_flags_exit_2_with_a_clear_message(argv, message, capsys):
     assert main(argv) == 2
@@ -92,13 +91,13 @@ def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypat
         "unit", folder, prompts, params, dict(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=64),
         latency=True))
     assert main(["bench", "--workload", "unit", "--device", "cpu", "--max-num-batched-tokens", "16",
-                 "--cuda-graph-shared-from", "2", "--no-cuda-graph-clone", "--out", str(tmp_path)]) == 0
+                 "--no-cuda-graph-clone", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| unit | sync |" in out and "| unit | async |" in out and "identical outputs: True" in out
     assert "| steps | ms per step |" in out
     summary = json.loads((tmp_path / "unit.json").read_text())
     assert summary["engine_options"]["max_num_batched_tokens"] == 16 and summary["identical_outputs"]
-    assert summary["engine_options"]["cuda_graph_shared_from"] == 2
+    assert summary["engine_options"]["max_num_seqs"] == 4  # the workload's, no flag given
     assert summary["engine_options"]["cuda_graph_clone"] is False
     async_run = summary["results"]["async"]
     assert async_run["output_tokens"] == sum(p.max_tokens for p in params)
@@ -108,8 +107,8 @@ def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypat
     assert async_run["ms_per_step"] == pytest.approx(1e3 * async_run["wall_s"] / async_run["steps"])
     assert f"| {async_run['steps']} | {async_run['ms_per_step']:.2f} |" in out
     assert main(["bench", "--workload", "no-such-workload", "--device", "cpu"]) == 2
-    assert main(["bench", "--workload", "unit", "--device", "cpu", "--cuda-graph-shared-from", "0"]) == 2
-    assert "cuda_graph_shared_from" in capsys.readouterr().err
+    assert main(["bench", "--workload", "unit", "--device", "cpu", "--block-size", "12"]) == 2
+    assert "block_size must be a power of two" in capsys.readouterr().err
 
 
 def test_generate_prints_the_answer_as_it_is_generated(tokenized_tiny, monkeypatch):

@@ -10,7 +10,6 @@ import torch
 from slipstream.bench.report import write_json
 from slipstream.bench.throughput import (COPY_BANDWIDTH, MATMUL_RATE, RunResult, breakdown_table,
                                          measure_ceilings, result_dict, run_workload)
-from slipstream.bench.workloads import get_workload
 from slipstream.config import EngineConfig
 from slipstream.core.engine_core import EngineCore
 from slipstream.utils.process import freeze_gc
@@ -43,21 +42,12 @@ def seconds_since_process_start() -> float | None:
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def run_bench(a) -> int:
-    workload = get_workload(a.workload)
+def run_bench(a, workload, engine_options: dict) -> int:
+    """`workload` under `engine_options` (EngineConfig keywords); `a`: bench's other flags."""
     if a.num_requests:
         workload.prompts = workload.prompts[:a.num_requests]
         workload.params = workload.params[:a.num_requests]
-    engine_options = dict(workload.engine)
-    if getattr(a, "max_num_batched_tokens", None):
-        engine_options["max_num_batched_tokens"] = a.max_num_batched_tokens
-    if getattr(a, "cuda_graph_shared_from", None) is not None:
-        engine_options["cuda_graph_shared_from"] = a.cuda_graph_shared_from
-    if getattr(a, "cuda_graph_clone", None) is not None:
-        engine_options["cuda_graph_clone"] = a.cuda_graph_clone
-    config = EngineConfig(model=workload.model, load_format="dummy", device=a.device, trace=True,
-                          enforce_eager=a.enforce_eager, batch_invariant=a.batch_invariant,
-                          tensor_parallel_size=getattr(a, "tensor_parallel_size", 1), **engine_options)
+    config = EngineConfig(**engine_options)
     t0 = time.perf_counter()
     engine = EngineCore(config)
     init_s = time.perf_counter() - t0

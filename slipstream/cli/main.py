@@ -5,7 +5,8 @@ import argparse
 import json
 import sys
 
-from slipstream.cli.options import chat_args, chat_defaults, engine_args, engine_kwargs
+from slipstream.cli.options import (BENCH_ENGINE_DEFAULTS, chat_args, chat_defaults, engine_args,
+                                    engine_kwargs, workload_engine_kwargs)
 
 
 def _ray_job_args(p: argparse.ArgumentParser) -> None:
@@ -32,14 +33,16 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
+    # its own dest: `seed` is the engine option (--engine-seed)
+    g.add_argument("--seed", dest="sampling_seed", type=int, default=None,
+                   help="each request's seed (default: drawn by the engine from --engine-seed)")
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
 
 
 def _sampling_kwargs(a: argparse.Namespace) -> dict:
     return dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                min_p=a.min_p, seed=a.seed, stop=a.stop, ignore_eos=a.ignore_eos)
+                min_p=a.min_p, seed=a.sampling_seed, stop=a.stop, ignore_eos=a.ignore_eos)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -150,12 +153,7 @@ def _generate_workload(a: argparse.Namespace) -> int:
     from slipstream.frontend.llm import LLM
 
     workload = get_workload(a.workload)
-    kwargs = engine_kwargs(a)
-    kwargs.update(workload.engine)
-    kwargs["model"] = a.model or workload.model
-    if a.model is None:
-        kwargs["load_format"] = "dummy"
-    llm = LLM(**kwargs)
+    llm = LLM(**workload_engine_kwargs(a, workload))
     freeze_gc()
     start = time.perf_counter()
     outs = llm.generate(workload.prompts, workload.params, use_tqdm=not a.quiet)
@@ -169,10 +167,13 @@ def _generate_workload(a: argparse.Namespace) -> int:
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from slipstream.bench.run import run_bench
-    return run_bench(a)
+    from slipstream.bench.workloads import get_workload
+    workload = get_workload(a.workload)
+    return run_bench(a, workload, workload_engine_kwargs(a, workload, BENCH_ENGINE_DEFAULTS))
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every sub-command but `bench serve` (which parses its own flags)."""
     parser = argparse.ArgumentParser(prog="slipstream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -202,32 +203,24 @@ def main(argv: list[str] | None = None) -> int:
                         "seed-8b-bs1 | seed-8b-bs8 | small-bs1")
     b.add_argument("--mode", default="both", choices=["sync", "async", "both"])
     b.add_argument("--out", default=None, help="folder for results JSON, Chrome trace and PNG timeline")
-    b.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    b.add_argument("--enforce-eager", action="store_true")
-    b.add_argument("--batch-invariant", action="store_true", help="batch-invariant kernels (slower)")
     b.add_argument("--num-requests", type=int, default=None, help="only the first N requests")
     b.add_argument("--no-measure", action="store_true",
                    help="use the recorded H200 ceilings (on another GPU, wall/floor is then against the H200's floor)")
-    b.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per step (prefill chunk budget); default: the workload's")
-    b.add_argument("--cuda-graph-shared-from", type=int, default=None,
-                   help="share the CUDA graphs of decode batches from this many rows between the IO slots")
-    b.add_argument("--cuda-graph-clone", action=argparse.BooleanOptionalAction, default=None,
-                   help="clone the second IO slot's CUDA graphs from the first's instead of capturing "
-                        "them (default: the engine's, on)")
-    b.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="shard the model over N GPUs (N worker processes; gloo on the CPU)")
+    engine_args(b, BENCH_ENGINE_DEFAULTS)
     b.set_defaults(func=cmd_bench)
 
     from slipstream.cli.serve import add_run_batch_parser, add_serve_parser
     add_serve_parser(sub, engine_args)
     add_run_batch_parser(sub, engine_args)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:2] == ["bench", "serve"]:  # the serving load generator has flags of its own
         from slipstream.bench.serve import main as bench_serve
         return bench_serve(argv[2:])
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, ImportError) as e:

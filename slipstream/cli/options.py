@@ -1,57 +1,101 @@
-"""Command-line options shared by the sub-commands: the engine's and the chat template's."""
+"""Command-line options shared by the sub-commands: the engine's (generated from
+EngineConfig's table of options) and the chat template's."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+from types import MappingProxyType
 
+from slipstream.config import EngineOption, engine_options
 from slipstream.model.tokenizer import ChatOptions
 
+# `slipstream bench` times the engine on a workload's architecture: random weights, and the
+# timeline its step breakdown is read from
+BENCH_ENGINE_DEFAULTS = MappingProxyType({"load_format": "dummy", "trace": True})
+_METAVARS = MappingProxyType({int: "N", float: "X"})
 
-def engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None,
-                   help="HF folder (config.json + safetensors) or .gguf file; default: embedded SmolLM2-135M-Instruct")
-    g.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per step, the prefill chunk budget (default 16384 on GPUs of "
-                        ">= 70 GiB, else 8192)")
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    g.add_argument("--async-scheduling", dest="async_scheduling", action="store_true", default=None,
-                   help="overlap CPU scheduling with GPU compute (default on CUDA)")
-    g.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false")
-    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    g.add_argument("--cuda-graph-max-tokens", type=int, default=None,
-                   help="largest prefill/mixed step run as a CUDA graph (default "
-                        "--max-num-batched-tokens; 0: those steps run eagerly)")
-    g.add_argument("--cuda-graph-shared-from", type=int, default=None,
-                   help="decode batches of at least this many rows, and prefill/mixed steps, "
-                        "replay one CUDA graph shared by the two IO slots: about half the "
-                        "captures at start, for 1-2%% of throughput (default: a graph per slot)")
-    g.add_argument("--cuda-graph-clone", action=argparse.BooleanOptionalAction, default=True,
-                   help="clone the second IO slot's CUDA graphs from the first slot's instead of "
-                        "capturing them: half the captures at start, the same steps (default: on)")
-    g.add_argument("--batch-invariant", action="store_true",
-                   help="results independent of batch composition (slower; GPU)")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="shard the model over N GPUs (N worker processes; gloo on the CPU)")
+
+def engine_defaults(overrides: dict | None = None) -> dict:
+    """Each engine option's default, with a command's own `overrides` (ValueError names an
+    unknown one)."""
+    defaults = {opt.name: opt.default for opt in engine_options()}
+    unknown = sorted(set(overrides or {}) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown engine option(s) {unknown}")
+    return {**defaults, **(overrides or {})}
+
+
+def engine_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> dict[str, argparse.Action]:
+    """The engine's flags, one per EngineConfig field, as an argument group of `p`; `defaults`
+    overrides some defaults. Returns each option's argparse action by name."""
+    values = engine_defaults(defaults)
+    g = p.add_argument_group("engine", "engine options (docs/engine-options.md)")
+    actions = {}
+    for opt in engine_options():
+        default = values[opt.name]
+        text = f"{opt.help} (default: {shown_default(opt, default)})".replace("%", "%%")
+        if opt.type is bool:
+            actions[opt.name] = g.add_argument(*opt.flags, dest=opt.name, default=default, help=text,
+                                               action=argparse.BooleanOptionalAction)
+        else:
+            actions[opt.name] = g.add_argument(*opt.flags, dest=opt.name, type=opt.type,
+                                               default=default, choices=opt.choices, help=text,
+                                               metavar=_METAVARS.get(opt.type))
+    return actions
 
 
 def engine_kwargs(a: argparse.Namespace) -> dict:
-    return dict(model=a.model, load_format=a.load_format, dtype=a.dtype, device=a.device,
-                max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
-                max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
-                gpu_memory_utilization=a.gpu_memory_utilization,
-                enable_prefix_caching=a.enable_prefix_caching, async_scheduling=a.async_scheduling,
-                enforce_eager=a.enforce_eager, cuda_graph_max_tokens=a.cuda_graph_max_tokens,
-                cuda_graph_shared_from=a.cuda_graph_shared_from, cuda_graph_clone=a.cuda_graph_clone,
-                batch_invariant=a.batch_invariant, tensor_parallel_size=a.tensor_parallel_size)
+    """The engine flags as LLM / EngineConfig keywords."""
+    return {opt.name: getattr(a, opt.name) for opt in engine_options()}
+
+
+def workload_engine_kwargs(a: argparse.Namespace, workload, defaults: dict | None = None) -> dict:
+    """The engine options of a benchmark workload's run: a flag moved off its default wins
+    over the workload's option; without --model, the workload's model with dummy weights."""
+    kwargs, parsed_defaults = engine_kwargs(a), engine_defaults(defaults)
+    for name, value in workload.engine.items():
+        if kwargs[name] == parsed_defaults[name]:
+            kwargs[name] = value
+    if kwargs["model"] is None:
+        kwargs.update(model=workload.model, load_format="dummy")
+    return kwargs
+
+
+def shown_default(opt: EngineOption, value) -> str:
+    if value is None:
+        return opt.unset or "none"
+    if opt.type is bool:
+        return "on" if value else "off"
+    return str(value)
+
+
+def engine_options_markdown() -> str:
+    """docs/engine-options.md: the table of engine options (scripts/gen_engine_options_doc.py
+    writes it; tests/test_engine_options.py checks the committed file)."""
+    by_name = {opt.name: opt for opt in engine_options()}
+    flags = {name: action.option_strings
+             for name, action in engine_args(argparse.ArgumentParser()).items()}
+    lines = ["# Engine options", "",
+             "Generated from `EngineConfig` (slipstream/config.py) by "
+             "`python scripts/gen_engine_options_doc.py`; do not edit by hand.", "",
+             "Each option is a keyword of `LLM(...)`, `AsyncLLM(...)` and `EngineConfig(...)`, and "
+             "a flag of `slipstream generate`, `serve`, `run-batch` and `bench`. A boolean's flag "
+             "`--X` has its negation `--no-X`. `slipstream bench` has other defaults for "
+             + ", ".join(f"`{name}` (`{shown_default(by_name[name], value)}`)"
+                         for name, value in BENCH_ENGINE_DEFAULTS.items())
+             + "; with `generate --workload` and `bench`, a workload's own options replace the "
+             "flags left at their defaults, and without `--model` the workload's model runs "
+             "with dummy weights.",
+             "", "| Option | CLI flag | Type | Default | Help |", "|---|---|---|---|---|"]
+    for opt in engine_options():
+        kind = opt.type.__name__ + (" or None" if opt.optional else "")
+        if opt.choices is not None:
+            kind += ": " + ", ".join(f"`{c}`" for c in opt.choices)
+        default = shown_default(opt, opt.default)
+        default = f"`{default}`" if opt.default is not None else default
+        lines.append(f"| `{opt.name}` | {', '.join(f'`{f}`' for f in flags[opt.name])} | {kind} | {default} | {opt.help} |")
+    return "\n".join(lines) + "\n"
 
 
 def chat_args(p: argparse.ArgumentParser, kwargs_flag: str = "--chat-template-kwargs") -> None:
