@@ -19,11 +19,8 @@ import torch
 from slipstream.ops.attention import paged_attention, paged_attention_ref
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
 from slipstream.ops.fused import build_cos_sin_cache, qkv_epilogue_ref
-from slipstream.ops.triton_attention import (DecodeConfig, DecodeSplitPolicy, PrefillConfig,
-                                             choose_num_splits, decode_attention, decode_split_options,
-                                             effective_decode_config, effective_prefill_config,
-                                             epilogue_in_decode_applies, paged_attention_triton,
-                                             pick_decode_splits, prefill_attention)
+from slipstream.ops.triton_attention import decode_attention, epilogue_in_decode_applies, paged_attention_triton, prefill_attention
+from slipstream.ops.attention_tuning import DecodeConfig, DecodeSplitPolicy, PrefillConfig, choose_num_splits, decode_split_options, effective_decode_config, effective_prefill_config, pick_decode_splits
 from slipstream.ops.triton_qkv_epilogue import qkv_epilogue_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
