@@ -1,7 +1,9 @@
 """The JSONL batch job, `slipstream generate --input IN.jsonl --output OUT.jsonl`, on the CPU
 with the tiny random Llama of `tokenized_tiny` (SmolLM2 tokenizer): results streamed and
 flushed, --resume, path checks before the model loads, duplicate ids, bad lines failing alone,
-null sampling fields, logprobs, and SIGTERM mid-job followed by --resume."""
+null sampling fields, logprobs, SIGTERM mid-job followed by --resume, flat and nested
+sampling fields giving the same result, and the output schema shared with `generate --ray`
+(tests/test_batch_rows.py: the rows themselves)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +18,8 @@ import pytest
 from slipstream.cli.main import main
 
 COMMON = ["--device", "cpu", "--quiet", "--max-model-len", "256"]
-RESULT_KEYS = {"id", "text", "token_ids", "finish_reason", "num_prompt_tokens"}
+RESULT_KEYS = ["id", "generated_text", "generated_tokens", "num_input_tokens", "num_generated_tokens",
+               "time_taken_llm", "finish_reason", "error"]  # every row, in this order
 
 
 def write_jsonl(path, rows) -> None:
@@ -45,6 +48,7 @@ def stderr_lines(text: str) -> list[str]:
 
 GOOD = [
     {"id": "p1", "prompt": "Hello there", "max_tokens": 4},
+    {"id": "p1_nested", "prompt": "Hello there", "sampling_params": {"max_tokens": 4}},
     {"id": "t1", "prompt_token_ids": [1, 300, 301, 302], "max_tokens": 4},
     {"id": "m1", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
     {"id": "parts", "messages": [{"role": "user", "content": [
@@ -63,6 +67,12 @@ BAD = {  # id -> (line, words its error must hold)
     "image": ({"id": "image", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "look"},
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, ["image_url"]),
+    "twice": ({"id": "twice", "prompt": "x", "max_tokens": 2, "sampling_params": {"max_tokens": 3}},
+              ["max_tokens is given both at the top level and in sampling_params"]),
+    "typo": ({"id": "typo", "prompt": "x", "max_token": 2}, ["unknown key 'max_token'"]),
+    "sp_list": ({"id": "sp_list", "prompt": "x", "sampling_params": [2]},
+                ["sampling_params must be an object"]),
+    "sp_typo": ({"id": "sp_typo", "prompt": "x", "sampling_params": {"temprature": 1}}, ["temprature"]),
 }
 
 
@@ -73,9 +83,9 @@ def mixed_job(tokenized_tiny, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("mixed")
     src, dst = folder / "in.jsonl", folder / "out.jsonl"
-    lines = list(GOOD[:6]) + [b'{"id": "utf8", "prompt": "caf\xff\xfe"}']
+    lines = list(GOOD[:-1]) + [b'{"id": "utf8", "prompt": "caf\xff\xfe"}']
     lines += [row for row, _ in BAD.values()]
-    lines += [GOOD[6], {"id": "dup", "prompt": "second of two", "max_tokens": 4}]
+    lines += [GOOD[-1], {"id": "dup", "prompt": "second of two", "max_tokens": 4}]
     write_jsonl(src, lines)
     line_of = {}
     for n, r in enumerate(lines, 1):
@@ -129,11 +139,15 @@ def test_results_are_flushed_one_line_each_as_requests_finish(mixed_job):
     assert [n for n, _ in snaps] == sorted({n for n, _ in snaps})  # one more line each time
     assert len(mixed_job["rows"]) == mixed_job["n_lines"]
     for r in mixed_job["rows"]:
-        if "error" not in r:
-            assert RESULT_KEYS <= set(r)
-            assert isinstance(r["token_ids"], list) and r["token_ids"]
-            assert isinstance(r["text"], str) and r["num_prompt_tokens"] > 0
+        assert list(r)[:len(RESULT_KEYS)] == RESULT_KEYS, r  # one schema, failed lines too
+        if r["error"] is None:
+            assert isinstance(r["generated_tokens"], list) and r["generated_tokens"]
+            assert r["num_generated_tokens"] == len(r["generated_tokens"])
+            assert isinstance(r["generated_text"], str) and r["num_input_tokens"] > 0
+            assert isinstance(r["time_taken_llm"], float) and r["time_taken_llm"] > 0
             assert r["finish_reason"] in ("length", "stop")
+        else:
+            assert r["generated_tokens"] is None and r["finish_reason"] == "error"
 
 
 def test_summary_line_on_stderr(mixed_job):
@@ -146,9 +160,9 @@ def test_summary_line_on_stderr(mixed_job):
 def test_duplicate_id_fails_the_later_line_only(mixed_job):
     rows = by_id(mixed_job["rows"])["dup"]
     assert len(rows) == 2
-    ok = [r for r in rows if "error" not in r]
-    bad = [r for r in rows if "error" in r]
-    assert len(ok) == 1 and ok[0]["token_ids"]
+    ok = [r for r in rows if r["error"] is None]
+    bad = [r for r in rows if r["error"] is not None]
+    assert len(ok) == 1 and ok[0]["generated_tokens"]
     assert len(bad) == 1 and bad[0]["finish_reason"] == "error"
     first = mixed_job["line_of"]["dup"]
     assert "duplicate" in bad[0]["error"] and "'dup'" in bad[0]["error"]
@@ -159,13 +173,20 @@ def test_bad_lines_fail_alone(mixed_job):
     rows = by_id(mixed_job["rows"])
     for rid, (_, words) in BAD.items():
         (row,) = rows[rid]
-        assert row["finish_reason"] == "error" and "token_ids" not in row, row
+        assert row["finish_reason"] == "error" and row["generated_tokens"] is None, row
         assert f"line {mixed_job['line_of'][rid]}" in row["error"], row
         for w in words:
             assert w in row["error"], row
     for g in GOOD:
-        good = [r for r in rows[g["id"]] if "error" not in r]
-        assert len(good) == 1 and good[0]["token_ids"], g
+        good = [r for r in rows[g["id"]] if r["error"] is None]
+        assert len(good) == 1 and good[0]["generated_tokens"], g
+
+
+def test_flat_and_nested_sampling_fields_give_the_same_result(mixed_job):
+    rows = by_id(mixed_job["rows"])
+    (flat,), (nested,) = rows["p1"], rows["p1_nested"]
+    assert nested["error"] is None and len(nested["generated_tokens"]) == 4
+    assert (flat["generated_tokens"], flat["generated_text"]) == (nested["generated_tokens"], nested["generated_text"])
 
 
 def test_undecodable_line_names_its_line_and_utf8(mixed_job):
@@ -176,22 +197,22 @@ def test_undecodable_line_names_its_line_and_utf8(mixed_job):
 
 def test_openai_text_parts_are_accepted(mixed_job):
     (row,) = by_id(mixed_job["rows"])["parts"]
-    assert "error" not in row and row["token_ids"]
+    assert row["error"] is None and row["generated_tokens"]
     (plain,) = by_id(mixed_job["rows"])["m1"]  # "Hi there" is longer than "Hi"
-    assert row["num_prompt_tokens"] > plain["num_prompt_tokens"]
+    assert row["num_input_tokens"] > plain["num_input_tokens"]
 
 
 def test_null_sampling_field_means_the_command_line_value(mixed_job):
     (row,) = by_id(mixed_job["rows"])["null"]
-    assert "error" not in row
-    assert len(row["token_ids"]) == 3 and row["finish_reason"] == "length"
+    assert row["error"] is None
+    assert len(row["generated_tokens"]) == 3 and row["finish_reason"] == "length"
 
 
 def test_logprobs_are_written(mixed_job):
     (row,) = by_id(mixed_job["rows"])["lp"]
     lps = row["logprobs"]
-    assert isinstance(lps, list) and len(lps) == len(row["token_ids"]) == 4
-    for tok, entry in zip(row["token_ids"], lps):
+    assert isinstance(lps, list) and len(lps) == len(row["generated_tokens"]) == 4
+    for tok, entry in zip(row["generated_tokens"], lps):
         assert isinstance(entry, dict) and entry
         assert all(isinstance(k, str) and k.lstrip("-").isdigit() for k in entry)
         assert all(isinstance(v, float) for v in entry.values())
@@ -206,10 +227,10 @@ def test_resume_skips_ids_already_written(tokenized_tiny, tmp_path, capsys):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = [f"r{i}" for i in range(5)]
     write_jsonl(src, [{"id": i, "prompt": f"number {i}", "max_tokens": 2} for i in ids])
-    done = [{"id": "r1", "text": "HAND WRITTEN 1", "token_ids": [7], "finish_reason": "length",
-             "num_prompt_tokens": 1},
-            {"id": "r3", "text": "HAND WRITTEN 3", "token_ids": [9], "finish_reason": "length",
-             "num_prompt_tokens": 1}]
+    done = [{"id": "r1", "generated_text": "HAND WRITTEN 1", "generated_tokens": [7], "finish_reason": "length",
+             "num_input_tokens": 1},
+            {"id": "r3", "generated_text": "HAND WRITTEN 3", "generated_tokens": [9], "finish_reason": "length",
+             "num_input_tokens": 1}]
     write_jsonl(dst, done)
     before = dst.read_bytes()
     assert generate(tokenized_tiny, src, dst, "--resume") == 0
@@ -219,15 +240,15 @@ def test_resume_skips_ids_already_written(tokenized_tiny, tmp_path, capsys):
     assert rows[:2] == done
     counts = {i: sum(r["id"] == i for r in rows) for i in ids}
     assert counts == {i: 1 for i in ids}
-    assert all("error" not in r and r["token_ids"] for r in rows[2:])
+    assert all(r["error"] is None and r["generated_tokens"] for r in rows[2:])
     assert stderr_lines(capsys.readouterr().err)[-1].startswith(f"wrote 3 results to {dst}: 3 ok, 0 failed")
 
 
 def test_resume_after_a_cut_off_last_line(tokenized_tiny, tmp_path):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(src, [{"id": i, "prompt": f"number {i}", "max_tokens": 2} for i in ("a", "b")])
-    dst.write_bytes(b'{"id": "a", "text": "x", "token_ids": [1], "finish_reason": "length", '
-                    b'"num_prompt_tokens": 1}\n{"id": "b", "te')
+    dst.write_bytes(b'{"id": "a", "generated_text": "x", "generated_tokens": [1], "finish_reason": "length", '
+                    b'"num_input_tokens": 1}\n{"id": "b", "te')
     assert generate(tokenized_tiny, src, dst, "--resume") == 0
     lines = dst.read_bytes().split(b"\n")
     parsed = []
@@ -236,7 +257,7 @@ def test_resume_after_a_cut_off_last_line(tokenized_tiny, tmp_path):
             parsed.append(json.loads(line))
         except ValueError:
             pass
-    assert sum(isinstance(r, dict) and r.get("id") == "b" and "token_ids" in r for r in parsed) == 1
+    assert sum(isinstance(r, dict) and r.get("id") == "b" and "generated_tokens" in r for r in parsed) == 1
 
 
 # --- paths checked before the model loads ---
@@ -282,7 +303,7 @@ def test_sigterm_stops_cleanly_and_resume_finishes(tokenized_tiny, tmp_path):
     # a few short ones so a result lands early, the rest long enough to still be running
     write_jsonl(src, [{"id": rid, "prompt": f"request {i}", "ignore_eos": True,
                        "max_tokens": 2 if i < 2 else 200} for i, rid in enumerate(ids)])
-    cmd = [sys.executable, "-m", "slipstream.cli.main", "generate", "--model", tokenized_tiny,
+    cmd = [sys.executable, "-m", "slipstream.cli", "generate", "--model", tokenized_tiny,
            "--input", str(src), "--output", str(dst), *COMMON, "--max-num-seqs", "8"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH")])))
@@ -308,7 +329,7 @@ def test_sigterm_stops_cleanly_and_resume_finishes(tokenized_tiny, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("interrupted"), err
     first = read_rows(dst)  # every line written is whole JSON
     assert 1 <= len(first) < n
-    assert all("error" not in r and r["token_ids"] for r in first)
+    assert all(r["error"] is None and r["generated_tokens"] for r in first)
 
     # the rest: shorter, so the resume run is quick
     write_jsonl(src, [{"id": rid, "prompt": f"request {i}", "ignore_eos": True, "max_tokens": 2}
@@ -320,3 +341,4 @@ def test_sigterm_stops_cleanly_and_resume_finishes(tokenized_tiny, tmp_path):
     counts = {rid: sum(r["id"] == rid for r in rows) for rid in ids}
     assert counts == {rid: 1 for rid in ids}
     assert f"{len(first)} already done" in done.stderr.decode()
+

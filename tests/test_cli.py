@@ -32,11 +32,11 @@ def test_batch_job_bad_lines_fail_alone(tmp_path):
     rows = [json.loads(x) for x in dst.read_text().splitlines()]  # in the order they finished
     by_id = {r["id"]: r for r in rows}
     assert sorted(by_id) == sorted(["a", "2", "3", "4", "5", "chat"]) and len(rows) == 6
-    assert by_id["a"]["text"] == " Paris.\n\n" and by_id["a"]["finish_reason"] == "length"
-    assert len(by_id["2"]["token_ids"]) == 2 and "error" not in by_id["2"]
+    assert by_id["a"]["generated_text"] == " Paris.\n\n" and by_id["a"]["finish_reason"] == "length"
+    assert len(by_id["2"]["generated_tokens"]) == 2 and by_id["2"]["error"] is None
     assert "not valid JSON" in by_id["3"]["error"] and "exactly one of" in by_id["4"]["error"]
     assert by_id["5"]["error"] == "line 5: temperature must be >= 0, got -1.0"
-    assert by_id["chat"]["num_prompt_tokens"] > 10 and len(by_id["chat"]["token_ids"]) == 4
+    assert by_id["chat"]["num_input_tokens"] > 10 and len(by_id["chat"]["generated_tokens"]) == 4
 
 
 @pytest.mark.parametrize("argv,message", [

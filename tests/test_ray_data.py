@@ -3,7 +3,8 @@ with the embedded SmolLM2 on the CPU: 100 rows (text prompts, chats, per-row see
 sampling, a bad row) through 2 replicas equal one `LLM.generate` call, every row once, in
 input order with preserve_order, other columns passed through; a replica killed mid-job
 is replaced and the job completes, every row once; `slipstream generate --ray` reads JSONL
-and writes one Parquet file, reads Parquet and writes one JSONL file. The cluster is the
+and writes one Parquet file, reads Parquet and writes one JSONL file, and the same JSONL
+file through `generate --input` without Ray gives the same output columns. The cluster is the
 session's (`ray_cluster`, tests/conftest.py)."""
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from slipstream import LLM, SamplingParams
 from slipstream.cli.main import main as cli_main
 from slipstream.frontend.prompts import chat_token_ids
 from slipstream.ray import build_processor
+
+pytestmark = pytest.mark.ray
 
 ENGINE = dict(device="cpu", max_model_len=128, max_num_seqs=32)
 DEFAULTS = dict(max_tokens=3, temperature=0.0)
@@ -56,15 +59,17 @@ def reference():
             for r, o in zip(rows, outs)}
 
 
-def check_rows(out: list[dict], reference: dict, ids) -> None:
+def check_rows(out: list[dict], reference: dict, ids, tagged: bool = True) -> None:
     assert sorted(r["id"] for r in out) == sorted(ids)  # every row exactly once
     for r in out:
-        assert r["tag"] == f"t{r['id']}"
+        if tagged:
+            assert r["tag"] == f"t{r['id']}"
         assert r["error"] is None, r
         want = reference[r["id"]]
-        got = (r["generated_text"], list(r["generated_token_ids"]), r["finish_reason"], r["num_input_tokens"])
+        got = (r["generated_text"], list(r["generated_tokens"]), r["finish_reason"], r["num_input_tokens"])
         assert got == want, (r["id"], got, want)
         assert r["num_generated_tokens"] == len(want[1])
+        assert r["time_taken_llm"] > 0
 
 
 def test_100_rows_on_2_replicas_equal_llm_generate(reference, ray_cluster):
@@ -122,24 +127,39 @@ def test_killed_replica_is_replaced_and_the_job_completes(reference, ray_cluster
 
 
 def test_generate_cli_jsonl_to_parquet_and_back(ray_cluster, reference, tmp_path, capsys):
+    """One JSONL file (flat and nested sampling fields, no extra columns) through
+    `generate --input` with --ray and without: the same output columns, row by row."""
     import pyarrow.parquet as pq
 
+    from slipstream.ray import OUTPUT_COLUMNS
+
+    rows = [{k: v for k, v in r.items() if k != "tag"} for r in make_rows(6)]
+    rows[1]["max_tokens"] = 3  # the command line's value, flat and nested: the same results
+    rows[2]["sampling_params"] = {"max_tokens": 3}
     src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in make_rows(6)))
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out_parquet = tmp_path / "out.parquet"
-    common = ["--ray", "--replicas", "1", "--device", "cpu", "--max-model-len", "128",
-              "--max-tokens", "3", "--batch-size", "4", "--quiet"]
+    engine = ["--device", "cpu", "--max-model-len", "128", "--max-tokens", "3", "--quiet"]
+    common = ["--ray", "--replicas", "1", "--batch-size", "4", *engine]
     assert cli_main(["generate", "--input", str(src), "--output", str(out_parquet), *common]) == 0
     assert "wrote 6 results" in capsys.readouterr().err
     table = pq.read_table(out_parquet)  # one file
-    check_rows(table.to_pylist(), reference, range(6))
+    check_rows(table.to_pylist(), reference, range(6), tagged=False)
     out_jsonl = tmp_path / "again.jsonl"
     assert cli_main(["generate", "--input", str(out_parquet), "--output", str(out_jsonl),
                      "--preserve-order", *common]) == 0
     lines = [json.loads(x) for x in out_jsonl.read_text().splitlines()]
     # --preserve-order keeps the input's order: the Parquet file's, written as rows finished
     assert [r["id"] for r in lines] == [r["id"] for r in table.to_pylist()]
-    check_rows(lines, reference, range(6))
+    check_rows(lines, reference, range(6), tagged=False)
+
+    out_local = tmp_path / "local.jsonl"
+    assert cli_main(["generate", "--input", str(src), "--output", str(out_local), *engine]) == 0
+    local = {r["id"]: r for r in map(json.loads, out_local.read_text().splitlines())}
+    assert all(list(r) == ["id", *OUTPUT_COLUMNS] for r in local.values())
+    columns = [c for c in OUTPUT_COLUMNS if c != "time_taken_llm"]
+    assert {str(r["id"]): [r[c] for c in columns] for r in lines} == \
+        {rid: [r[c] for c in columns] for rid, r in local.items()}
 
 
 def test_bad_arguments_fail_before_any_actor_starts(tmp_path, capsys):

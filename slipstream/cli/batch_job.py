@@ -1,35 +1,26 @@
 """JSONL batch jobs: `slipstream generate --input IN.jsonl --output OUT.jsonl`.
 
-Each input line is an object with one of "prompt" (text), "prompt_token_ids" (ints) or
-"messages" (a chat; content as a string or OpenAI text parts), an optional "id", and
-optional sampling fields overriding the command-line defaults (null = the command line's
-value) and, for a chat, "chat_template_kwargs" (over --chat-template-kwargs, key by key),
-"add_generation_prompt" and "continue_final_message".  A bad line fails alone, as its own result line.  Results are written and flushed
-as each request finishes; `--resume` skips ids already in the output.  Ctrl-C / SIGTERM
-stop the job: what is written stays, the rest can be resumed.
+Each line is one row of `slipstream.frontend.batch_rows` (the rows `generate --ray` reads
+too), its `id` the line number when it has none.  A bad line fails alone, as its own result
+line naming the line and the field.  Results are written and flushed as each request
+finishes, one row of `OUTPUT_COLUMNS` each after its `id`; `--resume` skips ids already in
+the output.  Ctrl-C / SIGTERM stop the job: what is written stays, the rest can be resumed.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from slipstream.frontend.prompts import normalize_messages
-from slipstream.sampling.params import SamplingParams
+from slipstream.frontend.batch_rows import BatchRow, RowDefaults, RowResult, parse_row, result_of
 from slipstream.model.tokenizer import ChatOptions
-
-INPUT_KEYS = ("prompt", "prompt_token_ids", "messages")
-CHAT_KEYS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
 
 
 @dataclass
 class Job:
     id: str
     line: int
-    prompt: object = None  # str | list[int] | list[dict] (messages)
-    is_chat: bool = False
-    chat: ChatOptions | None = None  # how a chat becomes its prompt
-    params: SamplingParams | None = None
+    row: BatchRow | None = None  # None when the line could not be parsed
     error: str | None = None
 
 
@@ -67,12 +58,15 @@ def done_ids(output_path: str | None) -> set[str]:
 
 def read_jsonl(path: str, defaults: dict, chat: bool,
                chat_defaults: ChatOptions | None = None) -> list[Job]:
+    """The jobs of a JSONL file; `defaults` and `chat_defaults` are the command line's
+    sampling fields and chat options, `chat` its --chat (a text prompt is a user message)."""
+    row_defaults = RowDefaults(dict(defaults), chat_defaults or ChatOptions(), chat)
     jobs, first_line = [], {}
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            job = _parse(raw, n, defaults, chat, chat_defaults or ChatOptions())
+            job = parse_line(raw, n, row_defaults)
             if job.id in first_line and not job.error:
                 job.error = f"line {n}: duplicate id {job.id!r} (first on line {first_line[job.id]})"
             first_line.setdefault(job.id, n)
@@ -80,7 +74,8 @@ def read_jsonl(path: str, defaults: dict, chat: bool,
     return jobs
 
 
-def _parse(raw: bytes, n: int, defaults: dict, chat: bool, chat_defaults: ChatOptions) -> Job:
+def parse_line(raw: bytes, n: int, defaults: RowDefaults) -> Job:
+    """Line `n` of the file as a job; a bad line is a job holding its one-line error."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -91,100 +86,49 @@ def _parse(raw: bytes, n: int, defaults: dict, chat: bool, chat_defaults: ChatOp
         return Job(str(n), n, error=f"line {n}: not valid JSON ({e.msg})")
     if not isinstance(obj, dict):
         return Job(str(n), n, error=f"line {n}: expected a JSON object")
-    rid = obj.pop("id", None)
+    rid = obj.get("id")
     job = Job(str(n) if rid is None else str(rid), n)
-    inputs = [k for k in INPUT_KEYS if k in obj]
-    if len(inputs) != 1:
-        job.error = f"line {n}: give exactly one of prompt, prompt_token_ids, messages"
-        return job
-    key = inputs[0]
-    job.prompt = obj.pop(key)
-    job.is_chat = key == "messages" or (chat and key == "prompt")
-    job.error = _check_prompt(job, key, n)
-    if job.error:
-        return job
-    job.chat, job.error = _chat_options({k: obj.pop(k) for k in CHAT_KEYS if k in obj},
-                                        chat_defaults, job.is_chat, n)
-    if job.error:
-        return job
-    sampling = {k: v for k, v in obj.items() if v is not None}  # null: the command line's value
     try:
-        job.params = SamplingParams.from_dict({**defaults, **sampling})
+        job.row = parse_row(obj, defaults)
     except ValueError as e:
         job.error = f"line {n}: {e}"
     return job
 
 
-def _chat_options(fields: dict, defaults: ChatOptions, is_chat: bool,
-                  n: int) -> tuple[ChatOptions | None, str | None]:
-    """A line's chat options over the command line's; (None, error) if they are bad."""
-    fields = {k: v for k, v in fields.items() if v is not None}
-    if not is_chat:
-        if fields:
-            return None, f"line {n}: {', '.join(fields)} apply to chats only (messages, or --chat)"
-        return None, None
-    kwargs = fields.get("chat_template_kwargs", {})
-    if not isinstance(kwargs, dict):
-        return None, f"line {n}: chat_template_kwargs must be an object"
-    for k in ("add_generation_prompt", "continue_final_message"):
-        if not isinstance(fields.get(k, False), bool):
-            return None, f"line {n}: {k} must be true or false"
-    own = ChatOptions(fields.get("add_generation_prompt", True),
-                      fields.get("continue_final_message", False), kwargs)
-    return own.over(defaults), None
-
-
-def _check_prompt(job: Job, key: str, n: int) -> str | None:
-    p = job.prompt
-    if key == "prompt_token_ids":
-        if not (isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
-            return f"line {n}: prompt_token_ids must be a non-empty list of ints"
-        return None
-    if key == "prompt" and not isinstance(p, str):
-        return f"line {n}: prompt must be a string (token ids go in prompt_token_ids)"
-    if job.is_chat:
-        if isinstance(p, str):
-            job.prompt = p = [{"role": "user", "content": p}]
-        try:
-            job.prompt = normalize_messages(p)
-        except ValueError as e:
-            return f"line {n}: {e}"
-    return None
-
-
 def result_row(out) -> dict:
-    """One output line of a finished request."""
-    row = {"id": out.request_id, "text": out.text, "token_ids": out.token_ids,
-           "finish_reason": out.finish_reason, "num_prompt_tokens": len(out.prompt_token_ids)}
+    """One output line of a finished request: its id, then the row result's columns and,
+    when asked for, logprobs, prompt logprobs and (n > 1) every completion."""
+    row = {"id": out.request_id, **asdict(result_of(out))}
     if out.logprobs is not None:
         row["logprobs"] = [{str(t): lp for t, lp in entry.items()} for entry in out.logprobs]
     if out.prompt_logprobs is not None:
         row["prompt_logprobs"] = [None if e is None else {str(t): lp for t, lp in e.items()}
                                   for e in out.prompt_logprobs]
     if len(out.outputs) > 1:
-        row["outputs"] = [{"index": c.index, "text": c.text, "token_ids": c.token_ids,
+        row["outputs"] = [{"index": c.index, "generated_text": c.text, "generated_tokens": c.token_ids,
                            "finish_reason": c.finish_reason} for c in out.outputs]
-    if out.error:
-        row["error"] = out.error
     return row
+
+
+def error_row(rid: str, error: str) -> dict:
+    """The output line of a job that could not run."""
+    return {"id": rid, **asdict(RowResult(error=error))}
 
 
 def run_job(llm, jobs: list[Job], write, skip: set[str] = frozenset(), on_result=None) -> tuple[int, int]:
     """Queue every runnable job, write each result as it finishes; returns (ok, failed).
     KeyboardInterrupt (Ctrl-C, or SIGTERM turned into it) propagates after aborting."""
-    from slipstream.frontend.prompts import chat_token_ids
     ok = failed = 0
     for job in jobs:
         if job.id in skip:
             continue
         if not job.error:
             try:
-                prompt = chat_token_ids(job.prompt, llm.tokenizer, job.chat) if job.is_chat else job.prompt
-                llm.add_request(prompt, job.params, request_id=job.id)
+                llm.add_request(job.row.engine_prompt(llm.tokenizer), job.row.params, request_id=job.id)
                 continue
             except (ValueError, TypeError) as e:
                 job.error = f"line {job.line}: {e}"
-        write({"id": job.id, "error": job.error, "finish_reason": "error"})
+        write(error_row(job.id, job.error))
         failed += 1
     try:
         for out in llm.outputs():

@@ -1,8 +1,8 @@
 """`slipstream generate --ray --input IN --output OUT`: a batch job through Ray Data.
 
 IN is JSONL (`.jsonl`/`.json`) or Parquet (`.parquet`), a file or a folder of such files;
-rows follow `ray.data.llm` (`prompt` or `messages`, optional `sampling_params`, any other
-columns passed through).  OUT ending in `.jsonl`/`.json`/`.parquet` is one file, written
+rows are those of `slipstream.frontend.batch_rows`, as `generate --input` reads them
+without Ray (`ray.data.llm`'s conventions; any other column is passed through).  OUT ending in `.jsonl`/`.json`/`.parquet` is one file, written
 by this process as results stream in; any other OUT is a folder that Ray's writers fill
 with one file per block (JSONL, or Parquet with --output-format parquet), the way a
 cluster job writes to shared storage.
@@ -85,6 +85,7 @@ def run(a, sampling_defaults: dict, engine_kwargs: dict, chat=None) -> int:
                                 preserve_order=a.preserve_order,
                                 chat_template=chat.template if chat else None,
                                 chat_template_kwargs=chat.template_kwargs if chat else None,
+                                text_as_chat=a.chat,
                                 **engine_kwargs)
     ray = init_ray(a.ray_address)
     gpus = a.gpus_per_replica

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from slipstream.config import EngineConfig
 from slipstream.ray.cluster import require_ray
-from slipstream.ray.rows import OUTPUT_COLUMNS, check_defaults
+from slipstream.frontend.batch_rows import OUTPUT_COLUMNS
+from slipstream.ray.rows import check_defaults
 
 __all__ = ["OUTPUT_COLUMNS", "Processor", "build_processor"]
 
@@ -32,6 +33,7 @@ class Processor:
     engine_options: dict = field(default_factory=dict)
     chat_template: str | None = None
     chat_template_kwargs: dict = field(default_factory=dict)
+    text_as_chat: bool = False
 
     def __call__(self, ds):
         """The Dataset of `ds`'s rows with the generation columns added."""
@@ -51,7 +53,8 @@ class Processor:
                                            defaults=self.sampling_params,
                                            max_pending_requests=self.max_pending_requests,
                                            core=self.core, chat_template=self.chat_template,
-                                           chat_template_kwargs=self.chat_template_kwargs),
+                                           chat_template_kwargs=self.chat_template_kwargs,
+                                           text_as_chat=self.text_as_chat),
                 num_gpus=self.gpus_per_replica or None, num_cpus=self.cpus_per_replica,
                 # a dead replica is replaced; the batches it held run once more
                 max_restarts=-1, max_task_retries=1)
@@ -70,9 +73,11 @@ def build_processor(model: str | None = None, *, replicas: int = 1, gpus_per_rep
                     batch_size: int = 32, max_pending_requests: int | None = None,
                     max_concurrent_batches: int = 4, preserve_order: bool = False,
                     core: str = "process", chat_template: str | None = None,
-                    chat_template_kwargs: dict | None = None, **engine_options) -> Processor:
-    """A callable mapping a Dataset of rows with `prompt` or `messages` (and optional
-    per-row `sampling_params`) to the same rows with `OUTPUT_COLUMNS` added.
+                    chat_template_kwargs: dict | None = None, text_as_chat: bool = False,
+                    **engine_options) -> Processor:
+    """A callable mapping a Dataset of rows (`prompt`, `prompt_token_ids` or `messages`,
+    optional per-row `sampling_params`: `slipstream.frontend.batch_rows`) to the same rows
+    with `OUTPUT_COLUMNS` added.
 
     replicas: engine actors; gpus_per_replica / cpus_per_replica: what each reserves (0.5
     GPUs: two replicas share a GPU; then give each gpu_memory_utilization <= 0.45);
@@ -80,7 +85,7 @@ def build_processor(model: str | None = None, *, replicas: int = 1, gpus_per_rep
     x max_concurrent_batches); preserve_order: output rows in input order (slower).
     chat_template / chat_template_kwargs: for `messages` rows, a Jinja template instead of
     the tokenizer's and extra template variables (a row's own `chat_template_kwargs` go
-    over these).
+    over these); text_as_chat: a `prompt` text is one user message of a chat.
     engine_options: EngineConfig fields (device, max_model_len, ...). Every argument is
     checked here, before any actor starts."""
     for name, value in (("replicas", replicas), ("batch_size", batch_size),
@@ -97,6 +102,8 @@ def build_processor(model: str | None = None, *, replicas: int = 1, gpus_per_rep
         raise ValueError(f"core must be 'process' or 'thread', got {core!r}")
     if chat_template is not None and not isinstance(chat_template, str):
         raise ValueError(f"chat_template must be a string, got {type(chat_template).__name__}")
+    if not isinstance(text_as_chat, bool):
+        raise ValueError(f"text_as_chat must be true or false, got {text_as_chat!r}")
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
         raise ValueError(f"chat_template_kwargs must be a mapping, got {type(chat_template_kwargs).__name__}")
     EngineConfig.from_kwargs(model=model, **engine_options)
@@ -106,4 +113,4 @@ def build_processor(model: str | None = None, *, replicas: int = 1, gpus_per_rep
                      max_pending_requests=max_pending_requests or batch_size * max_concurrent_batches,
                      max_concurrent_batches=max_concurrent_batches, preserve_order=preserve_order,
                      core=core, engine_options=dict(engine_options), chat_template=chat_template,
-                     chat_template_kwargs=dict(chat_template_kwargs or {}))
+                     chat_template_kwargs=dict(chat_template_kwargs or {}), text_as_chat=text_as_chat)

@@ -14,8 +14,9 @@ import logging
 import os
 
 from slipstream.errors import EngineDeadError
-from slipstream.ray.rows import INPUT_COLUMNS, OUTPUT_COLUMNS, RowResult, result_of, row_params, row_prompt
+from slipstream.frontend.batch_rows import OUTPUT_COLUMNS, RowDefaults, RowResult, result_of
 from slipstream.model.tokenizer import ChatOptions
+from slipstream.ray.rows import parse_ray_row, request_columns
 
 log = logging.getLogger("slipstream.ray")
 
@@ -23,11 +24,12 @@ log = logging.getLogger("slipstream.ray")
 class EngineReplica:
     def __init__(self, model: str | None, engine_options: dict, defaults: dict,
                  max_pending_requests: int, core: str = "process",
-                 chat_template: str | None = None, chat_template_kwargs: dict | None = None) -> None:
+                 chat_template: str | None = None, chat_template_kwargs: dict | None = None,
+                 text_as_chat: bool = False) -> None:
         from slipstream.frontend.async_llm import AsyncLLM
         self.llm = AsyncLLM(model, core=core, **engine_options)
-        self.defaults = defaults
-        self.chat = ChatOptions(template_kwargs=dict(chat_template_kwargs or {}), template=chat_template)
+        self.defaults = RowDefaults(dict(defaults), ChatOptions(template_kwargs=dict(chat_template_kwargs or {}),
+                                                                template=chat_template), text_as_chat)
         self.max_pending = max_pending_requests
         self._pending: asyncio.Semaphore | None = None  # made on the loop that runs the calls
         self._ids = itertools.count()
@@ -35,23 +37,21 @@ class EngineReplica:
     async def __call__(self, batch):
         if self._pending is None:
             self._pending = asyncio.Semaphore(self.max_pending)
-        names = [c for c in INPUT_COLUMNS if c in batch.column_names]
-        rows = batch.select(names).to_pylist() if names else [{}] * batch.num_rows
-        results = await asyncio.gather(*(self._run(row) for row in rows))
+        results = await asyncio.gather(*(self._run(row) for row in request_columns(batch)))
         if self.llm.is_dead:
             self._exit(self.llm.dead_error)
         yield with_results(batch, results)
 
     async def _run(self, row: dict) -> RowResult:
         try:
-            prompt = row_prompt(row, self.llm.tokenizer, self.chat)
-            params = row_params(row, self.defaults)
+            request = parse_ray_row(row, self.defaults)
+            prompt = request.engine_prompt(self.llm.tokenizer)
         except (ValueError, TypeError) as e:
             return RowResult(error=str(e))
         async with self._pending:
             out = None
             try:
-                async for out in self.llm.generate(prompt, params, request_id=f"row-{next(self._ids)}"):
+                async for out in self.llm.generate(prompt, request.params, request_id=f"row-{next(self._ids)}"):
                     pass
             except EngineDeadError as e:
                 self._exit(str(e))
@@ -70,9 +70,9 @@ def with_results(batch, results: list[RowResult]):
     """The batch (a pyarrow Table) with the output columns set from `results`."""
     import pyarrow as pa
 
-    types = {"generated_text": pa.string(), "generated_token_ids": pa.list_(pa.int64()),
+    types = {"generated_text": pa.string(), "generated_tokens": pa.list_(pa.int64()),
              "num_input_tokens": pa.int64(), "num_generated_tokens": pa.int64(),
-             "finish_reason": pa.string(), "error": pa.string()}
+             "time_taken_llm": pa.float64(), "finish_reason": pa.string(), "error": pa.string()}
     keep = [c for c in batch.column_names if c not in OUTPUT_COLUMNS]
     table = batch.select(keep)
     for name in OUTPUT_COLUMNS:
