@@ -8,6 +8,7 @@ _PUBLIC = {
     "CompletionOutput": "slipstream.frontend.outputs",
     "EngineDeadError": "slipstream.errors",
     "LLM": "slipstream.frontend.llm",
+    "OutputKind": "slipstream.frontend.outputs",
     "RequestOutput": "slipstream.frontend.outputs",
     "SamplingParams": "slipstream.sampling.params",
 }

@@ -14,7 +14,7 @@ import random
 
 import torch
 
-from slipstream import LLM, SamplingParams
+from slipstream import LLM, OutputKind, SamplingParams
 
 
 def make_tokenized_tiny_llama(folder: str) -> None:
@@ -82,9 +82,9 @@ def run_mix(llm: LLM, reqs: list[dict]) -> dict[str, tuple]:
     while todo or llm.has_unfinished_requests():
         while todo and todo[0]["arrival"] <= step:
             r = todo.pop(0)
-            llm.add_request(r["prompt"], r["params"], request_id=r["id"])
+            llm.add_request(r["prompt"], r["params"], request_id=r["id"], output_kind=OutputKind.DELTA)
         for out in llm.step():
-            seen[out.request_id] = len(out.token_ids)
+            seen[out.request_id] = seen.get(out.request_id, 0) + len(out.new_token_ids)
             if out.finished:
                 results[out.request_id] = (out.token_ids, out.text, out.finish_reason)
         for rid, k in aborts.items():

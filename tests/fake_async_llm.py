@@ -3,7 +3,8 @@ tests of the server's protocol logic (no model, no core process).
 
 Tokens are bytes (id = byte + 3; 0 pad, 1 BOS, 2 EOS). Completion j of a request writes
 `text` from offset j, one token per `token_delay` seconds; at most `max_num_seqs` requests
-run at once, the rest wait. Logprobs are made up but deterministic.
+run at once, the rest wait. Logprobs are made up but deterministic. The outputs come from
+the real output processor, as AsyncLLM's do.
 """
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import itertools
 import time
 from types import SimpleNamespace
 
-from slipstream.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from slipstream.core.messages import CoreOutput
+from slipstream.frontend.output_processor import OutputProcessor
+from slipstream.frontend.outputs import OutputKind
 from slipstream.model.tokenizer import Tokenizer
 
 SPECIAL = {0: "<pad>", 1: "<s>", 2: "</s>"}
@@ -114,15 +117,20 @@ class FakeAsyncLLM:
             d.setdefault(alt, -0.1 * (r + 1))
         return d
 
-    async def generate(self, prompt, params, request_id=None):
+    async def generate(self, prompt, params, request_id=None, *, output_kind=OutputKind.DELTA,
+                       stream_interval=1):
         ids = self.validate(prompt, params)
         rid = request_id or f"fake-{next(self._ids)}"
-        metrics = RequestMetrics(arrival_time=time.time())
-        outs = [CompletionOutput(index=j, logprobs=[] if params.logprobs is not None else None)
-                for j in range(params.n)]
+        # the real output processor turns the made-up tokens into outputs, as in AsyncLLM
+        # (text, stop strings, deltas, output kind, stream interval)
+        processor = OutputProcessor(self.tokenizer)
+        state = processor.new_request(rid, prompt if isinstance(prompt, str) else None, ids, params,
+                                      output_kind, stream_interval)
+        processor.add(state)
+        metrics = state.metrics
         plp = None
         if params.prompt_logprobs is not None:
-            plp = [None] + [self._lp(t, params.prompt_logprobs, p) for p, t in enumerate(ids[1:])]
+            plp = [self._lp(t, params.prompt_logprobs, p) for p, t in enumerate(ids[1:])]
         blocks = (len(ids) + params.max_tokens + 15) // 16 * params.n
         self.waiting += 1
         started = False
@@ -135,41 +143,17 @@ class FakeAsyncLLM:
                 metrics.queue_time_s = time.time() - metrics.arrival_time
                 try:
                     step = 0
-                    while any(o.finish_reason is None for o in outs):
+                    while not state.finished:
                         await asyncio.sleep(self.token_delay)
-                        for o in outs:
-                            o.new_text, o.new_token_ids = "", []
-                            if o.finish_reason is None and rid in self._abort_asked:
-                                o.finish_reason = "abort"  # as the real one: a last output
-                            if o.finish_reason is not None:
-                                continue
-                            ch = self.text[(step + o.index) % len(self.text)]
-                            tid = ord(ch) + 3
-                            o.token_ids.append(tid)
-                            o.new_token_ids = [tid]
-                            if o.logprobs is not None:
-                                o.logprobs.append(self._lp(tid, params.logprobs, step))
-                            o.text += ch
-                            o.new_text = ch
-                            for s in params.stop:
-                                if s in o.text:
-                                    cut = o.text.index(s)
-                                    o.new_text = o.new_text[:max(0, len(o.new_text) - (len(o.text) - cut))]
-                                    o.text, o.finish_reason, o.stop_reason = o.text[:cut], "stop", s
-                                    break
-                            if o.finish_reason is None and len(o.token_ids) >= params.max_tokens:
-                                o.finish_reason = "length"
+                        if rid in self._abort_asked:
+                            processor.abort(rid)  # as the real one: a last output
+                            metrics.finished_time = time.time()
+                        else:
+                            processor.process([self._core_output(c, params, step, plp if step == 0 else None)
+                                               for c in state.completions if c.finish_reason is None])
                         step += 1
-                        now = time.time()
-                        metrics.first_token_time = metrics.first_token_time or now
-                        metrics.last_token_time = now
-                        done = all(o.finish_reason is not None for o in outs)
-                        if done:
-                            metrics.finished_time = now
-                        text = prompt if isinstance(prompt, str) else None
-                        yield RequestOutput(request_id=rid, prompt=text, prompt_token_ids=ids,
-                                            outputs=[self._copy(o) for o in outs], finished=done,
-                                            prompt_logprobs=plp, metrics=metrics)
+                        if state.has_output():
+                            yield state.output()
                     if rid not in self._abort_asked:
                         self.finished.append(rid)
                 finally:
@@ -181,13 +165,13 @@ class FakeAsyncLLM:
             if rid not in self.finished:
                 self.aborted.append(rid)
 
-    @staticmethod
-    def _copy(o: CompletionOutput) -> CompletionOutput:
-        return CompletionOutput(index=o.index, text=o.text, token_ids=list(o.token_ids),
-                                new_text=o.new_text, new_token_ids=list(o.new_token_ids),
-                                finish_reason=o.finish_reason,
-                                logprobs=None if o.logprobs is None else list(o.logprobs),
-                                stop_reason=o.stop_reason)
+    def _core_output(self, c, params, step: int, prompt_logprobs) -> CoreOutput:
+        """What a core would send for completion `c` at this step: its next character."""
+        tid = ord(self.text[(step + c.index) % len(self.text)]) + 3
+        return CoreOutput(c.core_id, [tid],
+                          new_logprobs=[self._lp(tid, params.logprobs, step)] if params.logprobs is not None else None,
+                          new_prompt_logprobs=prompt_logprobs if c.index == 0 else None,
+                          finish_reason="length" if len(c.token_ids) + 1 >= params.max_tokens else None)
 
     async def abort(self, request_id: str) -> None:
         self._abort_asked.add(request_id)

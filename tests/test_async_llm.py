@@ -25,12 +25,16 @@ def params(i):
 
 
 async def stream(llm, prompt, sp, request_id=None, stop_after=None):
-    """Consume one stream; check that the deltas add up to the cumulative output."""
+    """Consume one stream; check that the deltas add up to the whole, which only the last
+    output carries."""
     text, ids, out = "", [], None
     async for out in llm.generate(prompt, sp, request_id=request_id):
         text += out.new_text
         ids += out.new_token_ids
-        assert out.text == text and out.token_ids == ids
+        if out.finished:
+            assert out.text == text and out.token_ids == ids
+        else:
+            assert out.text is None and out.token_ids is None
         if stop_after is not None and len(ids) >= stop_after:
             return None
     return out

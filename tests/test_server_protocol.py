@@ -204,8 +204,8 @@ def test_api_key_only_on_v1():
 class _FailingLLM(FakeAsyncLLM):
     """Yields one output, then the engine fails."""
 
-    async def generate(self, prompt, params, request_id=None):
-        async for out in super().generate(prompt, params, request_id):
+    async def generate(self, prompt, params, request_id=None, **output_options):
+        async for out in super().generate(prompt, params, request_id, **output_options):
             yield out
             raise RuntimeError("core exploded")
 

@@ -12,6 +12,7 @@ import pytest
 
 from slipstream import LLM, SamplingParams
 from slipstream.errors import EngineDeadError
+from slipstream.frontend.outputs import OutputKind
 from slipstream.model.config import ModelConfig
 from slipstream.model.parallel import TPShard, check_tensor_parallel
 
@@ -85,8 +86,9 @@ def test_a_killed_rank_ends_the_engine_within_seconds(tiny_model):
     llm = LLM(folder, device="cpu", max_model_len=512, tensor_parallel_size=2)
     procs = llm.engine.runner.procs
     for p in PROMPTS:
-        llm.add_request(p, SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
-    outputs = llm.outputs(finished_only=False)
+        llm.add_request(p, SamplingParams(max_tokens=400, temperature=0, ignore_eos=True),
+                        output_kind=OutputKind.DELTA)
+    outputs = llm.outputs()
     next(outputs)  # running
     os.kill(procs[1].pid, signal.SIGKILL)
     killed = time.monotonic()
@@ -109,8 +111,9 @@ def test_a_hung_rank_ends_the_engine_at_the_collective_timeout(tiny_model, monke
     folder, _ = tiny_model("llama")
     llm = LLM(folder, device="cpu", max_model_len=512, tensor_parallel_size=2)
     procs = llm.engine.runner.procs
-    llm.add_request(PROMPTS[0], SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
-    outputs = llm.outputs(finished_only=False)
+    llm.add_request(PROMPTS[0], SamplingParams(max_tokens=400, temperature=0, ignore_eos=True),
+                    output_kind=OutputKind.DELTA)
+    outputs = llm.outputs()
     next(outputs)
     os.kill(procs[1].pid, signal.SIGSTOP)
     stopped = time.monotonic()

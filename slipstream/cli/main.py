@@ -73,9 +73,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
         prompt = chat_token_ids([{"role": "user", "content": a.prompt}], llm.tokenizer, chat)
     else:
         prompt = a.prompt
-    llm.add_request(prompt, params)
+    from slipstream.frontend.outputs import OutputKind
+    llm.add_request(prompt, params, output_kind=OutputKind.DELTA)
     out = None
-    for out in llm.outputs(finished_only=False):  # print the answer as it is generated
+    for out in llm.outputs():  # print the answer as it is generated
         sys.stdout.write(out.new_text)
         sys.stdout.flush()
     if out is not None and out.error:

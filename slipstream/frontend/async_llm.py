@@ -2,7 +2,7 @@
 
 `generate` is an async generator of `RequestOutput`s as tokens arrive.  One task per
 AsyncLLM reads the core's messages, runs the output processor (detokenization, stop
-strings) and wakes the streams it touched; a stream that fell behind gets the merged
+strings) and wakes the streams with an output due; a stream that fell behind gets the merged
 deltas in one output.  Leaving a stream early, or cancelling its task, aborts the
 request in the core at once.
 """
@@ -19,6 +19,7 @@ from slipstream.core.client import CoreClient
 from slipstream.core.messages import CallResult, CoreDead, StepOutputs, from_core_decoder
 from slipstream.errors import EngineDeadError
 from slipstream.frontend.output_processor import OutputProcessor
+from slipstream.frontend.outputs import OutputKind
 from slipstream.frontend.prompts import check_admission, tokenize_prompt, validated_token_ids
 from slipstream.model.loader import resolve_model_source
 from slipstream.sampling.params import SamplingParams
@@ -85,8 +86,12 @@ class AsyncLLM:
         return validated_token_ids(prompt, params, self.tokenizer, self.info)
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
-                       request_id: str | None = None):
-        """Yield a RequestOutput as tokens arrive; the last has `finished` set."""
+                       request_id: str | None = None, *, output_kind: OutputKind = OutputKind.DELTA,
+                       stream_interval: int = 1):
+        """Yield a RequestOutput as tokens arrive; the last has `finished` set.
+        `output_kind` DELTA: each output has what is new, one per `stream_interval` tokens of
+        a completion, and a completion's whole text and token ids come when it finishes;
+        FINAL_ONLY: only the last output, every completion whole (frontend/outputs.py)."""
         self._check_alive()
         self._start_reader()
         params = sampling_params if sampling_params is not None else SamplingParams()
@@ -102,7 +107,7 @@ class AsyncLLM:
             self.processor.fail(state, str(e))
             yield state.output()
             return
-        state = self.processor.new_request(request_id, text, ids, params)
+        state = self.processor.new_request(request_id, text, ids, params, output_kind, stream_interval)
         error = check_admission(ids, params, self.info)
         if error:
             self.processor.fail(state, error)
@@ -119,6 +124,8 @@ class AsyncLLM:
             while True:
                 await state.waiter.wait()
                 state.waiter.clear()
+                if not state.has_output():
+                    continue
                 out = state.output()
                 yield out
                 if out.finished:

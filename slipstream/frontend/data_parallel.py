@@ -16,6 +16,7 @@ import os
 from typing import Callable
 
 from slipstream.errors import EngineDeadError
+from slipstream.frontend.outputs import OutputKind
 from slipstream.frontend.router import Router
 
 log = logging.getLogger("slipstream.data_parallel")
@@ -115,7 +116,9 @@ class DataParallelLLM:
         up = self._up()
         return self.replicas[up.index(True)] if any(up) else self.replicas[0]
 
-    async def generate(self, prompt, sampling_params=None, request_id: str | None = None):
+    async def generate(self, prompt, sampling_params=None, request_id: str | None = None,
+                       *, output_kind: OutputKind = OutputKind.DELTA, stream_interval: int = 1):
+        """AsyncLLM.generate over the replicas, with its output kind and stream interval."""
         self._start_watcher()
         request_id = str(request_id) if request_id is not None else f"dp-{next(self._ids)}"
         if request_id in self._where:
@@ -127,7 +130,8 @@ class DataParallelLLM:
         replica = self.replicas[i]
         self._where[request_id] = i
         try:
-            async for out in replica.generate(prompt, sampling_params, request_id=request_id):
+            async for out in replica.generate(prompt, sampling_params, request_id=request_id,
+                                              output_kind=output_kind, stream_interval=stream_interval):
                 if out.finished and out.error and replica.is_dead:
                     raise EngineDeadError(self._death(i, out.error))
                 yield out

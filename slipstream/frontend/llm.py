@@ -14,7 +14,7 @@ from slipstream.core.messages import CoreDead, CoreOutput, StepOutputs
 from slipstream.core.service import dead_message
 from slipstream.errors import EngineDeadError
 from slipstream.frontend.output_processor import OutputProcessor, RequestState
-from slipstream.frontend.outputs import RequestOutput
+from slipstream.frontend.outputs import OutputKind, RequestOutput
 from slipstream.frontend.prompts import chat_token_ids, check_admission, tokenize_prompt
 from slipstream.sampling.params import SamplingParams
 from slipstream.model.tokenizer import ChatOptions, load_tokenizer
@@ -104,7 +104,8 @@ class LLM:
         self.dead_error: str | None = None
 
     # -- requests ---------------------------------------------------------------------
-    def _prepare(self, prompt, params: SamplingParams | None, request_id: str | None) -> RequestState:
+    def _prepare(self, prompt, params: SamplingParams | None, request_id: str | None,
+                 output_kind: OutputKind = OutputKind.FINAL_ONLY) -> RequestState:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
@@ -113,7 +114,7 @@ class LLM:
             request_id, self._ids = str(self._ids), self._ids + 1
         elif request_id in self.processor.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        state = self.processor.new_request(str(request_id), text, ids, params)
+        state = self.processor.new_request(str(request_id), text, ids, params, output_kind)
         error = check_admission(ids, params, self.info)
         if error:
             self.processor.fail(state, error)
@@ -130,10 +131,12 @@ class LLM:
                 msgs += self.processor.add(s)
         self._core.send(msgs)
 
-    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        """Queue one request; TypeError / ValueError for a prompt it cannot take. Its output
-        comes from `outputs()`."""
-        state = self._prepare(prompt, params, request_id)
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                    output_kind: OutputKind = OutputKind.FINAL_ONLY) -> str:
+        """Queue one request; TypeError / ValueError for a prompt it cannot take. Its outputs
+        come from `step()` / `outputs()`: by default one, when it ends; with
+        OutputKind.DELTA also what it generates as it goes (frontend/outputs.py)."""
+        state = self._prepare(prompt, params, request_id, OutputKind(output_kind))
         self._submit([state])
         return state.request_id
 
@@ -147,18 +150,18 @@ class LLM:
     def has_unfinished_requests(self) -> bool:
         return bool(len(self.processor) or self._finished_early)
 
-    def outputs(self, finished_only: bool = True) -> Iterator[RequestOutput]:
-        """Step until every queued request ended, yielding each one as it finishes (or, with
-        finished_only=False, every update: new tokens and text as they are generated)."""
+    def outputs(self) -> Iterator[RequestOutput]:
+        """Step until every queued request ended, yielding the outputs as `step` makes them."""
         while self.has_unfinished_requests():
-            yield from self.step(finished_only)
+            yield from self.step()
 
-    def step(self, finished_only: bool = False) -> list[RequestOutput]:
-        """One turn of the engine: the outputs of the requests it moved on (finished ones
-        only, with finished_only)."""
+    def step(self) -> list[RequestOutput]:
+        """One turn of the engine: the outputs now due, each request's as its output kind
+        says (its last one when it ends; with DELTA also its news)."""
         early, self._finished_early = self._finished_early, []
-        touched = self._step() if len(self.processor) else []
-        return [s.output() for s in early + touched if s.finished or not finished_only]
+        ready = self._step() if len(self.processor) else []
+        # (a request may be listed twice when the engine died: its output goes out once)
+        return [s.output() for s in early + ready if s.has_output()]
 
     def _step(self) -> list[RequestState]:
         if self.dead_error:

@@ -4,6 +4,11 @@ For every request: incremental detokenization (text deltas never hold a broken U
 character), stop strings (a hit ends the completion here and asks the core to abort it;
 the tokens the core drew one step late are dropped), the n completions of one prompt,
 logprobs and prompt logprobs, and timing.  The core never sees text.
+
+It also decides what each output says (`OutputKind`, chosen per request): the deltas since
+the previous output, one output per `stream_interval` tokens of a completion (always one at
+its end), and the whole completion once, on its finishing output.  So a stream of n tokens
+costs O(n) here and in whatever formats the outputs.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from dataclasses import dataclass, field
 
 from slipstream.core.messages import AddRequest, CoreOutput
 from slipstream.frontend.detokenizer import IncrementalDetokenizer
-from slipstream.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from slipstream.frontend.outputs import CompletionOutput, OutputKind, RequestMetrics, RequestOutput
 from slipstream.sampling.params import SamplingParams, completion_seed
 
 
@@ -23,22 +28,36 @@ class CompletionState:
     detokenizer: IncrementalDetokenizer | None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
-    new_token_ids: list[int] = field(default_factory=list)
-    new_text: list[str] = field(default_factory=list)
+    sent_tokens: int = 0  # token_ids[:sent_tokens] went out in earlier outputs
+    new_text: list[str] = field(default_factory=list)  # released since the previous output
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    finish_sent: bool = False  # its finishing output went out
 
     def finish(self, reason: str, stop_reason=None) -> None:
         self.finish_reason, self.stop_reason = reason, stop_reason
 
+    def due(self, stream_interval: int) -> bool:
+        """Whether it has news for a DELTA output: `stream_interval` new tokens, or its end."""
+        if self.finish_sent:
+            return False
+        return self.finish_reason is not None or len(self.token_ids) - self.sent_tokens >= stream_interval
+
     def output(self) -> CompletionOutput:
-        """A snapshot with the deltas since the previous one (which it clears)."""
-        out = CompletionOutput(
-            self.index, self.detokenizer.text if self.detokenizer else "", list(self.token_ids),
-            "".join(self.new_text), self.new_token_ids, self.finish_reason,
-            list(self.logprobs) if self.logprobs is not None else None, self.stop_reason)
-        self.new_token_ids, self.new_text = [], []
-        return out
+        """Its deltas since the previous output (which it marks sent); once it finished, the
+        whole completion too: its lists themselves, no longer appended to."""
+        start, end = self.sent_tokens, len(self.token_ids)
+        self.sent_tokens = end
+        new_text = "".join(self.new_text) if self.new_text else ""
+        self.new_text = []
+        whole = {}
+        if self.finish_reason is not None:
+            self.finish_sent = True
+            whole = dict(token_ids=self.token_ids, logprobs=self.logprobs,
+                         text=self.detokenizer.text if self.detokenizer is not None else "")
+        return CompletionOutput(self.index, self.token_ids[start:end], new_text,
+                                self.logprobs[start:end] if self.logprobs is not None else None,
+                                self.finish_reason, self.stop_reason, **whole)
 
 
 @dataclass(eq=False)
@@ -52,16 +71,33 @@ class RequestState:
     prompt_logprobs: list[dict[int, float] | None] | None = None
     error: str | None = None
     waiter: object = None  # the front end's wake-up (an asyncio.Event in AsyncLLM)
+    output_kind: OutputKind = OutputKind.DELTA
+    stream_interval: int = 1  # DELTA: an output per this many new tokens of a completion
+    final_sent: bool = False  # its last output went out
 
     @property
     def finished(self) -> bool:
         return all(c.finish_reason is not None for c in self.completions)
 
+    def has_output(self) -> bool:
+        """Whether an output is due: under FINAL_ONLY its end, under DELTA news of any
+        completion (CompletionState.due)."""
+        if self.final_sent:
+            return False
+        if self.output_kind is OutputKind.FINAL_ONLY:
+            return self.finished
+        return any(c.due(self.stream_interval) for c in self.completions)
+
     def output(self) -> RequestOutput:
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
-                             [c.output() for c in self.completions], self.finished, self.error,
-                             list(self.prompt_logprobs) if self.prompt_logprobs is not None else None,
-                             self.metrics)
+        """The output due now (`has_output`); it marks what it reports as sent."""
+        finished = self.finished
+        if self.output_kind is OutputKind.FINAL_ONLY:
+            outs = [c.output() for c in self.completions]
+        else:
+            outs = [c.output() for c in self.completions if c.due(self.stream_interval)]
+        self.final_sent = finished
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, finished,
+                             self.error, self.prompt_logprobs, self.metrics)
 
 
 class OutputProcessor:
@@ -74,7 +110,13 @@ class OutputProcessor:
         return len(self.requests)
 
     def new_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams) -> RequestState:
+                    params: SamplingParams, output_kind: OutputKind = OutputKind.DELTA,
+                    stream_interval: int = 1) -> RequestState:
+        """A request's state (not registered yet: `add`); `output_kind` and
+        `stream_interval` decide its outputs (RequestState.has_output)."""
+        output_kind = OutputKind(output_kind)
+        if isinstance(stream_interval, bool) or not isinstance(stream_interval, int) or stream_interval < 1:
+            raise ValueError(f"stream_interval must be an int >= 1, got {stream_interval!r}")
         comps = [CompletionState(i, request_id if params.n == 1 else f"{request_id}#{i}",
                                  self._detokenizer(prompt_token_ids, params))
                  for i in range(params.n)]
@@ -82,7 +124,8 @@ class OutputProcessor:
             if params.logprobs is not None:
                 c.logprobs = []
         return RequestState(request_id, prompt, prompt_token_ids, params, comps, RequestMetrics(time.time()),
-                            prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+                            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+                            output_kind=output_kind, stream_interval=stream_interval)
 
     def _detokenizer(self, prompt_token_ids, params: SamplingParams) -> IncrementalDetokenizer | None:
         if self.tokenizer is None:
@@ -114,8 +157,9 @@ class OutputProcessor:
 
     # -- core outputs -----------------------------------------------------------------
     def process(self, outputs: list[CoreOutput]) -> tuple[list[RequestState], list[str]]:
-        """Apply one step's outputs; returns the requests they touched and the core ids to
-        abort (completions that hit a stop string)."""
+        """Apply one step's outputs; returns the requests that now have an output due
+        (RequestState.has_output) and the core ids to abort (completions that hit a stop
+        string)."""
         touched: dict[int, RequestState] = {}
         aborts: list[str] = []
         now = time.time()
@@ -133,7 +177,7 @@ class OutputProcessor:
             if state.finished:
                 state.metrics.finished_time = now
                 self.requests.pop(state.request_id, None)
-        return list(touched.values()), aborts
+        return [s for s in touched.values() if s.has_output()], aborts
 
     def _apply(self, state: RequestState, comp: CompletionState, out: CoreOutput, aborts: list[str],
                now: float) -> None:
@@ -151,7 +195,6 @@ class OutputProcessor:
         last = len(ids) - 1
         for i, token in enumerate(ids):
             comp.token_ids.append(token)
-            comp.new_token_ids.append(token)
             if comp.logprobs is not None and out.new_logprobs:
                 comp.logprobs.append(out.new_logprobs[i])
             if detok is None or (i == last and out.stop_token is not None):

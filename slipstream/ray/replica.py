@@ -15,6 +15,7 @@ import os
 
 from slipstream.errors import EngineDeadError
 from slipstream.frontend.batch_rows import OUTPUT_COLUMNS, RowDefaults, RowResult, result_of
+from slipstream.frontend.outputs import OutputKind
 from slipstream.model.tokenizer import ChatOptions
 from slipstream.ray.rows import parse_ray_row, request_columns
 
@@ -51,7 +52,8 @@ class EngineReplica:
         async with self._pending:
             out = None
             try:
-                async for out in self.llm.generate(prompt, request.params, request_id=f"row-{next(self._ids)}"):
+                async for out in self.llm.generate(prompt, request.params, request_id=f"row-{next(self._ids)}",
+                                                   output_kind=OutputKind.FINAL_ONLY):  # the row's result only
                     pass
             except EngineDeadError as e:
                 self._exit(str(e))

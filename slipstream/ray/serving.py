@@ -14,7 +14,7 @@ import asyncio
 import msgspec
 
 from slipstream.errors import EngineDeadError
-from slipstream.frontend.outputs import RequestOutput
+from slipstream.frontend.outputs import OutputKind, RequestOutput
 from slipstream.sampling.params import SamplingParams
 
 PING_INTERVAL_S = 1.0
@@ -38,8 +38,10 @@ class EngineActor:
             raise EngineDeadError(self.llm.dead_error)
         return True
 
-    async def generate(self, prompt, params: dict, request_id: str):
-        async for out in self.llm.generate(prompt, SamplingParams.from_dict(params), request_id=request_id):
+    async def generate(self, prompt, params: dict, request_id: str, output_kind: str = OutputKind.DELTA.value,
+                       stream_interval: int = 1):
+        async for out in self.llm.generate(prompt, SamplingParams.from_dict(params), request_id=request_id,
+                                           output_kind=OutputKind(output_kind), stream_interval=stream_interval):
             yield _encoder.encode(out)
 
     async def abort(self, request_id: str) -> None:
@@ -88,12 +90,14 @@ class RayReplica:
         from slipstream.frontend.prompts import validated_token_ids
         return validated_token_ids(prompt, params, self.tokenizer, self.info)
 
-    async def generate(self, prompt, sampling_params: SamplingParams | None = None, request_id: str = ""):
+    async def generate(self, prompt, sampling_params: SamplingParams | None = None, request_id: str = "",
+                       *, output_kind: OutputKind = OutputKind.DELTA, stream_interval: int = 1):
         self._start_pinger()
         if self.dead_error:
             raise EngineDeadError(self.dead_error)
         params = (sampling_params or SamplingParams()).to_dict()
-        stream = self.actor.generate.options(num_returns="streaming").remote(prompt, params, request_id)
+        stream = self.actor.generate.options(num_returns="streaming").remote(
+            prompt, params, request_id, OutputKind(output_kind).value, stream_interval)
         finished = False
         try:
             async for ref in stream:

@@ -108,19 +108,23 @@ class ServerMetrics:
             self.engine.stats = dict(stats)
         return generate_latest(self.registry)
 
-    def tracker(self) -> RequestTracker:
-        return RequestTracker(self)
+    def tracker(self, n: int = 1) -> RequestTracker:
+        return RequestTracker(self, n)
 
 
 class RequestTracker:
-    """Follows one engine request's outputs and records it once it ends (or is dropped)."""
+    """Follows one engine request's outputs (deltas: each output carries its new tokens and
+    the completions that ended) and records it once it ends (or is dropped)."""
 
-    def __init__(self, m: ServerMetrics):
+    def __init__(self, m: ServerMetrics, n: int = 1):
         self.m = m
+        self.n = n  # the request's completions
         self.start = time.monotonic()
         self.first: float | None = None
         self.last: float | None = None
         self.ntokens = 0
+        self.itl_observed = False
+        self.finish_reasons: dict[int, str] = {}  # completion index -> how it ended
         self.out = None
         self.done = False
 
@@ -135,8 +139,12 @@ class RequestTracker:
                 child = self.m.itl_child
                 for _ in range(n):
                     child.observe(gap)
+                self.itl_observed = True
             self.last = now
             self.ntokens += n
+        for c in out.outputs:
+            if c.finish_reason is not None:
+                self.finish_reasons[c.index] = c.finish_reason
         self.out = out
 
     def finish(self) -> None:
@@ -147,9 +155,9 @@ class RequestTracker:
         if out is None:
             return
         m.prompt_tokens.labels(name).inc(len(out.prompt_token_ids or ()))
-        m.generation_tokens.labels(name).inc(sum(len(c.token_ids) for c in out.outputs))
-        for c in out.outputs:
-            m.request_success.labels(name, c.finish_reason or "abort").inc()
+        m.generation_tokens.labels(name).inc(self.ntokens)
+        for i in range(self.n):
+            m.request_success.labels(name, self.finish_reasons.get(i, "abort")).inc()
         now = time.monotonic()
         met = getattr(out, "metrics", None)
         ttft = e2e = queue = None
@@ -159,6 +167,7 @@ class RequestTracker:
             if met.finished_time is not None:
                 e2e = met.finished_time - met.arrival_time
             queue = met.queue_time_s
+            self._itl_from_engine_times(met)
         if ttft is None and self.first is not None:
             ttft = self.first - self.start
         if e2e is None:
@@ -169,3 +178,17 @@ class RequestTracker:
             m.e2e.labels(name).observe(e2e)
         if queue is not None and queue >= 0:
             m.queue.labels(name).observe(queue)
+
+    def _itl_from_engine_times(self, met) -> None:
+        """A request whose tokens came in one output (not streamed: FINAL_ONLY) has no gaps
+        between outputs; its inter-token latency is the engine's first-to-last token time
+        spread over its tokens."""
+        if self.itl_observed or self.ntokens < 2:
+            return
+        if met.first_token_time is None or met.last_token_time is None:
+            return
+        gap = (met.last_token_time - met.first_token_time) / (self.ntokens - 1)
+        if gap >= 0:
+            child = self.m.itl_child
+            for _ in range(self.ntokens - 1):
+                child.observe(gap)

@@ -11,9 +11,8 @@ from slipstream.sampling.params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                                         ChatCompletionResponse, ChatLogprobs, ChatMessage,
-                                        ChatMessageOut, ChatStreamChoice, DeltaMessage,
-                                        TokenLogprob, TopLogprob, UsageInfo, ChatTemplateFields,
-                                        random_id)
+                                        ChatMessageOut, TokenLogprob, TopLogprob, UsageInfo,
+                                        ChatTemplateFields, random_id)
 from slipstream.server.serving_common import (PromptRun, ServingState, check_common, clean_lp,
                                               collect, make_params, output_error,
                                               resolve_max_tokens, sse, sse_events,
@@ -127,51 +126,35 @@ async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
 
 
 async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: PromptRun) -> AsyncIterator[str]:
-    """The events of stream_chat; `sse_events` ends them (errors, [DONE])."""
-    req, created, interval = prep.req, int(time.time()), max(1, state.stream_interval)
-    sent: dict[int, int] = {}  # choice -> tokens sent
-    pending: dict[int, str] = {}
-    done: set[int] = set()  # choices whose finishing chunk was sent
+    """The events of stream_chat; `sse_events` ends them (errors, [DONE]). The engine's
+    outputs say what to send (OutputKind.DELTA: per choice its new text and tokens, one
+    output per --stream-interval tokens, always one at its end); this only formats them."""
+    req, created = prep.req, int(time.time())
     completion_tokens = 0
 
-    def chunk(idx, delta, lp=None, finish=None, stop_reason=None) -> str:
-        ch = ChatStreamChoice(index=idx, delta=delta, logprobs=lp, finish_reason=finish,
-                              stop_reason=stop_reason)
-        body = ChatCompletionChunk(id=prep.request_id, created=created, model=state.model_name,
-                                   choices=[ch]).model_dump()
-        body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
-        return sse(body)
+    def chunk(idx: int, delta: dict, lp: ChatLogprobs | None = None, finish=None, stop_reason=None) -> str:
+        # a plain dict, not the pydantic models: this runs once per streamed chunk
+        choice = {"index": idx, "delta": delta, "logprobs": lp.model_dump() if lp is not None else None,
+                  "finish_reason": finish, "stop_reason": stop_reason}
+        return sse({"id": prep.request_id, "object": "chat.completion.chunk", "created": created,
+                    "model": state.model_name, "choices": [choice], "usage": None,
+                    "system_fingerprint": None})
 
     for idx in range(req.n):
-        sent[idx], pending[idx] = 0, ""
-        yield chunk(idx, DeltaMessage(role="assistant", content=""))
+        yield chunk(idx, {"role": "assistant", "content": ""})
         if prep.echo:
-            yield chunk(idx, DeltaMessage(content=prep.echo))
+            yield chunk(idx, {"content": prep.echo})
     async for _, out in run.events():
-        err = output_error(state, out) if out.finished else None
+        err = output_error(state, out)
         if err is not None:
             raise err
         for c in out.outputs:
-            idx = c.index
-            if idx in done:
-                continue
-            if c.finished:
-                done.add(idx)
-            pending[idx] += c.new_text
-            end = len(c.token_ids)
-            if not (c.finished or end - sent[idx] >= interval):
-                continue
+            completion_tokens += len(c.new_token_ids)
             lp = None
             if prep.top_logprobs is not None:
-                lp = _chat_logprobs(state, c.token_ids[sent[idx]:end],
-                                    (c.logprobs or [])[sent[idx]:end], prep.top_logprobs)
-            sent[idx] = end
-            if c.finished:
-                completion_tokens += end
-            if pending[idx] or c.finished or (lp is not None and lp.content):
-                yield chunk(idx, DeltaMessage(content=pending[idx]), lp, c.finish_reason,
-                            c.stop_reason)
-            pending[idx] = ""
+                lp = _chat_logprobs(state, c.new_token_ids, c.new_logprobs, prep.top_logprobs)
+            if c.new_text or c.finished or (lp is not None and lp.content):
+                yield chunk(c.index, {"content": c.new_text}, lp, c.finish_reason, c.stop_reason)
     if run.unfinished:
         raise APIError(503, "the request was aborted (the server is shutting down)")
     if req.stream_options is not None and req.stream_options.include_usage:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from slipstream.frontend.outputs import OutputKind
 from slipstream.sampling.params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.metrics import ServerMetrics
@@ -204,14 +205,18 @@ def truncate_prompt(state: ServingState, ids: list[int], keep: int | None) -> li
 class PromptRun:
     """One engine request per prompt, submitted at once (admission is checked here, before any
     response starts); `events()` yields (prompt index, RequestOutput) as outputs arrive.
-    `cancel()` (also run when `events()` is closed) aborts every request still running."""
+    `cancel()` (also run when `events()` is closed) aborts every request still running.
+    `output_kind`: DELTA for a stream (one output per --stream-interval tokens of a choice),
+    FINAL_ONLY for one response body."""
 
     def __init__(self, state: ServingState, prompts: list[list[int]],
-                 params: SamplingParams | list[SamplingParams], request_id: str):
+                 params: SamplingParams | list[SamplingParams], request_id: str,
+                 output_kind: OutputKind = OutputKind.DELTA):
         state.admit(len(prompts))
         if not isinstance(params, list):
             params = [params] * len(prompts)
         self.state = state
+        self.output_kind = output_kind
         self.queue: asyncio.Queue = asyncio.Queue()
         self.remaining = len(prompts)
         self.unfinished = set(range(len(prompts)))  # prompts without a finished output yet
@@ -236,8 +241,9 @@ class PromptRun:
         from slipstream.errors import EngineDeadError
 
         state = self.state
-        tracker = state.metrics.tracker()
-        gen = state.llm.generate(ids, params, request_id=rid)
+        tracker = state.metrics.tracker(params.n)
+        gen = state.llm.generate(ids, params, request_id=rid, output_kind=self.output_kind,
+                                 stream_interval=state.stream_interval)
         try:
             async for out in gen:
                 tracker.update(out)
@@ -319,7 +325,7 @@ async def collect(state: ServingState, prompts: list[list[int]],
                   params: SamplingParams | list[SamplingParams], request_id: str) -> list[Any]:
     """Final RequestOutput of every prompt (non-streaming)."""
     finals: list[Any] = [None] * len(prompts)
-    async for i, out in PromptRun(state, prompts, params, request_id).events():
+    async for i, out in PromptRun(state, prompts, params, request_id, OutputKind.FINAL_ONLY).events():
         finals[i] = out
     for out in finals:
         if out is None or not out.finished:

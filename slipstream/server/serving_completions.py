@@ -154,15 +154,14 @@ async def complete(state: ServingState, prep: PreparedCompletion) -> dict:
 
 
 async def _stream_completion_events(state: ServingState, prep: PreparedCompletion,
-                            run: PromptRun) -> AsyncIterator[str]:
-    """The events of stream_completion; `sse_events` ends them (errors, [DONE])."""
-    req, created, interval = prep.req, int(time.time()), max(1, state.stream_interval)
-    sent_tokens: dict[int, int] = {}  # choice index -> tokens sent
-    offsets: dict[int, int] = {}
-    pending: dict[int, list] = {}  # choice index -> [text, ntokens]
-    done: set[int] = set()  # choices whose finishing chunk was sent
+                                    run: PromptRun) -> AsyncIterator[str]:
+    """The events of stream_completion; `sse_events` ends them (errors, [DONE]). The
+    engine's outputs say what to send (OutputKind.DELTA: per choice its new text and tokens,
+    one output per --stream-interval tokens, always one at its end); this only formats
+    them."""
+    req, created = prep.req, int(time.time())
+    offsets: dict[int, int] = {}  # choice index -> text offset of its next token (logprobs)
     completion_tokens = 0
-
     with_ids = req.return_token_ids or state.llm.tokenizer is None
 
     def chunk(idx, text, lp=None, finish=None, stop_reason=None, ids=None) -> str:
@@ -175,17 +174,13 @@ async def _stream_completion_events(state: ServingState, prep: PreparedCompletio
                     "model": state.model_name, "choices": [ch], "usage": None})
 
     async for i, out in run.events():
-        err = output_error(state, out) if out.finished else None
+        err = output_error(state, out)
         if err is not None:
             raise err
         for c in out.outputs:
             idx = i * req.n + c.index
-            if idx in done:
-                continue
-            if c.finished:
-                done.add(idx)
-            if idx not in sent_tokens:  # first event of this choice: the echo
-                sent_tokens[idx], offsets[idx], pending[idx] = 0, 0, ["", 0]
+            if idx not in offsets:  # the choice's first output: the echo
+                offsets[idx] = 0
                 if req.echo:
                     text, lp = _echo_part(state, prep, i, out)
                     offsets[idx] = len("".join(lp.tokens)) if lp else 0
@@ -196,23 +191,14 @@ async def _stream_completion_events(state: ServingState, prep: PreparedCompletio
                 if c.finished:
                     yield chunk(idx, "", None, "length")
                 continue
-            buf = pending[idx]
-            buf[0] += c.new_text
-            buf[1] = len(c.token_ids) - sent_tokens[idx]
-            if c.finished or buf[1] >= interval:
-                start, end = sent_tokens[idx], len(c.token_ids)
-                lp = None
-                if req.logprobs is not None:
-                    lp = _legacy_logprobs(state, c.token_ids[start:end],
-                                          (c.logprobs or [])[start:end], offsets[idx])
-                    offsets[idx] += len("".join(lp.tokens))
-                sent_tokens[idx] = end
-                if c.finished:
-                    completion_tokens += end
-                if buf[0] or lp is not None or c.finished or (with_ids and end > start):
-                    yield chunk(idx, buf[0], lp, c.finish_reason, c.stop_reason,
-                                c.token_ids[start:end] if with_ids else None)
-                buf[0], buf[1] = "", 0
+            completion_tokens += len(c.new_token_ids)
+            lp = None
+            if req.logprobs is not None:
+                lp = _legacy_logprobs(state, c.new_token_ids, c.new_logprobs, offsets[idx])
+                offsets[idx] += len("".join(lp.tokens))
+            if c.new_text or lp is not None or c.finished or (with_ids and c.new_token_ids):
+                yield chunk(idx, c.new_text, lp, c.finish_reason, c.stop_reason,
+                            c.new_token_ids if with_ids else None)
     if run.unfinished:
         raise APIError(503, "the request was aborted (the server is shutting down)")
     if req.stream_options is not None and req.stream_options.include_usage:
