@@ -1,5 +1,6 @@
-"""A small in-process stand-in for `slipstream.AsyncLLM` that follows its contract, for fast
-tests of the server's protocol logic (no model, no core process).
+"""A small in-process stand-in for `slipstream.AsyncLLM`, an `EngineClient` (frontend/protocol.py)
+with the real front door (`validate_request`), for fast tests of the server's protocol logic
+(no model, no core process).
 
 Tokens are bytes (id = byte + 3; 0 pad, 1 BOS, 2 EOS). Completion j of a request writes
 `text` from offset j, one token per `token_delay` seconds; at most `max_num_seqs` requests
@@ -13,9 +14,10 @@ import itertools
 import time
 from types import SimpleNamespace
 
-from slipstream.core.messages import CoreOutput
+from slipstream.core.messages import CoreInfo, CoreOutput
 from slipstream.frontend.output_processor import OutputProcessor
 from slipstream.frontend.outputs import OutputKind
+from slipstream.frontend.prompts import RequestRejected, ValidatedRequest, admit_request, validate_request
 from slipstream.model.tokenizer import Tokenizer
 
 SPECIAL = {0: "<pad>", 1: "<s>", 2: "</s>"}
@@ -79,6 +81,9 @@ class FakeAsyncLLM:
         self.model_name = "fake-model"
         self.max_model_len = max_model_len
         self.vocab_size = FakeTokenizer.vocab_size
+        self.info = CoreInfo(model_name=self.model_name, max_model_len=max_model_len, vocab_size=self.vocab_size,
+                             eos_token_ids=[2], num_kv_blocks=1000, block_size=16, device="cpu",
+                             async_scheduling=True, max_num_batched_tokens=256)
         self.dead_error: str | None = None
         self.token_delay = token_delay
         self.text = text
@@ -98,17 +103,8 @@ class FakeAsyncLLM:
     def num_unfinished(self) -> int:
         return self.running + self.waiting
 
-    def validate(self, prompt, params) -> list[int]:
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise ValueError("the prompt is empty")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        if len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) is "
-                             f"more than max_model_len ({self.max_model_len})")
-        return ids
+    def validate(self, prompt, sampling_params=None) -> ValidatedRequest:
+        return validate_request(prompt, sampling_params, self.tokenizer, self.info)
 
     def _lp(self, tid: int, k: int, pos: int) -> dict[int, float]:
         d = {tid: -0.25 - (pos % 3) * 0.5}
@@ -117,10 +113,15 @@ class FakeAsyncLLM:
             d.setdefault(alt, -0.1 * (r + 1))
         return d
 
-    async def generate(self, prompt, params, request_id=None, *, output_kind=OutputKind.DELTA,
-                       stream_interval=1):
-        ids = self.validate(prompt, params)
+    async def generate(self, prompt, sampling_params=None, request_id=None, *,
+                       output_kind=OutputKind.DELTA, stream_interval=1):
         rid = request_id or f"fake-{next(self._ids)}"
+        try:
+            request = await admit_request(self.validate, prompt, sampling_params, 1 << 20)
+        except RequestRejected as e:
+            yield e.output(rid, time.time())
+            return
+        ids, params, prompt = request.prompt_token_ids, request.params, request.prompt
         # the real output processor turns the made-up tokens into outputs, as in AsyncLLM
         # (text, stop strings, deltas, output kind, stream interval)
         processor = OutputProcessor(self.tokenizer)
@@ -182,7 +183,13 @@ class FakeAsyncLLM:
                 "num_preemptions": 0, "prefix_cache_queries": 0, "prefix_cache_hits": 0,
                 "prefix_cache_hit_rate": 0.0}
 
+    async def reset_prefix_cache(self) -> None:
+        pass
+
     async def shutdown(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 

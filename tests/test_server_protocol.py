@@ -204,8 +204,8 @@ def test_api_key_only_on_v1():
 class _FailingLLM(FakeAsyncLLM):
     """Yields one output, then the engine fails."""
 
-    async def generate(self, prompt, params, request_id=None, **output_options):
-        async for out in super().generate(prompt, params, request_id, **output_options):
+    async def generate(self, prompt, sampling_params=None, request_id=None, **output_options):
+        async for out in super().generate(prompt, sampling_params, request_id, **output_options):
             yield out
             raise RuntimeError("core exploded")
 
@@ -238,7 +238,7 @@ def test_non_streaming_disconnect_aborts():
                 return await msgs.get()
 
         from slipstream.sampling.params import SamplingParams
-        coro = collect(state, [[70, 71]], SamplingParams(max_tokens=200), "r1")
+        coro = collect(state, [llm.validate([70, 71], SamplingParams(max_tokens=200))], "r1")
         task = asyncio.ensure_future(race_disconnect(Req(), coro))
         await asyncio.sleep(0.1)
         assert llm.running == 1

@@ -1,18 +1,27 @@
-"""Whether a request can ever run on an engine: one check, run by the front end before it
-sends a request (so a call can reject a bad prompt before queuing any) and by the core
-when the request arrives (so nothing unplaceable reaches the scheduler)."""
+"""Whether a request can ever run on an engine.
+
+The front ends run every check once, at their front door (`frontend.prompts.validate_request`):
+the prompt's ids are ints inside the vocabulary (`vocabulary_error`, a pass over the prompt)
+and the request fits the context and the KV cache (`fit_error`). The core, which trusts its
+front ends, repeats only `fit_error`: O(1), so that nothing unplaceable reaches the scheduler,
+and it fails that request alone."""
 from __future__ import annotations
 
 from slipstream.core.messages import CoreInfo
 
 
-def admission_error(prompt_token_ids: list[int], max_tokens: int, info: CoreInfo) -> str | None:
-    n, vocab = len(prompt_token_ids), info.vocab_size
+def vocabulary_error(prompt_token_ids: list[int], vocab_size: int) -> str | None:
+    if prompt_token_ids and (min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size):
+        bad = next(t for t in prompt_token_ids if not 0 <= t < vocab_size)
+        return f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})"
+    return None
+
+
+def fit_error(num_prompt_tokens: int, max_tokens: int, info: CoreInfo) -> str | None:
+    """Empty, longer than the context, or more KV blocks than the whole cache has."""
+    n = num_prompt_tokens
     if n == 0:
         return "the prompt is empty"
-    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
-        bad = next(t for t in prompt_token_ids if not 0 <= t < vocab)
-        return f"prompt token id {bad} is outside the vocabulary [0, {vocab})"
     if n + max_tokens > info.max_model_len:
         return (f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) is {n + max_tokens} tokens, "
                 f"more than max_model_len={info.max_model_len}")
@@ -21,6 +30,11 @@ def admission_error(prompt_token_ids: list[int], max_tokens: int, info: CoreInfo
         return (f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) needs {blocks} KV blocks, "
                 f"but the whole KV cache has {info.num_kv_blocks}")
     return None
+
+
+def admission_error(prompt_token_ids: list[int], max_tokens: int, info: CoreInfo) -> str | None:
+    """Every check of a request's prompt, in the order a caller reads them."""
+    return vocabulary_error(prompt_token_ids, info.vocab_size) or fit_error(len(prompt_token_ids), max_tokens, info)
 
 
 def as_token_ids(prompt) -> list[int]:

@@ -17,7 +17,7 @@ import torch
 from slipstream.core.tracing import Timeline
 from slipstream.utils.process import collector_paused
 from slipstream.config import EngineConfig, default_max_num_batched_tokens
-from slipstream.core.admission import admission_error
+from slipstream.core.admission import fit_error
 from slipstream.core.messages import AddRequest, CoreInfo, CoreOutput
 from slipstream.core.step_loop import StepLoop
 from slipstream.sched.block_pool import BlockPool
@@ -163,21 +163,25 @@ class EngineCore:
 
     # -- requests ---------------------------------------------------------------------
     def add(self, msg: AddRequest) -> None:
-        """Queue a request; one that cannot run (bad parameters, too long) ends at the next
-        step with finish_reason "error", and an id in use is answered the same way."""
+        """Queue a request the front end validated (`frontend.prompts.validate_request`).
+        The core's own guard is O(1): the parameters name exactly SamplingParams' fields and
+        the request fits the context and the KV cache. One that fails it (or whose id is in
+        use) ends alone at the next step with finish_reason "error"; add never raises for a
+        request, which would kill the engine."""
         rid = msg.request_id
-        try:
-            params = SamplingParams.from_dict(msg.params)
-            error = admission_error(msg.prompt_token_ids, params.max_tokens, self.info)
-        except (ValueError, TypeError) as e:
-            params, error = SamplingParams(), str(e)
         if rid in self.requests:
-            self._ended.append(Request(rid, [], params, 0, status=Status.FINISHED, finish_reason="error",
-                                       error=f"request id {rid!r} is already in use"))
+            self._ended.append(Request(rid, [], SamplingParams(), 0, status=Status.FINISHED,
+                                       finish_reason="error", error=f"request id {rid!r} is already in use"))
             return
-        seed = msg.seed if msg.seed is not None else (
-            params.seed if params.seed is not None else self._seeds.getrandbits(63))
-        req = Request(rid, msg.prompt_token_ids, params, seed % (1 << 63), self.eos_token_ids,
+        try:
+            params = SamplingParams.from_validated(msg.params)
+            error = fit_error(len(msg.prompt_token_ids), params.max_tokens, self.info)
+            seed = msg.seed if msg.seed is not None else (
+                params.seed if params.seed is not None else self._seeds.getrandbits(63))
+            seed %= 1 << 63
+        except Exception as e:  # noqa: BLE001 - a malformed request fails alone
+            params, error, seed = SamplingParams(), f"malformed request: {e}", 0
+        req = Request(rid, msg.prompt_token_ids, params, seed, self.eos_token_ids,
                       arrival_time=msg.arrival_time)
         self.requests[rid] = req
         if error:

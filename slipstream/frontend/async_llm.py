@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 import zmq
 import zmq.asyncio
@@ -20,7 +21,7 @@ from slipstream.core.messages import CallResult, CoreDead, StepOutputs, from_cor
 from slipstream.errors import EngineDeadError
 from slipstream.frontend.output_processor import OutputProcessor
 from slipstream.frontend.outputs import OutputKind
-from slipstream.frontend.prompts import check_admission, tokenize_prompt, validated_token_ids
+from slipstream.frontend.prompts import RequestRejected, ValidatedRequest, admit_request, validate_request
 from slipstream.model.loader import resolve_model_source
 from slipstream.sampling.params import SamplingParams
 from slipstream.model.tokenizer import load_tokenizer
@@ -81,38 +82,32 @@ class AsyncLLM:
         return proc.pid if proc is not None else None
 
     # -- requests ---------------------------------------------------------------------
-    def validate(self, prompt, params: SamplingParams | None = None) -> list[int]:
-        """The prompt's token ids; ValueError with a one-line message if it cannot run."""
-        return validated_token_ids(prompt, params, self.tokenizer, self.info)
+    def validate(self, prompt, sampling_params: SamplingParams | None = None) -> ValidatedRequest:
+        """The front door (`frontend.prompts.validate_request`): a ValidatedRequest, or a
+        one-line TypeError / ValueError."""
+        return validate_request(prompt, sampling_params, self.tokenizer, self.info)
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, *, output_kind: OutputKind = OutputKind.DELTA,
                        stream_interval: int = 1):
-        """Yield a RequestOutput as tokens arrive; the last has `finished` set.
+        """Yield a RequestOutput as tokens arrive; the last has `finished` set. `prompt` is a
+        text, token ids, or a ValidatedRequest (from `validate`: not checked again, and it
+        carries its params). A prompt that cannot run ends alone, as an error output.
         `output_kind` DELTA: each output has what is new, one per `stream_interval` tokens of
         a completion, and a completion's whole text and token ids come when it finishes;
         FINAL_ONLY: only the last output, every completion whole (frontend/outputs.py)."""
         self._check_alive()
         self._start_reader()
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         request_id = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.processor.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         try:
-            text, ids = await self._tokenize(prompt)
-        except (TypeError, ValueError) as e:  # fails alone, as an output
-            state = self.processor.new_request(request_id, None, [], params)
-            self.processor.fail(state, str(e))
-            yield state.output()
+            request = await admit_request(self.validate, prompt, sampling_params, self.tokenize_off_loop_chars)
+        except RequestRejected as e:  # fails alone, as an output
+            yield e.output(request_id, time.time())
             return
-        state = self.processor.new_request(request_id, text, ids, params, output_kind, stream_interval)
-        error = check_admission(ids, params, self.info)
-        if error:
-            self.processor.fail(state, error)
-            yield state.output()
-            return
+        state = self.processor.new_request(request_id, request.prompt, request.prompt_token_ids, request.params,
+                                           output_kind, stream_interval)
         state.waiter = asyncio.Event()
         try:
             self._client.send_many(self.processor.add(state))
@@ -133,15 +128,6 @@ class AsyncLLM:
         finally:
             if not state.finished:  # the caller left early, or its task was cancelled
                 self._abort_now(request_id)
-
-    async def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
-        """tokenize_prompt, on a worker thread for a text longer than
-        `tokenize_off_loop_chars`: a long text takes milliseconds to seconds, which on the
-        event loop would stall every other stream.  (A request id taken meanwhile is
-        refused by OutputProcessor.add.)"""
-        if isinstance(prompt, str) and len(prompt) > self.tokenize_off_loop_chars and self.tokenizer is not None:
-            return await asyncio.get_running_loop().run_in_executor(None, tokenize_prompt, prompt, self.tokenizer)
-        return tokenize_prompt(prompt, self.tokenizer)
 
     def _abort_now(self, request_id: str) -> None:
         ids = self.processor.abort(request_id)

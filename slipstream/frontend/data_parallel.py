@@ -13,11 +13,18 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from typing import Callable
 
+import msgspec
+
+from slipstream.core.messages import CoreInfo
 from slipstream.errors import EngineDeadError
+from slipstream.frontend.prompts import RequestRejected, ValidatedRequest, admit_request, validate_request
 from slipstream.frontend.outputs import OutputKind
+from slipstream.frontend.protocol import EngineClient
 from slipstream.frontend.router import Router
+from slipstream.sampling.params import SamplingParams
 
 log = logging.getLogger("slipstream.data_parallel")
 SUMMED = ("num_running", "num_waiting", "kv_blocks_in_use", "kv_blocks_total", "num_preemptions",
@@ -25,7 +32,7 @@ SUMMED = ("num_running", "num_waiting", "kv_blocks_in_use", "kv_blocks_total", "
 WATCH_INTERVAL_S = 0.5
 
 
-def local_replica_factory(model: str | None, engine_options: dict, size: int = 1) -> Callable[[int], object]:
+def local_replica_factory(model: str | None, engine_options: dict, size: int = 1) -> Callable[[int], EngineClient]:
     if _on_cpu(engine_options) and "OMP_NUM_THREADS" not in os.environ:
         # the replicas share this machine's cores: N processes of all-core thread pools
         # would spin against each other (measured: several times slower on 2 cores)
@@ -61,11 +68,13 @@ def replica_gpus(index: int, size: int, tp: int, gpus: list[str]) -> list[str] |
 
 
 class DataParallelLLM:
-    def __init__(self, make_replica: Callable[[int], object], size: int) -> None:
+    tokenize_off_loop_chars: int = 1024  # (AsyncLLM's: a longer text is tokenized on a worker thread)
+
+    def __init__(self, make_replica: Callable[[int], EngineClient], size: int) -> None:
         if size < 1:
             raise ValueError(f"data_parallel_size must be >= 1, got {size}")
         self._make = make_replica
-        self.replicas: list = []
+        self.replicas: list[EngineClient] = []
         try:
             for i in range(size):
                 self.replicas.append(make_replica(i))
@@ -108,30 +117,42 @@ class DataParallelLLM:
     def num_unfinished(self) -> int:
         return len(self._where)
 
+    @property
+    def info(self) -> CoreInfo:
+        """The replicas' engine, with the smallest KV cache among them: a request admitted
+        here fits whichever replica it is routed to (replicas sharing a GPU size theirs
+        against what the earlier ones hold)."""
+        return msgspec.structs.replace(self.replicas[0].info,
+                                       num_kv_blocks=min(r.info.num_kv_blocks for r in self.replicas))
+
     # -- requests ---------------------------------------------------------------------
-    def validate(self, prompt, params=None) -> list[int]:
-        return self._any_up().validate(prompt, params)
+    def validate(self, prompt, sampling_params: SamplingParams | None = None) -> ValidatedRequest:
+        """The front door (`frontend.prompts.validate_request`), once for every replica."""
+        return validate_request(prompt, sampling_params, self.tokenizer, self.info)
 
-    def _any_up(self):
-        up = self._up()
-        return self.replicas[up.index(True)] if any(up) else self.replicas[0]
-
-    async def generate(self, prompt, sampling_params=None, request_id: str | None = None,
+    async def generate(self, prompt, sampling_params: SamplingParams | None = None, request_id: str | None = None,
                        *, output_kind: OutputKind = OutputKind.DELTA, stream_interval: int = 1):
-        """AsyncLLM.generate over the replicas, with its output kind and stream interval."""
+        """AsyncLLM.generate over the replicas: the request is validated here, routed by its
+        token ids, and handed to its replica as a ValidatedRequest (not checked again), with
+        its output kind and stream interval."""
         self._start_watcher()
         request_id = str(request_id) if request_id is not None else f"dp-{next(self._ids)}"
         if request_id in self._where:
             raise ValueError(f"request id {request_id!r} is already in use")
         try:
-            i = self.router.pick(self._routing_ids(prompt), self._up())
+            request = await admit_request(self.validate, prompt, sampling_params, self.tokenize_off_loop_chars)
+        except RequestRejected as e:  # fails alone, as an output
+            yield e.output(request_id, time.time())
+            return
+        try:
+            i = self.router.pick(request.prompt_token_ids, self._up())
         except LookupError:
             raise EngineDeadError(self.dead_error or "no replica is up") from None
         replica = self.replicas[i]
         self._where[request_id] = i
         try:
-            async for out in replica.generate(prompt, sampling_params, request_id=request_id,
-                                              output_kind=output_kind, stream_interval=stream_interval):
+            async for out in replica.generate(request, request_id=request_id, output_kind=output_kind,
+                                              stream_interval=stream_interval):
                 if out.finished and out.error and replica.is_dead:
                     raise EngineDeadError(self._death(i, out.error))
                 yield out
@@ -142,11 +163,6 @@ class DataParallelLLM:
         finally:
             self.router.finish(i)
             self._where.pop(request_id, None)
-
-    def _routing_ids(self, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt)) if self.tokenizer is not None else []
-        return list(prompt) if isinstance(prompt, (list, tuple)) else []
 
     def _death(self, i: int, why: str) -> str:
         if not why.startswith(f"replica {i}"):

@@ -15,7 +15,8 @@ from slipstream.core.service import dead_message
 from slipstream.errors import EngineDeadError
 from slipstream.frontend.output_processor import OutputProcessor, RequestState
 from slipstream.frontend.outputs import OutputKind, RequestOutput
-from slipstream.frontend.prompts import chat_token_ids, check_admission, tokenize_prompt
+from slipstream.frontend.prompts import (RequestRejected, ValidatedRequest, chat_token_ids,
+                                        sampling_params_of, validate_request)
 from slipstream.sampling.params import SamplingParams
 from slipstream.model.tokenizer import ChatOptions, load_tokenizer
 
@@ -96,7 +97,7 @@ class LLM:
         check_parallel_config(config)  # before any process starts
         self.tokenizer = None if config.load_format == "dummy" else load_tokenizer(resolve_model_source(model))
         self._core = _InlineCore(config, self.tokenizer) if core == "inline" else _RemoteCore(config, core)
-        self.engine: EngineCore | None = self._core.engine  # inline / thread: the core itself
+        self.engine: EngineCore | None = self._core.engine  # inline: the core itself, else None
         self.info = self._core.info
         self.processor = OutputProcessor(self.tokenizer)
         self._finished_early: list[RequestState] = []  # never reached the core (admission)
@@ -104,18 +105,32 @@ class LLM:
         self.dead_error: str | None = None
 
     # -- requests ---------------------------------------------------------------------
+    def validate(self, prompt, sampling_params: SamplingParams | None = None) -> ValidatedRequest:
+        """The front door (`frontend.prompts.validate_request`): a ValidatedRequest, or a
+        one-line TypeError / ValueError."""
+        return validate_request(prompt, sampling_params, self.tokenizer, self.info)
+
     def _prepare(self, prompt, params: SamplingParams | None, request_id: str | None,
                  output_kind: OutputKind = OutputKind.FINAL_ONLY) -> RequestState:
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        text, ids = tokenize_prompt(prompt, self.tokenizer)
+        """A prompt that is not one raises (TypeError / ValueError); one that can never run
+        (RequestRejected) becomes a request that ends with an error output."""
+        error = None
+        if isinstance(prompt, ValidatedRequest):
+            if params is not None:
+                raise TypeError("a ValidatedRequest carries its sampling params; pass none beside it")
+            text, ids, params = prompt.prompt, prompt.prompt_token_ids, prompt.params
+        else:
+            params = sampling_params_of(params)
+            try:
+                request = self.validate(prompt, params)
+                text, ids = request.prompt, request.prompt_token_ids
+            except RequestRejected as e:
+                text, ids, error = e.prompt, e.prompt_token_ids, str(e)
         if request_id is None:
             request_id, self._ids = str(self._ids), self._ids + 1
         elif request_id in self.processor.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         state = self.processor.new_request(str(request_id), text, ids, params, output_kind)
-        error = check_admission(ids, params, self.info)
         if error:
             self.processor.fail(state, error)
         return state

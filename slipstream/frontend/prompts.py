@@ -1,14 +1,60 @@
-"""Prompts in, token ids out: tokenization, chat messages, and the admission check, done
-in the front end before anything reaches the core (so a bad prompt of a list is rejected
-before any prompt of the call is queued)."""
+"""The front door: a request is validated here once, before anything reaches the core.
+
+`validate_request` tokenizes the prompt, checks its ids (ints, inside the vocabulary), that
+it fits the context and the KV cache with its max_tokens (`core.admission`, against the
+numbers the engine reports in its `CoreInfo`), and takes SamplingParams that were built (and
+so validated) once; it returns a `ValidatedRequest`, which the engine clients (`EngineClient`)
+pass along without checking it again; the core keeps an O(1) guard of its own. Also here:
+chat messages and their template."""
 from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from slipstream.core.admission import admission_error, as_token_ids
 from slipstream.core.messages import CoreInfo
-from slipstream.sampling.params import SamplingParams
+from slipstream.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from slipstream.model.tokenizer import ChatOptions
+from slipstream.sampling.params import SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+@dataclass(frozen=True)
+class ValidatedRequest:
+    """A request that passed `validate_request`: its prompt can run on the engine it was
+    checked against, and its params are a validated SamplingParams."""
+    prompt: str | None  # the text, when the prompt was given as text
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class RequestRejected(ValueError):
+    """A request that can never run (empty, ids outside the vocabulary, too long, more KV
+    blocks than the cache has); a one-line message, and what was known of the request, so a
+    front end can end it as an output instead of raising."""
+
+    def __init__(self, message: str, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
+                 params: SamplingParams | None = None) -> None:
+        super().__init__(message)
+        self.prompt, self.prompt_token_ids = prompt, list(prompt_token_ids or [])
+        self.params = params if params is not None else SamplingParams()
+
+    def output(self, request_id: str, arrival_time: float) -> RequestOutput:
+        """The request's only output: finished, every completion with finish_reason "error"."""
+        completions = [CompletionOutput(i, finish_reason="error") for i in range(self.params.n)]
+        return RequestOutput(request_id, self.prompt, self.prompt_token_ids, completions, True, str(self),
+                             metrics=RequestMetrics(arrival_time, finished_time=arrival_time))
+
+
+def sampling_params_of(params) -> SamplingParams:
+    """The request's SamplingParams (None: the defaults); TypeError for anything else."""
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+    return params
 
 
 def tokenize_prompt(prompt, tokenizer) -> tuple[str | None, list[int]]:
@@ -21,20 +67,38 @@ def tokenize_prompt(prompt, tokenizer) -> tuple[str | None, list[int]]:
     return None, as_token_ids(prompt)
 
 
-def check_admission(token_ids: list[int], params: SamplingParams, info: CoreInfo) -> str | None:
-    return admission_error(token_ids, params.max_tokens, info)
-
-
-def validated_token_ids(prompt, params: SamplingParams | None, tokenizer, info: CoreInfo) -> list[int]:
-    """The prompt's token ids; ValueError with a one-line message if it cannot run."""
-    try:
-        _, ids = tokenize_prompt(prompt, tokenizer)
-    except TypeError as e:
-        raise ValueError(str(e)) from None
-    error = check_admission(ids, params or SamplingParams(), info)
+def validate_request(prompt, params: SamplingParams | None, tokenizer, info: CoreInfo) -> ValidatedRequest:
+    """The front door. TypeError: not a prompt (or params not a SamplingParams); ValueError:
+    a text prompt and no tokenizer; RequestRejected (a ValueError): it can never run here."""
+    params = sampling_params_of(params)
+    text, ids = tokenize_prompt(prompt, tokenizer)
+    error = admission_error(ids, params.max_tokens, info)
     if error:
-        raise ValueError(error)
-    return ids
+        raise RequestRejected(error, text, ids, params)
+    return ValidatedRequest(text, ids, params)
+
+
+async def admit_request(validate: Callable[[Any, SamplingParams], ValidatedRequest], prompt, sampling_params,
+                        off_loop_chars: int) -> ValidatedRequest:
+    """The ValidatedRequest of an engine client's `generate(prompt, sampling_params)`: `prompt`
+    itself when it is one, else `validate(prompt, params)`, on a worker thread for a text
+    longer than `off_loop_chars` (a long text takes milliseconds to seconds to tokenize, which
+    on the event loop would stall every other stream). TypeError: params that are not a
+    SamplingParams, or any beside a ValidatedRequest; RequestRejected: any problem of the
+    prompt, for the caller to end the request with as an output."""
+    if isinstance(prompt, ValidatedRequest):
+        if sampling_params is not None:
+            raise TypeError("a ValidatedRequest carries its sampling params; pass none beside it")
+        return prompt
+    params = sampling_params_of(sampling_params)
+    try:
+        if isinstance(prompt, str) and len(prompt) > off_loop_chars:
+            return await asyncio.get_running_loop().run_in_executor(None, validate, prompt, params)
+        return validate(prompt, params)
+    except RequestRejected:
+        raise
+    except (TypeError, ValueError) as e:
+        raise RequestRejected(str(e), params=params) from None
 
 
 def normalize_messages(messages) -> list[dict]:

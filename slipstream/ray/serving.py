@@ -1,6 +1,7 @@
 """Data-parallel serving on a Ray cluster: each replica an `EngineActor` (a Ray actor holding
-an `AsyncLLM`), and `RayReplica`, its stand-in in the server process with the part of
-AsyncLLM's interface that `DataParallelLLM` uses.
+an `AsyncLLM`), and `RayReplica`, its stand-in in the server process: an `EngineClient`
+(frontend/protocol.py), which validates each request there and sends the actor the
+validated request.
 
 Outputs cross as msgpack bytes (msgspec encodes the RequestOutput dataclasses), not as
 pickled objects.  A replica whose actor died (a call fails, or the 1 s health ping does)
@@ -10,14 +11,18 @@ actor in its place (the actor itself is never restarted by Ray).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 
 import msgspec
 
 from slipstream.errors import EngineDeadError
 from slipstream.frontend.outputs import OutputKind, RequestOutput
+from slipstream.frontend.prompts import RequestRejected, ValidatedRequest, admit_request, validate_request
 from slipstream.sampling.params import SamplingParams
 
 PING_INTERVAL_S = 1.0
+TOKENIZE_OFF_LOOP_CHARS = 1024  # (AsyncLLM's: a longer text is tokenized on a worker thread)
 PING_TIMEOUT_S = 10.0
 _encoder = msgspec.msgpack.Encoder()
 _output_decoder = msgspec.msgpack.Decoder(RequestOutput)
@@ -38,10 +43,13 @@ class EngineActor:
             raise EngineDeadError(self.llm.dead_error)
         return True
 
-    async def generate(self, prompt, params: dict, request_id: str, output_kind: str = OutputKind.DELTA.value,
-                       stream_interval: int = 1):
-        async for out in self.llm.generate(prompt, SamplingParams.from_dict(params), request_id=request_id,
-                                           output_kind=OutputKind(output_kind), stream_interval=stream_interval):
+    async def generate(self, prompt: str | None, prompt_token_ids: list[int], params: dict, request_id: str,
+                       output_kind: str = OutputKind.DELTA.value, stream_interval: int = 1):
+        """A request the server process validated (RayReplica.validate, against this actor's
+        engine): rebuilt as such, not checked again."""
+        request = ValidatedRequest(prompt, prompt_token_ids, SamplingParams.from_validated(params))
+        async for out in self.llm.generate(request, request_id=request_id, output_kind=OutputKind(output_kind),
+                                           stream_interval=stream_interval):
             yield _encoder.encode(out)
 
     async def abort(self, request_id: str) -> None:
@@ -81,23 +89,30 @@ class RayReplica:
                                                                  self.info.vocab_size)
         self.dead_error: str | None = None
         self._pinger: asyncio.Task | None = None
+        self._ids = itertools.count()
 
     @property
     def is_dead(self) -> bool:
         return self.dead_error is not None
 
-    def validate(self, prompt, params: SamplingParams | None = None) -> list[int]:
-        from slipstream.frontend.prompts import validated_token_ids
-        return validated_token_ids(prompt, params, self.tokenizer, self.info)
+    def validate(self, prompt, sampling_params: SamplingParams | None = None) -> ValidatedRequest:
+        """The front door (`frontend.prompts.validate_request`), in the server process."""
+        return validate_request(prompt, sampling_params, self.tokenizer, self.info)
 
-    async def generate(self, prompt, sampling_params: SamplingParams | None = None, request_id: str = "",
+    async def generate(self, prompt, sampling_params: SamplingParams | None = None, request_id: str | None = None,
                        *, output_kind: OutputKind = OutputKind.DELTA, stream_interval: int = 1):
         self._start_pinger()
         if self.dead_error:
             raise EngineDeadError(self.dead_error)
-        params = (sampling_params or SamplingParams()).to_dict()
+        request_id = str(request_id) if request_id is not None else f"ray-{next(self._ids)}"
+        try:
+            request = await admit_request(self.validate, prompt, sampling_params, TOKENIZE_OFF_LOOP_CHARS)
+        except RequestRejected as e:  # fails alone, as an output
+            yield e.output(request_id, time.time())
+            return
         stream = self.actor.generate.options(num_returns="streaming").remote(
-            prompt, params, request_id, OutputKind(output_kind).value, stream_interval)
+            request.prompt, request.prompt_token_ids, request.params.to_dict(), request_id,
+            OutputKind(output_kind).value, stream_interval)
         finished = False
         try:
             async for ref in stream:

@@ -322,6 +322,22 @@ class SamplingParams:
         return cls(**kwargs)
 
     @classmethod
+    def from_validated(cls, data: Mapping[str, Any]) -> SamplingParams:
+        """A SamplingParams validated where it was built, rebuilt from its `to_dict()` (the
+        engine core's side of an AddRequest) without checking the values again: the front
+        end's `validate_request` built it once. Only the names are checked, in O(1) (exactly
+        the fields), so a malformed message is a ValueError, not a missing attribute later."""
+        if not isinstance(data, Mapping) or data.keys() != _FIELD_NAMES:
+            got = sorted(map(str, data)) if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(f"sampling parameters must name exactly the fields "
+                             f"{', '.join(cls.field_names())}; got {got}")
+        params = object.__new__(cls)
+        params.__dict__.update(data)
+        params.stop = tuple(data["stop"])
+        params.stop_token_ids = list(data["stop_token_ids"])
+        return params
+
+    @classmethod
     def from_kwargs(cls, **kwargs: Any) -> SamplingParams:
         """Like the constructor, but unknown names raise ValueError (not TypeError)
         and None means "default" for every field."""
@@ -339,6 +355,7 @@ class SamplingParams:
         return dataclasses.replace(self, **changes)
 
 
+_FIELD_NAMES = frozenset(SamplingParams.field_names())
 _dataclass_init = SamplingParams.__init__
 
 

@@ -181,7 +181,7 @@ def build_app(llm, args=None) -> FastAPI:
         req = await parse_body(request, CompletionRequest, limit)
         prep = await off_loop(state, prepare_completion, state, req)
         if req.stream:
-            run = PromptRun(state, prep.prompts, prep.params, prep.request_id)
+            run = PromptRun(state, prep.requests, prep.request_id)
             return _SSEResponse(stream_completion(state, prep, run), run.cancel)
         return await race_disconnect(request, complete(state, prep))
 
@@ -190,7 +190,7 @@ def build_app(llm, args=None) -> FastAPI:
         req = await parse_body(request, ChatCompletionRequest, limit)
         prep = await off_loop(state, prepare_chat, state, req)
         if req.stream:
-            run = PromptRun(state, [prep.prompt], prep.params, prep.request_id)
+            run = PromptRun(state, [prep.request], prep.request_id)
             return _SSEResponse(stream_chat(state, prep, run), run.cancel)
         return await race_disconnect(request, complete_chat(state, prep))
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from slipstream.frontend.prompts import normalize_messages
+from slipstream.frontend.prompts import ValidatedRequest, normalize_messages
 from slipstream.sampling.params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -23,11 +23,18 @@ from slipstream.model.tokenizer import ChatOptionError, ChatOptions
 @dataclass
 class PreparedChat:
     req: ChatCompletionRequest
-    prompt: list[int]
-    params: SamplingParams
+    request: ValidatedRequest  # the rendered prompt and its params, through the engine's front door
     top_logprobs: int | None  # None: no logprobs
     request_id: str
     echo: str = ""  # what each reply starts with (`echo`: the last message, if the assistant's)
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
@@ -90,8 +97,7 @@ def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedCha
     wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = resolve_max_tokens(state, wanted, len(ids), param)
     params = make_params(state, req, max_tokens=max_tokens, logprobs=top)
-    return PreparedChat(req, validate_prompt(state, ids, params), params, top,
-                        random_id("chatcmpl"), echo)
+    return PreparedChat(req, validate_prompt(state, ids, params), top, random_id("chatcmpl"), echo)
 
 
 def _chat_logprobs(state: ServingState, ids: list[int], lps, k: int) -> ChatLogprobs:
@@ -109,7 +115,7 @@ def _chat_logprobs(state: ServingState, ids: list[int], lps, k: int) -> ChatLogp
 
 
 async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
-    (out,) = await collect(state, [prep.prompt], prep.params, prep.request_id)
+    (out,) = await collect(state, [prep.request], prep.request_id)
     choices, completion_tokens = [], 0
     for c in out.outputs:
         completion_tokens += len(c.token_ids)

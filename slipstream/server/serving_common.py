@@ -1,10 +1,12 @@
 """What completions, chat, the tokenizer endpoints and run-batch share.
 
-`ServingState` holds the engine and the server's settings; `PromptRun` submits one
-engine request per prompt and merges their outputs; the helpers turn a request into
-`SamplingParams` (value checks raise `APIError` 400 naming the field) and logprobs into
-token strings. `off_loop` runs a request's preparation (tokenizing, the chat template) on
-the state's own thread, not on the event loop that streams every other request.
+`ServingState` holds the engine (an `EngineClient`) and the server's settings;
+`validate_prompt` is the request's one pass through the engine's front door; `PromptRun`
+submits one engine request per validated prompt and merges their outputs; the helpers turn
+a request into `SamplingParams` (built once; value checks raise `APIError` 400 naming the
+field) and logprobs into token strings. `off_loop` runs a request's preparation
+(tokenizing, the chat template) on the state's own thread, not on the event loop that
+streams every other request.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from slipstream.frontend.outputs import OutputKind
+from slipstream.frontend.prompts import ValidatedRequest
+from slipstream.frontend.protocol import EngineClient
 from slipstream.sampling.params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.metrics import ServerMetrics
@@ -29,7 +33,7 @@ _END = object()
 
 @dataclass
 class ServingState:
-    llm: Any
+    llm: EngineClient
     served_names: list[str]
     max_num_seqs: int = 256
     max_waiting: int | None = None
@@ -159,22 +163,13 @@ def resolve_max_tokens(state: ServingState, requested: int | None, prompt_len: i
     return requested
 
 
-def validate_prompt(state: ServingState, prompt, params: SamplingParams) -> list[int]:
-    """Prompt token ids; any problem the engine sees (empty, outside the vocabulary,
-    too long, more KV blocks than exist) becomes a 400."""
-    if isinstance(prompt, list):
-        vocab = state.llm.vocab_size
-        if not prompt:
-            raise bad_request("the prompt is empty", "prompt")
-        for i, t in enumerate(prompt):
-            if not 0 <= t < vocab:
-                raise bad_request(f"prompt token {i} = {t} is outside the vocabulary [0, {vocab})",
-                                  "prompt")
-    elif state.llm.tokenizer is None:
-        state.need_tokenizer()
+def validate_prompt(state: ServingState, prompt_token_ids: list[int], params: SamplingParams) -> ValidatedRequest:
+    """The engine's front door (`EngineClient.validate`), once per prompt: any problem the
+    engine would see (empty, outside the vocabulary, too long, more KV blocks than exist)
+    becomes a 400."""
     try:
-        return list(state.llm.validate(prompt, params))
-    except ValueError as e:
+        return state.llm.validate(prompt_token_ids, params)
+    except (TypeError, ValueError) as e:
         raise bad_request(str(e), "prompt") from None
 
 
@@ -203,18 +198,15 @@ def truncate_prompt(state: ServingState, ids: list[int], keep: int | None) -> li
 
 
 class PromptRun:
-    """One engine request per prompt, submitted at once (admission is checked here, before any
-    response starts); `events()` yields (prompt index, RequestOutput) as outputs arrive.
-    `cancel()` (also run when `events()` is closed) aborts every request still running.
-    `output_kind`: DELTA for a stream (one output per --stream-interval tokens of a choice),
-    FINAL_ONLY for one response body."""
+    """One engine request per validated prompt, submitted at once (the server's capacity is
+    checked here, before any response starts); `events()` yields (prompt index,
+    RequestOutput) as outputs arrive. `cancel()` (also run when `events()` is closed) aborts
+    every request still running. `output_kind`: DELTA for a stream (one output per
+    --stream-interval tokens of a choice), FINAL_ONLY for one response body."""
 
-    def __init__(self, state: ServingState, prompts: list[list[int]],
-                 params: SamplingParams | list[SamplingParams], request_id: str,
+    def __init__(self, state: ServingState, prompts: list[ValidatedRequest], request_id: str,
                  output_kind: OutputKind = OutputKind.DELTA):
         state.admit(len(prompts))
-        if not isinstance(params, list):
-            params = [params] * len(prompts)
         self.state = state
         self.output_kind = output_kind
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -227,22 +219,22 @@ class PromptRun:
         # own task: no pump task and queue hop per token. Several prompts get a pump each.
         self.direct = None
         if len(prompts) == 1:
-            self.direct = (prompts[0], params[0], request_id)
+            self.direct = (prompts[0], request_id)
             state.runs.add(self)
             return
-        for i, ids in enumerate(prompts):
-            t = asyncio.ensure_future(self._pump(i, ids, params[i], f"{request_id}-{i}"))
+        for i, request in enumerate(prompts):
+            t = asyncio.ensure_future(self._pump(i, request, f"{request_id}-{i}"))
             state.tasks.add(t)
             t.add_done_callback(state.tasks.discard)
             self.tasks.append(t)
 
-    async def _outputs(self, ids: list[int], params: SamplingParams, rid: str):
+    async def _outputs(self, request: ValidatedRequest, rid: str):
         """The engine's outputs of one prompt, then an APIError if it failed."""
         from slipstream.errors import EngineDeadError
 
         state = self.state
-        tracker = state.metrics.tracker(params.n)
-        gen = state.llm.generate(ids, params, request_id=rid, output_kind=self.output_kind,
+        tracker = state.metrics.tracker(request.params.n)
+        gen = state.llm.generate(request, request_id=rid, output_kind=self.output_kind,
                                  stream_interval=state.stream_interval)
         try:
             async for out in gen:
@@ -261,10 +253,10 @@ class PromptRun:
             tracker.finish()
             state.active_requests -= 1
 
-    async def _pump(self, i: int, ids: list[int], params: SamplingParams, rid: str) -> None:
+    async def _pump(self, i: int, request: ValidatedRequest, rid: str) -> None:
         queue = self.queue
         try:
-            async for item in self._outputs(ids, params, rid):
+            async for item in self._outputs(request, rid):
                 queue.put_nowait((i, item))
         finally:
             queue.put_nowait((i, _END))
@@ -308,7 +300,7 @@ class PromptRun:
             t.cancel()
         if self.direct is not None and self.unfinished and not self.cancelled:
             self.cancelled = True
-            asyncio.ensure_future(self.state.llm.abort(self.direct[2]))
+            asyncio.ensure_future(self.state.llm.abort(self.direct[1]))
 
 
 def output_error(state: ServingState, out) -> APIError | None:
@@ -321,11 +313,10 @@ def output_error(state: ServingState, out) -> APIError | None:
     return None
 
 
-async def collect(state: ServingState, prompts: list[list[int]],
-                  params: SamplingParams | list[SamplingParams], request_id: str) -> list[Any]:
+async def collect(state: ServingState, prompts: list[ValidatedRequest], request_id: str) -> list[Any]:
     """Final RequestOutput of every prompt (non-streaming)."""
     finals: list[Any] = [None] * len(prompts)
-    async for i, out in PromptRun(state, prompts, params, request_id, OutputKind.FINAL_ONLY).events():
+    async for i, out in PromptRun(state, prompts, request_id, OutputKind.FINAL_ONLY).events():
         finals[i] = out
     for out in finals:
         if out is None or not out.finished:

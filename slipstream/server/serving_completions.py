@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from slipstream.frontend.prompts import ValidatedRequest
 from slipstream.sampling.params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
@@ -25,11 +26,18 @@ from slipstream.server.serving_common import (MAX_CHOICES, MAX_PROMPTS, PromptRu
 @dataclass
 class PreparedCompletion:
     req: CompletionRequest
-    prompts: list[list[int]]
+    requests: list[ValidatedRequest]  # one per prompt, through the engine's front door
     texts: list[str | None]  # the prompt as sent, for echo (None: decode the ids)
-    params: list[SamplingParams]
     echo_only: bool  # max_tokens 0 with echo: one token is drawn and dropped
     request_id: str
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        return [r.prompt_token_ids for r in self.requests]
+
+    @property
+    def params(self) -> list[SamplingParams]:
+        return [r.params for r in self.requests]
 
 
 def prepare_completion(state: ServingState, req: CompletionRequest) -> PreparedCompletion:
@@ -58,7 +66,7 @@ def prepare_completion(state: ServingState, req: CompletionRequest) -> PreparedC
                               "max_tokens")
         echo_only = True
     prompt_lp = req.logprobs if req.echo and req.logprobs is not None else None
-    prompts, texts, params = [], [], []
+    requests, texts = [], []
     for item in items:
         ids = encode(state, item, req.add_special_tokens) if isinstance(item, str) else list(item)
         whole = len(ids)
@@ -66,10 +74,9 @@ def prepare_completion(state: ServingState, req: CompletionRequest) -> PreparedC
         max_tokens = 1 if echo_only else resolve_max_tokens(state, req.max_tokens, len(ids))
         sp = make_params(state, req, max_tokens=max_tokens, logprobs=req.logprobs,
                          prompt_logprobs=prompt_lp)
-        prompts.append(validate_prompt(state, ids, sp))
+        requests.append(validate_prompt(state, ids, sp))
         texts.append(item if isinstance(item, str) and len(ids) == whole else None)
-        params.append(sp)
-    return PreparedCompletion(req, prompts, texts, params, echo_only, random_id("cmpl"))
+    return PreparedCompletion(req, requests, texts, echo_only, random_id("cmpl"))
 
 
 def _prompt_text(state: ServingState, prep: PreparedCompletion, i: int) -> str:
@@ -122,7 +129,7 @@ def _echo_part(state, prep, i, out) -> tuple[str, CompletionLogprobs | None]:
 
 
 async def complete(state: ServingState, prep: PreparedCompletion) -> dict:
-    finals = await collect(state, prep.prompts, prep.params, prep.request_id)
+    finals = await collect(state, prep.requests, prep.request_id)
     req, choices, completion_tokens = prep.req, [], 0
     for i, out in enumerate(finals):
         echo_text, echo_lp = _echo_part(state, prep, i, out) if req.echo else ("", None)
