@@ -3,7 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine gputests-clone kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
-#         prefill-long prefill-tiles boundary slot-copy slot-copy-ctx step-gaps step-gaps-clone graph-topology capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
+#         prefill-long prefill-tiles boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -74,16 +74,9 @@ for stage in "$@"; do
                    done ;;
     # a kernel boundary (plain, PDL) against a grid barrier in one persistent kernel
     boundary) run boundary 120 python3 benchmarks/bench_boundary.py ;;
-    # one CUDA graph shared by the two IO slots against a graph per slot (the engine's own decode graphs)
-    slot-copy) run slot-copy-small 200 python3 benchmarks/bench_slot_copy.py --workload small-bs1 --rows 1,8,64,256
-               run slot-copy-8b 240 python3 benchmarks/bench_slot_copy.py --workload seed-8b-bs1 --rows 1,8,32 ;;
-    # the same over rows with context (random KV), where the engine's runs found shared steps slower
-    slot-copy-ctx) run slot-copy-ctx-small 240 python3 benchmarks/bench_slot_copy.py --workload small-bs1 --rows 8,64,256 --context 1024
-                   run slot-copy-ctx-8b 240 python3 benchmarks/bench_slot_copy.py --workload seed-8b-bs1 --rows 8,32 --context 1024 ;;
-    # the streams' work, gaps and host API calls around real async steps: a graph per slot, shared; the traces kept
+    # the streams' work, gaps and host API calls around real async steps; the traces kept
     step-gaps) for w in ${WORKLOADS:-seed-8b-bs8}; do
-                 run "step-gaps-$w-perslot" 200 python3 benchmarks/probe_step_gaps.py --workload "$w" --trace-out "$RES/trace-$w-perslot.json.gz"
-                 run "step-gaps-$w-shared" 200 python3 benchmarks/probe_step_gaps.py --workload "$w" --shared-from 8 --trace-out "$RES/trace-$w-shared.json.gz"
+                 run "step-gaps-$w" 200 python3 benchmarks/probe_step_gaps.py --workload "$w" --trace-out "$RES/trace-$w.json.gz"
                done ;;
     # the async loop's steps with the second slot's graphs cloned and captured, traces compared kernel by kernel
     step-gaps-clone) for w in ${WORKLOADS:-seed-8b-bs8}; do
@@ -91,9 +84,6 @@ for stage in "$@"; do
                        run "step-gaps-$w-capture" 200 python3 benchmarks/probe_step_gaps.py --workload "$w" --no-graph-clone --trace-out "$RES/trace-$w-capture.json.gz"
                        run "compare-$w-clone" 100 python3 benchmarks/compare_traces.py "$RES/trace-$w-capture.json.gz" "$RES/trace-$w-clone.json.gz"
                      done ;;
-    # a decode graph per slot against the shared one, alone: nodes, edges, replay time back to back (both capture orders); DOT files kept
-    graph-topology) run graph-topology 200 python3 benchmarks/probe_graph_topology.py --workload "${WORKLOAD:-seed-8b-bs8}" --rows "${ROWS:-8}" --out "$RES"
-                    run graph-topology-reverse 200 python3 benchmarks/probe_graph_topology.py --workload "${WORKLOAD:-seed-8b-bs8}" --rows "${ROWS:-8}" --reverse ;;
     # host µs of a layer GEMM call (first, eager, captured) under cublas and cublaslt: the start's cuBLAS time
     gemm-host) for m in ${MODELS:-0.6b 8b}; do run "gemm-host-$m" 200 python3 benchmarks/probe_gemm_host_cost.py --model "$m"; done ;;
     # the device's read-only bandwidth against its copy bandwidth, and the one-row GEMV on each 8B weight

@@ -42,7 +42,7 @@ def main() -> None:
     from slipstream.bench.workloads import get_workload
     from slipstream.config import EngineConfig
     from slipstream.core.engine_core import EngineCore
-    from bench_slot_copy import decode_shape
+    from graph_timing import decode_shape
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="small-256")

@@ -87,9 +87,10 @@ def argument_differences(driver, graph_a: int, graph_b: int, amap) -> dict[str, 
 def capture_slot1(runner, shape, keep: bool):
     """Slot 1's graph of `shape` captured as StepGraphs captures it: (graph, ms; with `keep`,
     also the ms of instantiating it)."""
-    from probe_graph_topology import capture
     start = time.perf_counter()
-    graph = capture(runner, runner.slots[1], shape, shared=False, keep_graph=keep, instantiate=False)
+    graph = torch.cuda.CUDAGraph(keep_graph=keep)
+    with torch.cuda.graph(graph, pool=runner.graphs.pool, stream=runner.streams.compute):
+        runner.compute_step(runner.slots[1], shape)
     middle = time.perf_counter()
     if keep:
         graph.instantiate()
@@ -98,7 +99,7 @@ def capture_slot1(runner, shape, keep: bool):
 
 def measure_shape(runner, driver, shape, args) -> tuple[str, dict[str, int]]:
     """One row of the table for `shape`, and how slot 0's graph and slot 1's capture differ."""
-    from bench_slot_copy import stream_us
+    from graph_timing import stream_us
 
     from slipstream.runner.graph_clone import clone_graph
     from slipstream.runner.graph_nodes import graph_nodes
@@ -166,7 +167,7 @@ def main() -> None:
     w = get_workload(args.workload)
     engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **{**w.engine, "cuda_graph_clone": True}))
     runner, graphs = engine.runner, engine.runner.graphs
-    shapes = [s for s in graphs.startup_shapes() if not graphs.shares(s)]
+    shapes = graphs.startup_shapes()
     shapes = shapes[::max(1, len(shapes) // args.shapes)][:args.shapes] + [
         s for s in shapes if s.is_decode and s.num_seqs in args.rows]
     driver = Driver(timed=True)

@@ -3,15 +3,13 @@
 Runs a named workload (dummy weights) in the async loop and records `--steps` steps from
 step `--skip` on under torch.profiler; from the trace it prints, per stream, the window's
 span a step, the time of its kernels and of its copies by kind (host to device, device to
-device, ...), and the idle gaps between them. Made to find where a decode step shared by the
-two IO slots loses 60-90 µs that the back-to-back microbenchmark does not show
-(docs/benchmarks.md, "Engine start"); `--shared-from N` shares the graphs from N rows
-(`cuda_graph_shared_from`), `--no-graph-clone` captures the second slot's graphs instead of
-cloning them (`cuda_graph_clone`, the engine's default).  Also the host's CUDA API calls, summed, and for the larger
-gaps whether the host's launch of the work after them came late; `--trace-out` keeps the
-window's trace.
+device, ...), and the idle gaps between them: what a step loses that a back-to-back
+microbenchmark does not show. `--no-graph-clone` captures the second slot's graphs instead of
+cloning them (`cuda_graph_clone`, the engine's default).  Also the host's CUDA API calls,
+summed, and for the larger gaps whether the host's launch of the work after them came late;
+`--trace-out` keeps the window's trace.
 
-    python benchmarks/probe_step_gaps.py --workload seed-8b-bs8 [--shared-from 8] [--no-graph-clone]
+    python benchmarks/probe_step_gaps.py --workload seed-8b-bs8 [--no-graph-clone]
         [--skip 40] [--steps 40]
 """
 from __future__ import annotations
@@ -116,13 +114,13 @@ def api_summary(trace: dict, steps: int, top: int = 6) -> list[tuple]:
 
 
 def main() -> None:
+    from slipstream.bench.throughput import add_prompt, run_until_done
     from slipstream.bench.workloads import get_workload
     from slipstream.config import EngineConfig
     from slipstream.core.engine_core import EngineCore
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="seed-8b-bs8")
-    ap.add_argument("--shared-from", type=int, default=None)
     ap.add_argument("--graph-clone", action=argparse.BooleanOptionalAction, default=None,
                     help="clone the second slot's graphs (cuda_graph_clone; default: the engine's, on)")
     ap.add_argument("--skip", type=int, default=40, help="steps before the profiled window")
@@ -130,12 +128,12 @@ def main() -> None:
     ap.add_argument("--trace-out", default=None, help="also keep the window's trace here (gzipped JSON)")
     args = ap.parse_args()
     w = get_workload(args.workload)
-    options = {**w.engine, "cuda_graph_shared_from": args.shared_from}
+    options = dict(w.engine)
     if args.graph_clone is not None:
         options["cuda_graph_clone"] = args.graph_clone
     engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", **options))
-    for prompt, params in zip(w.prompts, w.params):
-        engine.add_request(prompt, params)
+    for i, (prompt, params) in enumerate(zip(w.prompts, w.params)):
+        add_prompt(engine, str(i), prompt, params)
     for _ in range(args.skip):
         engine.step()
     torch.cuda.synchronize()
@@ -152,7 +150,7 @@ def main() -> None:
         with gzip.open(args.trace_out, "wt") as f:
             json.dump({"traceEvents": [e for e in trace["traceEvents"] if e.get("ph") == "X"]}, f)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, workload {args.workload}, "
-          f"shared from {args.shared_from}, graph clones {engine.config.cuda_graph_clone}, "
+          f"graph clones {engine.config.cuda_graph_clone}, "
           f"steps {args.skip}..{args.skip + args.steps}; µs a step")
     print("| stream | span | kernels | kernel count | copies (µs, count) | gaps | largest gap |\n|---|---|---|---|---|---|---|")
     for stream, span, kern, count, copies, gaps, largest in stream_summary(trace, args.steps):
@@ -165,7 +163,7 @@ def main() -> None:
           "\n|---|---|---|---|---|")
     for work, call, n, us, late in gap_causes(trace):
         print(f"| {work} | {call} | {n} | {us:.0f} | {late:.0f} |")
-    engine.run_until_done()
+    run_until_done(engine)
     engine.close()
 
 

@@ -17,6 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from slipstream.bench.throughput import add_prompt, run_until_done  # noqa: E402
 from slipstream.bench.workloads import get_workload  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.core.engine_core import EngineCore  # noqa: E402
@@ -35,17 +36,18 @@ def main() -> int:
     w = get_workload(args.workload)
     n = args.num_requests or len(w.prompts)
     engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", device=args.device, **w.engine))
-    for prompt, p in zip(w.prompts[:n], w.params[:n]):
-        engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True))
-    engine.run_until_done()
+    for i, (prompt, p) in enumerate(zip(w.prompts[:n], w.params[:n])):
+        add_prompt(engine, f"warm-up-{i}", prompt,
+                   SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True))
+    run_until_done(engine)
     engine.set_async_scheduling(args.mode == "async")
     engine.reset_prefix_cache()
     prof = cProfile.Profile()
     prof.enable()
-    for prompt, params in zip(w.prompts[:n], w.params[:n]):
-        engine.add_request(prompt, params)
+    for i, (prompt, params) in enumerate(zip(w.prompts[:n], w.params[:n])):
+        add_prompt(engine, str(i), prompt, params)
     prof.disable()
-    while engine.has_unfinished_requests():
+    while engine.has_work():
         prefill = bool(engine.scheduler.waiting) or any(r.num_computed < r.num_tokens for r in engine.scheduler.running)
         if prefill or not args.prefill_only:
             prof.enable()

@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from profile_step import kind_of  # noqa: E402
 
 from slipstream.bench.report import write_json  # noqa: E402
-from slipstream.bench.throughput import COPY_BANDWIDTH, MATMUL_RATE, StepCosts, step_group  # noqa: E402
+from slipstream.bench.throughput import (COPY_BANDWIDTH, MATMUL_RATE, StepCosts, add_prompt,  # noqa: E402
+                                         run_until_done, step_group)
 from slipstream.core.tracing import Timeline  # noqa: E402
 from slipstream.bench.workloads import get_workload  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
@@ -52,20 +53,21 @@ def profile_workload(name: str, every: int, device: str = "cuda") -> list[dict]:
     workload = get_workload(name)
     config = EngineConfig(model=workload.model, load_format="dummy", device=device, **workload.engine)
     engine = EngineCore(config)
-    for prompt, p in zip(workload.prompts, workload.params):  # warm-up, as `slipstream bench`
-        engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True))
-    engine.run_until_done()
+    for i, (prompt, p) in enumerate(zip(workload.prompts, workload.params)):  # warm-up, as `slipstream bench`
+        add_prompt(engine, f"warm-up-{i}", prompt,
+                   SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True))
+    run_until_done(engine)
     engine.set_async_scheduling(False)
     engine.reset_prefix_cache()
     timeline = Timeline()
     engine.loop.timeline = timeline
-    for prompt, params in zip(workload.prompts, workload.params):
-        engine.add_request(prompt, params)
+    for i, (prompt, params) in enumerate(zip(workload.prompts, workload.params)):
+        add_prompt(engine, str(i), prompt, params)
     costs = StepCosts.of(engine.model_config, engine.dtype)
     steps, index = [], 0
     activities = [torch.profiler.ProfilerActivity.CUDA if engine.device.type == "cuda"
                   else torch.profiler.ProfilerActivity.CPU]  # CPU: a smoke run, no kernels
-    while engine.has_unfinished_requests():
+    while engine.has_work():
         before = len(timeline.batches)
         probe = index % every == 0 or index < 30  # the first steps hold every prefill chunk
         if probe:

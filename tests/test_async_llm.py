@@ -177,23 +177,30 @@ def test_a_long_text_prompt_is_tokenized_off_the_event_loop(tokenized_tiny, refe
     assert len(outs) == 1 and (outs[0].text, outs[0].token_ids, outs[0].finish_reason) == expected[3]
 
 
-def fail_launches_after(runner, n: int) -> None:
-    """Make the runner's launches after the first `n` raise, as a CUDA error in a step would."""
-    launch, calls = runner.launch, []
+@pytest.fixture
+def fail_launches_after(monkeypatch):
+    """`fail_launches_after(n)`: every model runner's launches after the first `n` raise, as
+    a CUDA error in a step would (patched on the class: it reaches a core thread's runner)."""
+    from slipstream.runner.model_runner import ModelRunner
 
-    def failing_launch(batch):
-        calls.append(1)
-        if len(calls) > n:
-            raise RuntimeError("injected CUDA error")
-        return launch(batch)
+    def arm(n: int) -> None:
+        launch, calls = ModelRunner.launch, []
 
-    runner.launch = failing_launch
+        def failing_launch(runner, batch):
+            calls.append(1)
+            if len(calls) > n:
+                raise RuntimeError("injected CUDA error")
+            return launch(runner, batch)
+
+        monkeypatch.setattr(ModelRunner, "launch", failing_launch)
+
+    return arm
 
 
-def test_an_exception_in_a_step_ends_every_stream_and_the_engine(tokenized_tiny):
+def test_an_exception_in_a_step_ends_every_stream_and_the_engine(tokenized_tiny, fail_launches_after):
     async def main():
         async with AsyncLLM(tokenized_tiny, core="thread", **COMMON) as llm:
-            fail_launches_after(llm.core.runner, 3)
+            fail_launches_after(3)
             sp = SamplingParams(max_tokens=100, ignore_eos=True)
             tasks = [asyncio.create_task(stream(llm, p, sp)) for p in prompts(5)]
             t0 = time.monotonic()
@@ -213,7 +220,7 @@ def test_an_exception_in_a_step_ends_every_stream_and_the_engine(tokenized_tiny)
     assert elapsed < 1.0 + 0.5  # (the steps before the failure included)
 
 
-def test_a_dying_core_sends_its_error_outputs_and_its_death_in_one_message(tokenized_tiny):
+def test_a_dying_core_sends_its_error_outputs_and_its_death_in_one_message(tokenized_tiny, fail_launches_after):
     """Two messages would let a request arrive between them, be taken by the front end and
     then end with an error output instead of EngineDeadError."""
     from slipstream.config import EngineConfig
@@ -222,7 +229,7 @@ def test_a_dying_core_sends_its_error_outputs_and_its_death_in_one_message(token
     client = CoreClient(EngineConfig.from_kwargs(model=tokenized_tiny, **COMMON), "thread")
     try:
         client.wait_ready(60)
-        fail_launches_after(client.core.runner, 2)
+        fail_launches_after(2)
         params = SamplingParams(max_tokens=40, ignore_eos=True).to_dict()
         client.send_many([AddRequest(f"r{i}", [1, 2, 3, 4 + i], params) for i in range(2)])
         deadline, msgs = time.monotonic() + 30, []
@@ -240,10 +247,10 @@ def test_a_dying_core_sends_its_error_outputs_and_its_death_in_one_message(token
         client.close()
 
 
-def test_a_core_thread_that_dies_ends_the_offline_batch_with_errors(tokenized_tiny):
+def test_a_core_thread_that_dies_ends_the_offline_batch_with_errors(tokenized_tiny, fail_launches_after):
     llm = LLM(tokenized_tiny, core="thread", **COMMON)
     try:
-        fail_launches_after(llm.engine.runner, 3)
+        fail_launches_after(3)
         outs = llm.generate(prompts(4), SamplingParams(max_tokens=50, ignore_eos=True))
         assert [o.outputs[0].finish_reason for o in outs] == ["error"] * 4
         assert all("injected CUDA error" in o.error for o in outs)
@@ -395,10 +402,11 @@ def test_idle_core_sleeps_and_exits_when_its_parent_dies(tokenized_tiny):
 def test_a_duplicate_request_id_fails_alone_in_the_core(tokenized_tiny):
     from slipstream.config import EngineConfig
     from slipstream.core.engine_core import EngineCore
+    from slipstream.core.messages import AddRequest
     core = EngineCore(EngineConfig(model=tokenized_tiny, **COMMON))
-    sp = SamplingParams(max_tokens=5, ignore_eos=True)
-    core.add_request([5, 6, 7], sp, request_id="x")
-    core.add_request([8, 9], sp, request_id="x")
+    sp = SamplingParams(max_tokens=5, ignore_eos=True).to_dict()
+    core.add(AddRequest("x", [5, 6, 7], sp))
+    core.add(AddRequest("x", [8, 9], sp))
     outs = {}
     while core.has_work():
         for o in core.step():

@@ -138,33 +138,6 @@ def test_async_equals_sync_on_the_mixed_workload_with_graphs_on_both_slots(token
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_graphs_shared_by_the_slots_give_the_tokens_of_graphs_per_slot(tiny_model, temperature):
-    """Decode batches from 8 rows and mixed steps replay one graph for both slots (inputs
-    copied in; inside it, carry-over from the other slot and the tokens copied to the
-    step's own); fp32 async, 12 requests of staggered lengths: the same tokens as with a
-    graph per slot everywhere, from one graph where that engine has two."""
-    from slipstream.runner.graphs import SHARED
-    folder, _ = tiny_model("llama3")
-    rng = np.random.default_rng(4)
-    prompts = [rng.integers(3, 256, int(n)).tolist() for n in rng.integers(3, 60, 12)]
-    params = [SamplingParams(max_tokens=int(m), temperature=temperature, seed=i, ignore_eos=True)
-              for i, m in enumerate(rng.integers(4, 48, 12))]
-    common = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=12, max_num_batched_tokens=64,
-                  async_scheduling=True)
-    per_slot, shared = LLM(folder, **common), LLM(folder, cuda_graph_shared_from=8, **common)
-    assert ([o.token_ids for o in shared.generate(prompts, params)]
-            == [o.token_ids for o in per_slot.generate(prompts, params)])
-    keys = {name: set(llm.engine.runner.graphs.graphs) for name, llm in (("per_slot", per_slot), ("shared", shared))}
-    assert not any(k[0] == SHARED for k in keys["per_slot"])
-    assert {k[3] for k in keys["shared"] if k[0] == SHARED} == {8, 12}  # (rows; mixed steps pad to 12)
-    assert {k[3] for k in keys["shared"] if k[0] != SHARED} == {1, 2, 4}
-    # each shared graph stands for the two of a graph per slot
-    assert len(keys["shared"]) + sum(k[0] == SHARED for k in keys["shared"]) == len(keys["per_slot"])
-    for llm in (per_slot, shared):
-        assert_graphs_replayed(llm, both_slots=True)
-
-
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_async_equals_sync_smollm2_bf16(temperature):
     """Real size, bf16, CUDA graphs: 40 requests of different lengths, all running at once.
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from slipstream.core.messages import AddRequest
 from slipstream.core.tracing import Timeline
 from slipstream.bench.workloads import Workload
 
@@ -201,6 +202,20 @@ class GcPauses:
         return out
 
 
+def add_prompt(engine, request_id: str, prompt_token_ids, params) -> None:
+    """Queue token ids with their SamplingParams on an `EngineCore` of this process."""
+    engine.add(AddRequest(request_id, list(prompt_token_ids), params.to_dict(), params.seed))
+
+
+def run_until_done(engine) -> dict[str, list[int]]:
+    """Step an `EngineCore` until every request ended; each request's output token ids."""
+    tokens: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return tokens
+
+
 def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_BANDWIDTH,
                  rate: float = MATMUL_RATE) -> tuple[RunResult, Timeline, list]:
     """Run every request of `workload` to completion in `mode` ("sync" or "async") on an
@@ -214,8 +229,8 @@ def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_
     with GcPauses() as gc_pauses:
         start = time.perf_counter()
         for i, (prompt, params) in enumerate(zip(workload.prompts, workload.params)):
-            engine.add_request(prompt, params, request_id=str(i))
-        done = engine.run_until_done()
+            add_prompt(engine, str(i), prompt, params)
+        done = run_until_done(engine)
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - start

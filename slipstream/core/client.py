@@ -43,7 +43,6 @@ class CoreClient:
         self._send_lock = threading.Lock()
         self._call_ids = itertools.count()
         self.info: CoreInfo | None = None
-        self.core = None  # the EngineCore object itself, in thread mode (tests reach it)
         self.proc: subprocess.Popen | None = None
         self.thread: threading.Thread | None = None
         self._dir = None
@@ -72,7 +71,7 @@ class CoreClient:
         in_sock.connect(in_addr)
         out_sock.connect(out_addr)
         try:
-            run_core(config, in_sock, out_sock, on_ready=lambda core: setattr(self, "core", core))
+            run_core(config, in_sock, out_sock)
         finally:
             in_sock.close()
             out_sock.close()

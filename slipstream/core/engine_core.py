@@ -7,7 +7,6 @@ finish_reason "error" and its message, alone.  `service.run_core` drives it from
 """
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import time
@@ -98,7 +97,6 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self._ended: list[Request] = []  # rejected or aborted, reported by the next step
         self._seeds = random.Random(config.seed)
-        self._ids = itertools.count()
         self.info = CoreInfo(
             model_name=_display_name(config.model, self.source), max_model_len=self.max_model_len,
             vocab_size=self.model_config.vocab_size, eos_token_ids=sorted(self.eos_token_ids),
@@ -125,7 +123,6 @@ class EngineCore:
             cpu_kv_cache_gib=c.cpu_kv_cache_gib, use_cuda_graphs=not c.enforce_eager,
             cuda_graph_max_batch=c.cuda_graph_max_batch or c.max_num_seqs,
             cuda_graph_max_tokens=(tokens if c.cuda_graph_max_tokens is None else c.cuda_graph_max_tokens),
-            cuda_graph_shared_from=c.cuda_graph_shared_from,
             # (a rank's graphs hold NCCL kernels, whose captured state is the capture's own)
             cuda_graph_clone=c.cuda_graph_clone and c.tensor_parallel_size == 1,
             trace=c.trace, cuda_used_at_start=self._gpu_used_at_start)
@@ -190,14 +187,6 @@ class EngineCore:
             return
         self.scheduler.add(req)
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
-        """`add` for callers in this process (benchmarks, tests): token ids and params."""
-        request_id = request_id if request_id is not None else f"core-{next(self._ids)}"
-        params = params or SamplingParams()
-        self.add(AddRequest(request_id, list(prompt_token_ids), params.to_dict(), params.seed))
-        return request_id
-
     def abort(self, request_ids) -> None:
         for rid in request_ids:
             req = self.requests.get(rid)
@@ -208,8 +197,6 @@ class EngineCore:
 
     def has_work(self) -> bool:
         return bool(self.scheduler.has_unfinished() or self.loop.in_flight or self._ended)
-
-    has_unfinished_requests = has_work
 
     # -- the loop ---------------------------------------------------------------------
     def step(self) -> list[CoreOutput]:
@@ -245,14 +232,6 @@ class EngineCore:
         outs = [CoreOutput(rid, [], finish_reason="error", error=message) for rid in self.requests]
         self.requests.clear()
         return outs
-
-    def run_until_done(self) -> dict[str, list[int]]:
-        """Step until every request ended; each request's output token ids (benchmarks, tests)."""
-        tokens: dict[str, list[int]] = {}
-        while self.has_work():
-            for out in self.step():
-                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-        return tokens
 
     # -- utilities --------------------------------------------------------------------
     def stats(self) -> dict:

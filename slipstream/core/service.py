@@ -46,7 +46,7 @@ class _Inbox:
 
 
 def run_core(config: EngineConfig, in_sock: zmq.Socket, out_sock: zmq.Socket,
-             parent_pid: int | None = None, on_ready=None) -> None:
+             parent_pid: int | None = None) -> None:
     from slipstream.core.engine_core import EngineCore
     from slipstream.utils.process import freeze_gc
     try:
@@ -56,8 +56,6 @@ def run_core(config: EngineConfig, in_sock: zmq.Socket, out_sock: zmq.Socket,
         return
     if parent_pid is not None:
         freeze_gc()  # this process keeps one engine (engine_core.freeze_gc)
-    if on_ready:
-        on_ready(core)
     out_sock.send(encoder.encode(Ready(core.info)))
     try:
         _serve(core, _Inbox(in_sock, parent_pid), out_sock)

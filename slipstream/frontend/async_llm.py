@@ -71,11 +71,6 @@ class AsyncLLM:
         return len(self.processor)
 
     @property
-    def core(self):
-        """The EngineCore object when it runs in a thread of this process (tests), else None."""
-        return self._client.core
-
-    @property
     def core_pid(self) -> int | None:
         """The engine core process's pid (core="process"; e.g. to read its CPU time), else None."""
         proc = self._client.proc

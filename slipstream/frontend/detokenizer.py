@@ -152,16 +152,6 @@ class IncrementalDetokenizer:
         self._decode_step(final=False)
         return self._release(final=False)
 
-    def add_tokens(self, token_ids: Sequence[int]) -> tuple[str, bool]:
-        """Add several tokens; returns the concatenated text and whether a stop hit."""
-        parts = []
-        for t in token_ids:
-            out, hit = self.add_token(t)
-            parts.append(out)
-            if hit:
-                return "".join(parts), True
-        return "".join(parts), False
-
     def finish(self) -> str:
         """The request ended without a stop hit: release everything held back.
 

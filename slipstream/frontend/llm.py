@@ -56,7 +56,7 @@ class _RemoteCore:
         from slipstream.core.client import CoreClient
         self.client = CoreClient(config, mode)
         self.info = self.client.wait_ready()
-        self.engine = self.client.core  # the EngineCore in thread mode, else None
+        self.engine = None  # (the core lives behind the sockets)
 
     def send(self, msgs) -> None:
         self.client.send_many(msgs)

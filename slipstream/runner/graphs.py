@@ -7,28 +7,21 @@
 * Steps with prompt tokens (prefill / mixed): one graph per (slot, padded token count,
   sampler variant), every row count padded to `mixed_seqs`.  Eager, such a step is ~350
   launches; on a slow host their CPU time exceeded the 0.6B model's GPU time
-  (docs/kernel-notes.md).  Padding tokens and rows cost GPU time, so the token sizes are
+  (benchmarks/notes/benchmarks.md).  Padding tokens and rows cost GPU time, so the token sizes are
   ~1.5x apart.
 
 * At start only the plain sampler variant is captured; a (slot, shape) that needs the
   top-k/top-p variant runs eagerly the first time (which also compiles its kernels) and is
   captured the second time, then replayed.  Every startup graph was one of the two
-  variants, so this halves the start's graphs (docs/benchmarks.md, "Engine start").
+  variants, so this halves the start's graphs (benchmarks/notes/benchmarks.md,
+  "Engine start").
 * A warm-up run before a capture compiles kernels and lets cuBLAS set up; one run per group
   of shapes whose kernels specialise alike (`_warmup_group`) is enough.
 
 A graph binds buffer addresses, so each IO slot gets its own graphs.  With `clone_slots`
 (EngineConfig.cuda_graph_clone, on by default) only the first slot's graph of a shape is
 captured; the second slot's is a copy of it re-pointed at that slot's buffers
-(runner/graph_clone.py): the same kernels, without Python launching them again.  With
-`shared_from` (EngineConfig.cuda_graph_shared_from), decode batches of at least that many rows and the
-steps with prompt tokens replay one graph shared by the two slots instead, captured on a
-third set of buffers, the graph slot: the runner copies the step's inputs into it
-(`ModelRunner.replay`, one device copy, the slot's index with them), and inside the graph
-the carry-over reads the other slot's tokens and the sampled tokens are copied into the
-step's own slot (`ops/carry.py`).  That halves the graphs captured at start but costs the
-steps 1-2% on the H200, more than the copy (docs/benchmarks.md, "Engine start"): off by
-default.
+(runner/graph_clone.py): the same kernels, without Python launching them again.
 
 All graphs are captured into one memory pool: they never run at the same time (one compute
 stream), and everything they keep lives in static buffers allocated outside capture,
@@ -82,10 +75,7 @@ def step_graphs(opts, device: torch.device, split_policy=None) -> "StepGraphs | 
     max_batch = min(opts.cuda_graph_max_batch, opts.max_num_seqs)
     return StepGraphs(capture_sizes(max_batch), mixed_token_sizes(mixed_graph_tokens(opts)),
                       opts.max_num_seqs, opts.max_model_len, split_policy.options if split_policy else None,
-                      shared_from=opts.cuda_graph_shared_from, clone_slots=opts.cuda_graph_clone)
-
-
-SHARED = "shared"  # the owner, in a graph's key, of a graph that serves both IO slots
+                      clone_slots=opts.cuda_graph_clone)
 
 
 class StepGraphs:
@@ -94,14 +84,13 @@ class StepGraphs:
 
     def __init__(self, decode_sizes: list[int], mixed_sizes: list[int], mixed_seqs: int,
                  max_seq_len: int, split_options: Callable[[int], tuple[int, ...]] | None = None,
-                 shared_from: int | None = None, clone_slots: bool = False) -> None:
+                 clone_slots: bool = False) -> None:
         self.decode_sizes = sorted(decode_sizes)
         self.mixed_sizes = sorted(mixed_sizes)
         self.mixed_seqs = mixed_seqs
         self.max_seq_len = max_seq_len
         # batch size -> the decode split counts to capture (None: the kernel's heuristic only)
         self.split_options = split_options or (lambda size: (None,))
-        self.shared_from = shared_from  # rows from which a graph serves both slots (None: never)
         self.clone_slots = clone_slots  # the second slot's graphs cloned from the first's
         self.cloner: SlotGraphCloner | None = None  # made at the first capture (needs the slots)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph | ClonedGraph] = {}
@@ -121,22 +110,17 @@ class StepGraphs:
             return None
         return StepPad(size, self.mixed_seqs)
 
-    def shares(self, shape: StepShape) -> bool:
-        """Whether the graph of `shape` is one for both slots, captured on the graph slot."""
-        return self.shared_from is not None and shape.num_seqs >= self.shared_from
-
     def key(self, slot_index: int, shape: StepShape) -> tuple:
-        """A graph's key in `graphs`: its owner (the slot's index, or SHARED) and shape."""
-        return (SHARED if self.shares(shape) else slot_index, shape.is_decode, shape.num_tokens,
-                shape.num_seqs, shape.flags.use_top_k_top_p, shape.decode_splits)
+        """A graph's key in `graphs`: its slot's index and its shape."""
+        return (slot_index, shape.is_decode, shape.num_tokens, shape.num_seqs,
+                shape.flags.use_top_k_top_p, shape.decode_splits)
 
     def can_replay(self, slot_index: int, shape: StepShape) -> bool:
         return (shape.padded and not shape.flags.use_penalties and not shape.flags.num_logprobs
                 and self.key(slot_index, shape) in self.graphs)
 
     def replay(self, slot_index: int, shape: StepShape) -> None:
-        """Replay the graph a step of `shape` on that slot takes; a shared one reads and writes
-        the graph slot (ModelRunner.replay moves the step's inputs and tokens)."""
+        """Replay the graph a step of `shape` on that slot takes."""
         self.graphs[self.key(slot_index, shape)].replay()
 
     def capture_if_seen(self, runner, slot, shape: StepShape) -> bool:
@@ -152,18 +136,15 @@ class StepGraphs:
             self.seen_lazy.add(key)
             return False
         start = time.perf_counter()
-        if self.shares(shape):
-            self._capture_one(runner, runner.graph_slot, shape)
-        else:
-            other = self.graphs.get(self.key(1 - slot.index, shape))
-            if not self._clone(runner, other, slot, shape):
-                self._capture_one(runner, slot, shape, keep=self.cloner is not None)
+        other = self.graphs.get(self.key(1 - slot.index, shape))
+        if not self._clone(runner, other, slot, shape):
+            self._capture_one(runner, slot, shape, keep=self.cloner is not None)
         self.capture_s += time.perf_counter() - start
         return True
 
     def capture_all(self, runner, slots=None) -> None:
         """Capture every graph, the largest first so smaller ones reuse its pool memory; a
-        graph per slot of `slots` (default both), or one on the graph slot where shared."""
+        graph per slot of `slots` (default both)."""
         slots = slots or runner.slots
         start = time.perf_counter()
         if self.pool is None:
@@ -184,33 +165,29 @@ class StepGraphs:
 
     def _capture(self, runner, slots, shape: StepShape) -> None:
         """A warm-up run where its group needs one (compiles kernels, sets up cuBLAS), then a
-        graph per slot, or one on the graph slot."""
+        graph per slot."""
         group = _warmup_group(shape)
-        targets = [runner.graph_slot] if self.shares(shape) else slots
-        for slot in targets:
+        for slot in slots:
             runner.fill_padding(slot, shape)
         if group not in self.warmed:
-            if slots[0] not in targets:
-                runner.fill_padding(slots[0], shape)
             start = time.perf_counter()
             with torch.cuda.stream(runner.streams.compute):
                 runner.compute_step(slots[0], shape)
             torch.cuda.synchronize(runner.device)
             self.warmup_s += time.perf_counter() - start
             self.warmed.add(group)
-        first, *rest = targets
+        first, *rest = slots
         graph = self._capture_one(runner, first, shape, keep=bool(rest) and self.cloner is not None)
         for slot in rest:
             if not self._clone(runner, graph, slot, shape):
                 self._capture_one(runner, slot, shape)
 
     def _capture_one(self, runner, slot, shape: StepShape, keep: bool = False) -> torch.cuda.CUDAGraph:
-        """A graph of the step on `slot` (a shared graph's: the step of whichever slot's
-        inputs were copied into the graph slot, ModelRunner.compute_step(shared=True));
-        `keep`: torch keeps the captured graph too, to be cloned for the other slot."""
+        """A graph of the step on `slot`; `keep`: torch keeps the captured graph too, to be
+        cloned for the other slot."""
         graph = torch.cuda.CUDAGraph(keep_graph=keep)
         with torch.cuda.graph(graph, pool=self.pool, stream=runner.streams.compute):
-            runner.compute_step(slot, shape, shared=self.shares(shape))
+            runner.compute_step(slot, shape)
         if keep:
             graph.instantiate()
         self.graphs[self.key(slot.index, shape)] = graph

@@ -3,9 +3,9 @@
 `launch` fills one of two IO slots, then issues three pieces of work, each on its own
 stream and ordered by events: upload (h2d), step (compute: carry-over, forward,
 sampling), download (d2h).  It returns at once; `wait` blocks on the download of that
-batch only.  A batch replays a CUDA graph captured for its padded sizes (for its slot, or
-one both slots share: runner/graphs.py) when one fits; others run eagerly.  On the CPU
-the streams and events are no-ops and the same calls run one after the other.
+batch only.  A batch replays its slot's CUDA graph for its padded sizes (runner/graphs.py)
+when one fits; others run eagerly.  On the CPU the streams and events are no-ops and the
+same calls run one after the other.
 
 Setup is three phases (`setup` runs them in turn; a tensor-parallel worker runs them one by
 one, because the KV pool takes the smallest block count over the ranks): the KV block
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from slipstream.ops.metadata import AttentionMetadata
-from slipstream.ops.carry import carry_over, carry_over_shared, tokens_to_slot
+from slipstream.ops.carry import carry_over
 from slipstream.runner.graphs import step_graphs
 from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
@@ -55,7 +55,6 @@ class RunnerOptions:
     use_cuda_graphs: bool
     cuda_graph_max_batch: int
     cuda_graph_max_tokens: int  # largest mixed-step graph (0: mixed steps run eagerly)
-    cuda_graph_shared_from: int | None  # rows from which one graph serves both IO slots (graphs.py)
     trace: bool
     # the second IO slot's graphs cloned from the first's, not captured (runner/graph_clone.py)
     cuda_graph_clone: bool = True
@@ -84,9 +83,6 @@ class ModelRunner:
                                           dtype=torch.int32, device=device)
         self.split_policy = self._split_policy()
         self.graphs = step_graphs(opts, device, self.split_policy)
-        # the buffers a graph shared by both slots reads and writes (runner/graphs.py)
-        sharing = self.graphs is not None and opts.cuda_graph_shared_from is not None
-        self.graph_slot = self.new_slot(2) if sharing else None
         self.graph_replays = {"decode": [0, 0], "mixed": [0, 0]}  # per slot
         self.trace_origin = None
         if setup:
@@ -140,13 +136,10 @@ class ModelRunner:
         return self.split_policy.pick(host.seq_lens[:num_rows], num_seqs)
 
     # -- the step on the compute stream (eager, or captured into a graph) ---------------
-    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None, prompt_spans=None,
-                     shared: bool = False) -> list | None:
+    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None, prompt_spans=None) -> list | None:
         """The step's work on the compute stream; with `prompt_spans` (eager only) also the
-        prompt logprobs of those spans, returned as device tensors.  `shared`: the step of a
-        graph both slots replay, on the graph slot, which holds a copy of the step's slot's
-        inputs: carry-over from the other slot, the sampled tokens copied to its own."""
-        hidden = self.forward_hidden(slot, shape, shared)
+        prompt logprobs of those spans, returned as device tensors."""
+        hidden = self.forward_hidden(slot, shape)
         prompt_lps = self.prompt_logprobs(hidden, prompt_spans) if prompt_spans else None
         logits = self.logits(slot, shape, hidden)
         if suppress:
@@ -154,37 +147,25 @@ class ModelRunner:
             cols = [t for _, ids in suppress for t in ids]
             logits[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = float("-inf")
         self.sample(slot, shape, logits)
-        if shared:
-            tokens_to_slot(slot.dev.tokens[:shape.num_samples], self._slot_tokens(), slot.dev.slot_index)
         return prompt_lps
 
     def forward(self, slot: IOSlot, shape: StepShape) -> torch.Tensor:
         """The logits of the step's sampled rows."""
         return self.logits(slot, shape, self.forward_hidden(slot, shape))
 
-    def forward_hidden(self, slot: IOSlot, shape: StepShape, shared: bool = False) -> torch.Tensor:
+    def forward_hidden(self, slot: IOSlot, shape: StepShape) -> torch.Tensor:
         d = slot.dev
         T, B = shape.num_tokens, shape.num_seqs
         input_ids = d.input_ids[:T]
-        if shared:
-            carry_over_shared(input_ids, d.carry_idx[:T], self._slot_tokens(), d.slot_index)
-        else:
-            carry_over(input_ids, d.carry_idx[:T], self.slots[1 - slot.index].dev.tokens)
+        carry_over(input_ids, d.carry_idx[:T], self.slots[1 - slot.index].dev.tokens)
         meta = AttentionMetadata(d.query_start_loc[:B + 1], d.seq_lens[:B], d.block_table[:B],
                                  d.slot_mapping[:T], shape.max_query_len, shape.max_seq_len,
                                  decode_order=d.decode_order[:B], split_counters=self.split_counters,
                                  num_decode=shape.num_decode, num_splits=shape.decode_splits)
         return self.model(input_ids, d.positions[:T], meta, self.kv_caches)
 
-    def _slot_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.slots[0].dev.tokens, self.slots[1].dev.tokens
-
     def replay(self, slot: IOSlot, shape: StepShape) -> None:
-        """The step's CUDA graph on the current stream, its inputs uploaded to `slot`.  A
-        graph both slots share reads the graph slot: the slot's inputs are copied there
-        first (one device copy; the graph does the rest, `compute_step(shared=True)`)."""
-        if self.graphs.shares(shape):
-            self.graph_slot.copy_inputs_from(slot, shape.num_seqs)
+        """The step's CUDA graph on the current stream, its inputs uploaded to `slot`."""
         self.graphs.replay(slot.index, shape)
 
     def logits(self, slot: IOSlot, shape: StepShape, hidden: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,7 @@ Two slots alternate between batches, so the CPU fills batch N+1's inputs while t
 still reads batch N's.  All inputs share one int32 buffer (the float inputs are float32
 views of its middle, the block table comes last), so a step's upload is one copy of its
 used prefix.  Device views have fixed addresses: CUDA graphs captured for a slot read and
-write exactly these; a graph shared by both slots reads a third slot's, which the step's
-slot is copied into (`copy_inputs_from`; runner/graphs.py).  `slot_index` holds the slot's
-own index, so such a graph knows whose step it runs.
+write exactly these (runner/graphs.py).
 
 Tensor parallelism: the engine core fills a host-only slot (`host_only`), `pack` copies
 out the parts a step reads (its tokens, rows and sampling rows, the block table's used
@@ -23,7 +21,7 @@ from slipstream.sampling.columns import ALL_COLUMNS, int32_words
 
 MAX_LOGPROBS = 20
 # int inputs with one entry per token, per sequence row (query_start_loc has one more);
-# the others have int32_words entries per sampling row, but slot_index (one, fixed)
+# the others have int32_words entries per sampling row
 _PER_TOKEN = ("input_ids", "positions", "slot_mapping", "carry_idx")
 _PER_ROW = ("seq_lens", "decode_order")
 
@@ -39,7 +37,7 @@ class IOSlot:
         # block table last
         ints = [("input_ids", T), ("positions", T), ("slot_mapping", T), ("carry_idx", T),
                 ("query_start_loc", S + 1), ("seq_lens", S), ("decode_order", S), ("logits_indices", S),
-                ("token_index", S), ("state_row", S), ("slot_index", 1)]
+                ("token_index", S), ("state_row", S)]
         ints += [(c.name, int32_words(c) * S) for c in ALL_COLUMNS if c.dtype != np.float32]
         floats = [(c.name, S) for c in ALL_COLUMNS if c.dtype == np.float32]
         self._int_offsets, off = _layout(ints, 0)
@@ -53,13 +51,12 @@ class IOSlot:
             self.dev_float = self.dev_int.view(torch.float32)
         # numpy views of the host side (the CPU writes these), torch views of the device side
         self.host = SimpleNamespace(**self._views(self.host_int.numpy(), self.host_float.numpy(), np))
-        self.host.slot_index[0] = index
         # (offset, what its length counts, words per entry) of every int input a step sends
-        # (not the block table, nor slot_index: each rank's slot has its own)
+        # (not the block table: it is sent as the used rows and columns)
         words = {c.name: int32_words(c) for c in ALL_COLUMNS}
         self._int_fields = [(off, "token" if n in _PER_TOKEN else "row" if n in _PER_ROW else
                              "qsl" if n == "query_start_loc" else "sample", words.get(n, 1))
-                            for n, (off, _) in self._int_offsets.items() if n not in ("block_table", "slot_index")]
+                            for n, (off, _) in self._int_offsets.items() if n != "block_table"]
         self._float_starts = [off for off, _ in self._float_offsets.values()]
         if host_only:
             return
@@ -98,12 +95,6 @@ class IOSlot:
         """Copy the inputs of a batch of `num_seqs` rows (host -> device, current stream)."""
         end = self._inputs_end(num_seqs)
         self.dev_int[:end].copy_(self.host_int[:end], non_blocking=True)
-
-    def copy_inputs_from(self, other: "IOSlot", num_seqs: int) -> None:
-        """Copy another slot's device inputs of a batch of `num_seqs` rows into this slot's
-        (device -> device, current stream): what `upload` wrote there, slot_index included."""
-        end = self._inputs_end(num_seqs)
-        self.dev_int[:end].copy_(other.dev_int[:end], non_blocking=True)
 
     def _inputs_end(self, num_seqs: int) -> int:
         """The int inputs of `num_seqs` rows end with their block-table rows."""

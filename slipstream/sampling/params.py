@@ -277,10 +277,6 @@ class SamplingParams:
         return self.top_k > 0 or self.top_p < 1.0
 
     @property
-    def uses_min_p(self) -> bool:
-        return self.min_p > 0.0
-
-    @property
     def sampler_seed(self) -> int | None:
         """The seed reduced to 64 bits, as an unsigned int in [0, 2**64); None if unset.
 
