@@ -164,6 +164,17 @@ def test_the_metrics_tracker_reads_deltas():
     assert itl_count and float(itl_count[0].split()[-1]) >= 2  # (the stream's) + the final's 2 gaps
 
 
+def test_a_request_dropped_before_its_first_output_is_counted_aborted():
+    """A request that is not streamed has no output until it ends: a client that hangs up
+    before then still leaves its abort and its prompt in the counters."""
+    m = ServerMetrics("m")
+    m.tracker(2, prompt_tokens=7).finish()
+    page = m.render(None).decode()
+    assert 'slipstream:request_success_total{finished_reason="abort",model_name="m"} 2.0' in page
+    assert 'slipstream:prompt_tokens_total{model_name="m"} 7.0' in page
+    assert 'slipstream:generation_tokens_total{model_name="m"} 0.0' in page
+
+
 def test_streamed_chunks_stay_small_and_add_up():
     """Through the server (the fake engine feeds the real output processor), a 2,000-token
     stream of each API: one chunk per token, each its own token only."""

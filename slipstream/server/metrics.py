@@ -108,17 +108,19 @@ class ServerMetrics:
             self.engine.stats = dict(stats)
         return generate_latest(self.registry)
 
-    def tracker(self, n: int = 1) -> RequestTracker:
-        return RequestTracker(self, n)
+    def tracker(self, n: int = 1, prompt_tokens: int = 0) -> RequestTracker:
+        return RequestTracker(self, n, prompt_tokens)
 
 
 class RequestTracker:
     """Follows one engine request's outputs (deltas: each output carries its new tokens and
-    the completions that ended) and records it once it ends (or is dropped)."""
+    the completions that ended) and records it once it ends (or is dropped: a request that
+    is not streamed has no output before its end, so its counts cannot wait for one)."""
 
-    def __init__(self, m: ServerMetrics, n: int = 1):
+    def __init__(self, m: ServerMetrics, n: int = 1, prompt_tokens: int = 0):
         self.m = m
         self.n = n  # the request's completions
+        self.prompt_tokens = prompt_tokens
         self.start = time.monotonic()
         self.first: float | None = None
         self.last: float | None = None
@@ -152,12 +154,12 @@ class RequestTracker:
             return
         self.done = True
         m, name, out = self.m, self.m.model_name, self.out
-        if out is None:
-            return
-        m.prompt_tokens.labels(name).inc(len(out.prompt_token_ids or ()))
+        m.prompt_tokens.labels(name).inc(self.prompt_tokens)
         m.generation_tokens.labels(name).inc(self.ntokens)
         for i in range(self.n):
             m.request_success.labels(name, self.finish_reasons.get(i, "abort")).inc()
+        if out is None:  # dropped before its first output: no latency to tell
+            return
         now = time.monotonic()
         met = getattr(out, "metrics", None)
         ttft = e2e = queue = None

@@ -233,7 +233,7 @@ class PromptRun:
         from slipstream.errors import EngineDeadError
 
         state = self.state
-        tracker = state.metrics.tracker(request.params.n)
+        tracker = state.metrics.tracker(request.params.n, len(request.prompt_token_ids))
         gen = state.llm.generate(request, request_id=rid, output_kind=self.output_kind,
                                  stream_interval=state.stream_interval)
         try:
