@@ -9,8 +9,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "quick_sample(n): the quick tier (scripts/test.sh --quick) runs the first n "
+        "parametrizations of this test; the others are marked slow")
+
+
 def pytest_collection_modifyitems(config, items):
     _ray_modules_last(items)
+    _quick_samples(items)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -25,6 +32,21 @@ def _ray_modules_last(items) -> None:
     cluster took ~7% of a core on the 2-core CI machine)."""
     ray_modules = {item.path for item in items if "ray_cluster" in getattr(item, "fixturenames", ())}
     items.sort(key=lambda item: item.path in ray_modules)  # stable: the order is kept otherwise
+
+
+def _quick_samples(items) -> None:
+    """A parametrized test marked `quick_sample(n)` keeps its first n parametrizations in the
+    quick tier; the rest are marked slow (a few cases of a Triton kernel, run by its
+    interpreter on the CPU, check it on every change; CI runs them all)."""
+    seen: dict = {}
+    for item in items:
+        mark = item.get_closest_marker("quick_sample")
+        if mark is None:
+            continue
+        key = (item.path, getattr(item, "originalname", item.name))
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] > mark.args[0]:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,8 @@ import pytest
 
 from slipstream.bench.serve import arrival_offsets, main
 
+pytestmark = pytest.mark.subprocess  # fake OpenAI servers (tests/fake_openai_server.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIRST, TOKEN = 0.15, 0.02  # the default fake server's delays (s)
 

@@ -169,6 +169,7 @@ def test_flags_read_a_template_inline_or_from_a_file(tmp_path):
         chat_defaults(SimpleNamespace(chat_template=None, chat_template_kwargs="[1]"))
 
 
+@pytest.mark.subprocess
 def test_serve_refuses_bad_template_flags_before_loading_a_model():
     r = subprocess.run([sys.executable, "-m", "slipstream.cli", "serve", "--port", "0",
                         "--default-chat-template-kwargs", "{not json"],

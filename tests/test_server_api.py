@@ -16,6 +16,8 @@ import pytest
 
 from server_utils import ServerProcess, metric
 
+pytestmark = pytest.mark.subprocess  # one `slipstream serve` process for the module
+
 MAX_BODY = 1 << 20
 
 

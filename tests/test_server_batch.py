@@ -6,6 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.subprocess  # `slipstream run-batch` as a process
+
 
 def test_run_batch_with_bad_lines(tmp_path):
     lines = [

@@ -13,6 +13,8 @@ import pytest
 
 from server_utils import ServerProcess
 
+pytestmark = pytest.mark.subprocess  # `slipstream serve` processes
+
 KEY = "sekret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
