@@ -3,7 +3,7 @@
 #   bash scripts/test.sh           the full suite; what CI runs (.ci/run)
 #   bash scripts/test.sh --quick   the quick tier, for every change: under a minute of tests
 #       on two cores; it leaves out the tests marked (pyproject.toml) `slow` (the
-#       transformers oracle, or over ~2 s), `ray`, `subprocess` (an engine core, server, TP
+#       transformers oracle, or about 1 s and up), `ray`, `subprocess` (an engine core, server, TP
 #       worker or CLI process) and `gpu`
 # Other arguments go to pytest: bash scripts/test.sh --quick tests/test_sampler.py -x
 # GPU-only tests are marked `gpu` and skipped without a GPU; Triton kernels run on the

@@ -10,6 +10,7 @@ from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_graph_toke
 from slipstream.runner.inputs import StepPad
 
 
+@pytest.mark.slow
 def test_async_equals_sync_on_a_mixed_workload(tokenized_tiny):
     reqs = mix(tokenized_tiny)
     assert len(reqs) >= 24
@@ -41,6 +42,7 @@ def test_async_drops_the_token_drawn_after_a_stop(tokenized_tiny):
     assert llm.engine.loop.num_batches > 3  # the pipeline did run ahead
 
 
+@pytest.mark.slow
 def test_graph_padding_changes_no_output(tokenized_tiny):
     """Decode batches padded to a graph's rows and mixed batches padded to its tokens and
     max_num_seqs rows (padding rows own no token) give the unpadded outputs, sync and async."""

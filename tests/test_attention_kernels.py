@@ -111,6 +111,7 @@ def check_attention(seqs, num_kv_heads, group, head_dim, block_size, dtype, *, s
 DECODE_SEQS = [(1, 1), (7, 1), (8, 1), (9, 1), (0, 1), (16, 1), (17, 1), (50, 1)]
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("num_kv_heads,group,block_size,splits", [
     (2, 1, 8, 1),
     (1, 3, 16, 3),
@@ -122,12 +123,14 @@ def test_decode_fp32(num_kv_heads, group, block_size, splits):
                     seed=10 + group, decode_config=SMALL_DECODE, num_splits=splits)
 
 
+@pytest.mark.slow
 def test_decode_bf16_many_splits():
     # 7 splits over 50 tokens: chunk 16 -> splits 4..6 of the longest row exit early.
     check_attention(DECODE_SEQS, 2, 4, 64, 16, torch.bfloat16, seed=3,
                     decode_config=SMALL_DECODE, num_splits=7)
 
 
+@pytest.mark.quick_sample(1)
 @pytest.mark.parametrize("order,counters", [(False, False), (True, False), (False, True)])
 def test_decode_without_row_order_or_merge_counters(order, counters):
     # Rows in batch order and/or splits merged by the separate reduce pass (metadata
@@ -137,6 +140,7 @@ def test_decode_without_row_order_or_merge_counters(order, counters):
                     num_splits=3, order=order, counters=counters)
 
 
+@pytest.mark.slow
 def test_decode_merge_counters_reused():
     # The same counters serve call after call (as the layers of a step do).
     q, kc, vc, meta = make_batch(DECODE_SEQS, 2, 2, 32, 8, torch.float32, seed=13)
@@ -147,6 +151,7 @@ def test_decode_merge_counters_reused():
         assert (meta.split_counters == 0).all()
 
 
+@pytest.mark.slow
 def test_decode_graph_bound_and_padding():
     # A graph-style batch: max_seq_len far above the real lengths (heuristic picks many
     # splits, most exit), an empty row, and trailing padding tokens in q.
@@ -228,6 +233,7 @@ def test_prefetch_batch_from_the_environment(monkeypatch):
         DecodeConfig()
 
 
+@pytest.mark.quick_sample(1)
 @pytest.mark.parametrize("dtype,num_kv_heads,group,splits", [
     (torch.float32, 2, 1, 1), (torch.float32, 1, 3, 3), (torch.bfloat16, 2, 4, 7), (torch.float32, 2, 2, None)])
 def test_decode_prefetch_matches_the_reference(dtype, num_kv_heads, group, splits, monkeypatch):
@@ -239,6 +245,7 @@ def test_decode_prefetch_matches_the_reference(dtype, num_kv_heads, group, split
     assert [kw["PREFETCH"] for kw in launches] == [True]
 
 
+@pytest.mark.slow
 def test_decode_prefetch_only_up_to_prefetch_batch(monkeypatch):
     launches = _decode_launches(monkeypatch)
     check_attention(DECODE_SEQS + [(3, 1)], 2, 2, 32, 8, torch.float32, seed=44,
@@ -247,6 +254,7 @@ def test_decode_prefetch_only_up_to_prefetch_batch(monkeypatch):
     assert [kw["PREFETCH"] for kw in launches] == [False, False]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph_layout", [False, True])
 def test_mixed_decode_rows_with_prefetch(graph_layout, monkeypatch):
     # a mixed batch's single-token rows through the prefetching decode kernel; its prefill
@@ -289,6 +297,7 @@ def test_split_options_and_the_pick_from_row_lengths():
     assert policy.pick(np.full(20, 4096), 24) == decode_split_options(24, 8, 8448, cfg, 132)[0]
 
 
+@pytest.mark.slow
 def test_metadata_split_count_is_used():
     seqs = [(70, 1), (9, 1), (0, 1), (64, 1), (33, 1)]
     q, k_cache, v_cache, meta = make_batch(seqs, 2, 2, 32, 8, torch.float32, seed=41)
@@ -321,6 +330,7 @@ def _rows_of(seqs_subset, all_seqs, dtype, **kw):
     return out, ref
 
 
+@pytest.mark.quick_sample(1)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batch_invariant_rows_match_in_any_batch(dtype):
     # A decode row alone, among other decodes, and inside a mixed batch with prefill chunks:
@@ -338,6 +348,7 @@ def test_batch_invariant_rows_match_in_any_batch(dtype):
     assert torch.equal(chunk, mixed[35:44])
 
 
+@pytest.mark.slow
 def test_batch_invariant_prompt_chunking():
     # The last 9 tokens of a 40-token prompt, as a chunk over the cached prefix or inside
     # the whole prompt (and as single decode steps): the same bits (batch_invariant=True).
@@ -435,6 +446,7 @@ def check_epilogue_inside(lens, num_kv_heads, group, head_dim, block_size, dtype
     assert (meta.split_counters == 0).all()
 
 
+@pytest.mark.quick_sample(1)
 @pytest.mark.parametrize("dtype,num_kv_heads,group,norms,splits,prefetch", [
     (torch.float32, 2, 2, True, None, 0),   # Qwen3: q/k norms
     (torch.float32, 1, 3, False, 3, 8),     # Llama / Qwen2 shapes
@@ -483,6 +495,7 @@ def test_epilogue_inside_applies_to_small_decode_batches_only(monkeypatch):
 MIXED_SEQS = [(20, 20), (37, 5), (9, 1), (0, 3), (33, 33), (16, 16), (48, 17)]
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("num_kv_heads,group,block_size,dtype", [
     (2, 1, 8, torch.float32),
     (1, 3, 16, torch.float32),
@@ -509,6 +522,7 @@ def _split_decode_rows(meta, graph_layout=False):
     return replace(meta, decode_order=order.to(meta.seq_lens.device), num_decode=num_decode)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,splits,graph_layout", [(torch.float32, 1, False), (torch.float32, 3, False),
                                                        (torch.bfloat16, 2, False), (torch.float32, 3, True)])
 def test_mixed_decode_rows_take_the_decode_kernel(dtype, splits, graph_layout, monkeypatch):
@@ -535,6 +549,7 @@ def test_mixed_decode_rows_take_the_decode_kernel(dtype, splits, graph_layout, m
     assert (meta.split_counters == 0).all()
 
 
+@pytest.mark.slow
 def test_prefill_and_decode_kernels_called_alone():
     # the public entry points one at a time, as a benchmark times them: the prefill kernel
     # skipping single-token rows, then the decode kernel over those rows, fill every row
@@ -553,6 +568,7 @@ def test_prefill_and_decode_kernels_called_alone():
     assert (meta.split_counters == 0).all()
 
 
+@pytest.mark.slow
 def test_mixed_many_seqs():
     # More sequences than one search chunk (128) of the prefill kernel's sequence lookup.
     g = torch.Generator().manual_seed(11)
@@ -575,6 +591,7 @@ def test_prefill_larger_tiles_fp16():
 WIDE_PREFILL = PrefillConfig(block_m=32, block_n=16, num_warps=2, num_stages=1, wide_n=64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_prefill_wide_kv_tiles(dtype):
     # Fresh prompts, a prefix-cache hit, a chunk of a long prompt, a decode row: the tiles
@@ -591,6 +608,7 @@ def test_wide_tiles_config_rules():
     assert eff(PrefillConfig(wide_n=128), torch.bfloat16, 256, 4).wide_n == 0
 
 
+@pytest.mark.slow
 def test_batch_invariant_ignores_wide_tiles():
     # batch-invariant results come from one tile width from position 0, whatever the config
     q, kc, vc, meta = make_batch([(300, 300), (90, 7)], 2, 2, 32, 8, torch.bfloat16, seed=3)
@@ -772,6 +790,8 @@ def compile_for_hopper(ptx_dir: str | None = None) -> None:
                 f.write(compiled.asm["ptx"])
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU every test compiles the kernels")
 def test_kernels_compile_for_hopper():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -23,6 +23,7 @@ GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 
 @pytest.mark.parametrize("kind", list(TINY_MODELS))
 @pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.quick_sample(1)
 def test_greedy_equals_transformers_generate(tiny_model, kind, async_scheduling):
     folder, hf = tiny_model(kind)
     llm = engine(folder, async_scheduling=async_scheduling, max_num_batched_tokens=64, max_num_seqs=8)
@@ -47,6 +48,7 @@ def test_smollm2_greedy_equals_transformers_generate(smollm2_transformers):
     assert chat.text == "The capital of France is Paris." and chat.finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_prefix_cache_chunked_prefill_and_preemption_do_not_change_outputs(tiny_model):
     folder, _ = tiny_model("llama")
     shared = prompt(40, 7)
@@ -69,6 +71,7 @@ def test_prefix_cache_chunked_prefill_and_preemption_do_not_change_outputs(tiny_
     assert small.engine.scheduler.num_preemptions > 0
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(tiny_model):
     folder, _ = tiny_model("qwen3")
     llm = engine(folder, async_scheduling=True)
@@ -143,6 +146,7 @@ def test_logprobs_equal_log_softmax(tiny_model):
     assert all(len(e) == 1 for e in only.logprobs)
 
 
+@pytest.mark.slow
 def test_stop_strings_are_trimmed_exactly():
     llm = LLM(device="cpu", max_model_len=512)
     chat = [{"role": "user", "content": "What is the capital of France?"}]

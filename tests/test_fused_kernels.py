@@ -277,6 +277,7 @@ def _check_epilogue(case, ref_q, ref_kc, ref_vc, got_q, got_kc, got_vc, exact_fp
     (torch.bfloat16, 4, 2, 64), (torch.bfloat16, 3, 1, 16),
     (torch.float16, 4, 2, 16),
 ])
+@pytest.mark.quick_sample(2)
 def test_qkv_epilogue(dtype, hq, hk, D, qk_norm):
     case = _epilogue_case(7, hq, hk, D, dtype, qk_norm, seed=40 + D + hq)
     qkv0 = case["qkv"].clone()
@@ -291,6 +292,7 @@ def test_qkv_epilogue(dtype, hq, hk, D, qk_norm):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qk_norm,hidden_size,bias", [(False, 48, False), (True, 48, False),
                                                       (False, 0, True), (False, 8200, True)])
+@pytest.mark.quick_sample(2)
 def test_qkv_epilogue_row_scale_and_bias(dtype, qk_norm, hidden_size, bias):
     # the folded input norm's row scale (8200: wider than one row_rstd block, the loop) and
     # the qkv bias, applied before the q/k norm and RoPE, and to v
@@ -310,6 +312,7 @@ def test_qkv_epilogue_row_scale_and_bias(dtype, qk_norm, hidden_size, bias):
 
 @pytest.mark.parametrize("dtype,qk_norm,hidden_size,bias", [
     (torch.float32, False, 0, False), (torch.bfloat16, True, 48, False), (torch.float32, False, 48, True)])
+@pytest.mark.quick_sample(1)
 def test_qkv_epilogue_with_loads_before_the_wait(dtype, qk_norm, hidden_size, bias):
     # prefetch_tokens: positions, cos/sin rows and slots loaded before the PDL wait, the same
     # results bit for bit as the kernel without (7 tokens: on at 7 and 8, off at 6)

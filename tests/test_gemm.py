@@ -33,6 +33,7 @@ def test_choose_splits_depends_on_the_weight_only():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.slow
 def test_values_match_f_linear(dtype):
     w, a, b = _weights(96, 200, dtype)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
@@ -45,6 +46,7 @@ def test_values_match_f_linear(dtype):
     assert invariant_linear(a[:0], w, None, TINY).shape == (0, 96)
 
 
+@pytest.mark.slow
 def test_rows_do_not_depend_on_the_batch():
     # the same bits for a row alone, in a small batch (one split per program, then a sum
     # pass) and in a large one (all splits in one program)

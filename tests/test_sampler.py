@@ -158,6 +158,7 @@ def test_token_index_and_seed_change_draws():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6, 2.5])
+@pytest.mark.quick_sample(1)
 def test_frequencies_match_softmax(temperature):
     N, V = 6000, 8
     row = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0, 1.2, -3.0, 0.3], device=DEV)
@@ -358,6 +359,7 @@ def _mixed_rows(B, seed):
     (TOPKP, 1, 256, torch.float32),
     (TOPKP, 4, 64, torch.bfloat16),
 ])
+@pytest.mark.quick_sample(1)
 def test_triton_tokens_equal_torch(flags, num_splits, block_v, dtype):
     B, V = 8, 1000
     logits = _logits(B, V, 7, scale=2.0).to(dtype)
@@ -371,6 +373,7 @@ def test_triton_tokens_equal_torch(flags, num_splits, block_v, dtype):
 
 
 @pytest.mark.parametrize("flags", [OFF, TOPKP])
+@pytest.mark.slow
 def test_triton_min_p_boundary(flags):
     # token 0 has p_max; tokens 1..99 sit at 0.35 p_max (kept by min_p 0.3), 100..199 at 0.25
     B, V = 16, 200
@@ -384,6 +387,7 @@ def test_triton_min_p_boundary(flags):
         assert torch.equal(tri, ref)
 
 
+@pytest.mark.slow
 def test_triton_peaked_logits_skip_chunks():
     # one dominant token per row at varying places: most chunks are skipped by the kernel
     B, V = 6, 997
