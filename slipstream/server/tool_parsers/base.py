@@ -1,0 +1,214 @@
+"""What a tool-call parser is: it reads the calls a model wrote in its family's markup.
+
+A family (one file each: hermes.py, llama3_json.py, mistral.py) says where a tool section
+starts (`start_markers`) and how to read one call, or a run of calls, from the text at that
+point (`read_calls`). `ToolCallStream` is the one state machine over those hooks: fed the
+generated text in pieces, it gives content deltas and whole tool calls, holding back text
+that may still become markup, so markup never reaches the content. `extract` is the same
+machine fed the whole text at once, so a stream split anywhere assembles to what `extract`
+returns. Markup that does not read as a call (malformed JSON, no name) stays content.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = ["ToolCall", "ExtractedToolCalls", "StreamDelta", "ToolParser", "ToolCallStream",
+           "NEED_MORE", "new_call_id"]
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object's text
+    id: str = field(default_factory=new_call_id)
+    type: str = "function"
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": self.type,
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class ExtractedToolCalls:
+    content: str | None  # the text that is not a call (None: nothing but calls)
+    tool_calls: list[ToolCall]
+
+
+@dataclass
+class StreamDelta:
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)  # calls completed by this piece
+
+
+NEED_MORE = None  # read_calls: the text so far may still become a call
+
+
+class ToolParser:
+    """One model family's tool-call markup. Subclasses set `name`, `start_markers` and
+    write `read_calls`; `keep_special_tokens` says the markup is made of special tokens
+    (the request must decode them for the parser to see them)."""
+
+    name: ClassVar[str]
+    start_markers: ClassVar[tuple[str, ...]] = ()
+    starts_only_at_beginning: ClassVar[tuple[str, ...]] = ()  # markers that count only first
+    keep_special_tokens: ClassVar[bool] = False
+
+    def read_calls(self, text: str, final: bool) -> tuple[int, list[dict[str, Any]]] | None:
+        """Read from `text`, which starts at a marker (or after calls already read): None
+        (NEED_MORE) while the calls may still be incomplete; else (characters used, calls as
+        {"name", "arguments"} dicts). Used characters with no calls are content (malformed
+        markup), unless only whitespace (between calls: dropped); (0, []) ends the tool section, and is never the answer at a start marker."""
+        raise NotImplementedError
+
+    def extract(self, text: str) -> ExtractedToolCalls:
+        stream = ToolCallStream(self)
+        first, last = stream.feed(text), stream.finish()
+        content = first.content + last.content
+        calls = first.tool_calls + last.tool_calls
+        return ExtractedToolCalls(content if content or not calls else None, calls)
+
+    def stream(self) -> ToolCallStream:
+        return ToolCallStream(self)
+
+    # helpers for the families
+    @staticmethod
+    def call_of(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")) -> dict | None:
+        """{"name", "arguments": JSON text} of a parsed call object; None if it is not one."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+            return None
+        args: Any = {}
+        for key in args_keys:
+            if key in obj:
+                args = obj[key]
+                break
+        if isinstance(args, str):  # some models write the arguments as JSON text
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        return {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}
+
+    @staticmethod
+    def json_at(text: str, pos: int, final: bool) -> tuple[int, Any] | None | bool:
+        """The JSON value starting at `pos`: (end, value); None (NEED_MORE) if it may still be
+        incomplete; False if it cannot be JSON."""
+        try:
+            value, end = _DECODER.raw_decode(text, pos)
+            return end, value
+        except ValueError:
+            if final or _closes(text, pos):
+                return False
+            return NEED_MORE
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _closes(text: str, pos: int) -> bool:
+    """Whether the bracketed value starting at `pos` has been closed (so a decode error is
+    final, not a value still arriving)."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text[pos:]:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+            if depth <= 0:
+                return True
+    return False
+
+
+class ToolCallStream:
+    """Feed generated text, get content and completed tool calls (see the module doc)."""
+
+    def __init__(self, parser: ToolParser):
+        self.parser = parser
+        self.pending = ""  # text not yet given out
+        self.in_tools = False
+        self.seen_text = False  # anything but whitespace given out as content yet
+        self.count = 0
+
+    def feed(self, text: str) -> StreamDelta:
+        self.pending += text
+        return self._advance(final=False)
+
+    def finish(self) -> StreamDelta:
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> StreamDelta:
+        out = StreamDelta()
+        while self.pending:
+            if not self.in_tools:
+                start, hold = self._find_start(final)
+                content = self.pending[:start]
+                if content:
+                    out.content += content
+                    self.seen_text = self.seen_text or bool(content.strip())
+                    self.pending = self.pending[start:]
+                if hold:
+                    break
+                self.in_tools = True
+                continue
+            read = self.parser.read_calls(self.pending, final)
+            if read is NEED_MORE:
+                break
+            used, calls = read
+            if used == 0:  # not (or no longer) a tool section: back to content
+                self.in_tools = False
+                self.seen_text = True
+                continue
+            if calls:
+                out.tool_calls.extend(ToolCall(c["name"], c["arguments"]) for c in calls)
+                self.count += len(calls)
+            elif self.pending[:used].strip():  # markup that is no call: content
+                out.content += self.pending[:used]
+                self.seen_text = True
+            self.pending = self.pending[used:]
+        return out
+
+    def _find_start(self, final: bool) -> tuple[int, bool]:
+        """(where a tool section starts in the pending text, or how much of it is content
+        for sure; whether to stop and wait there)."""
+        text = self.pending
+        best = len(text)
+        for marker in self.parser.start_markers:
+            i = text.find(marker)
+            if i >= 0:
+                best = min(best, i)
+        if not self.seen_text and self.count == 0:
+            lead = len(text) - len(text.lstrip())
+            for marker in self.parser.starts_only_at_beginning:
+                if text[lead:].startswith(marker):
+                    return 0, False  # the leading whitespace goes with the call
+                if not final and marker.startswith(text[lead:]):
+                    return 0, True
+        if best < len(text):
+            return best, False
+        if final:
+            return len(text), True
+        # hold back a tail that may be the beginning of a marker
+        hold = len(text)
+        for marker in self.parser.start_markers:
+            for k in range(min(len(marker) - 1, len(text)), 0, -1):
+                if text.endswith(marker[:k]):
+                    hold = min(hold, len(text) - k)
+                    break
+        return hold, True

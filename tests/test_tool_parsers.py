@@ -1,0 +1,99 @@
+"""Tool-call parsers (slipstream/server/tool_parsers): fixed model texts of each family, read
+whole and streamed split at every position."""
+import json
+
+import pytest
+
+from slipstream.server.tool_parsers import TOOL_PARSERS, get_tool_parser
+
+CALL_F = ("f", {"city": "Paris", "n": 2})
+CALL_G = ("g", {"q": "a </tool_call> b", "list": [1, {"x": None}]})
+
+# family -> (text, expected content, expected [(name, args)])
+CASES = {
+    "hermes": [
+        ("Hello there.", "Hello there.", []),
+        ('<tool_call>\n{"name": "f", "arguments": {"city": "Paris", "n": 2}}\n</tool_call>', None, [CALL_F]),
+        ('Let me look.\n<tool_call>\n{"name": "f", "arguments": {"city": "Paris", "n": 2}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "g", "arguments": {"q": "a </tool_call> b", "list": [1, {"x": null}]}}\n'
+         '</tool_call>\n', "Let me look.\n", [CALL_F, CALL_G]),
+        ('<tool_call>\n{"name": "f", "arguments": {"city": "Paris", "n": 2}}', None, [CALL_F]),  # EOS first
+        ('<tool_call>\n{"name": "f", "arguments": {"city": "Paris"}\n</tool_call>',  # malformed
+         '<tool_call>\n{"name": "f", "arguments": {"city": "Paris"}\n</tool_call>', []),
+        ('<tool_call>{"arguments": {}}</tool_call> no name', '<tool_call>{"arguments": {}}</tool_call> no name', []),
+        ("a <tool_ca b", "a <tool_ca b", []),
+    ],
+    "llama3_json": [
+        ("The answer is 4.", "The answer is 4.", []),
+        ('{"name": "f", "parameters": {"city": "Paris", "n": 2}}', None, [CALL_F]),
+        ('<|python_tag|>{"name": "f", "parameters": {"city": "Paris", "n": 2}}; '
+         '{"name": "g", "parameters": {"q": "a </tool_call> b", "list": [1, {"x": null}]}}', None, [CALL_F, CALL_G]),
+        ('  {"name": "f", "arguments": {"city": "Paris", "n": 2}}', None, [CALL_F]),
+        ('{"name": "f", "parameters": {"city": ', '{"name": "f", "parameters": {"city": ', []),  # cut off
+        ('{"a": 1}', '{"a": 1}', []),  # JSON, not a call
+        ('I would call {"name": "f"}', 'I would call {"name": "f"}', []),  # not at the beginning
+    ],
+    "mistral": [
+        ("Bonjour.", "Bonjour.", []),
+        ('[TOOL_CALLS][{"name": "f", "arguments": {"city": "Paris", "n": 2}}]', None, [CALL_F]),
+        ('[TOOL_CALLS] [{"name": "f", "arguments": {"city": "Paris", "n": 2}}, '
+         '{"name": "g", "arguments": {"q": "a </tool_call> b", "list": [1, {"x": null}]}}]', None, [CALL_F, CALL_G]),
+        ('Sure [TOOL_CALLS][{"name": "f", "arguments": {"city": "Paris", "n": 2}}]', "Sure ", [CALL_F]),
+        ('[TOOL_CALLS][{"name": "f", "arguments": {"city"', '[TOOL_CALLS][{"name": "f", "arguments": {"city"', []),
+        ('[TOOL_CALLS][{"nome": "f"}]', '[TOOL_CALLS][{"nome": "f"}]', []),
+        ("a [TOOL_", "a [TOOL_", []),
+    ],
+}
+ALL = [(family, *case) for family, cases in CASES.items() for case in cases]
+
+
+def calls_of(tool_calls):
+    return [(c.name, json.loads(c.arguments)) for c in tool_calls]
+
+
+def test_registry_has_each_family():
+    assert sorted(TOOL_PARSERS) == ["hermes", "llama3_json", "mistral"]
+    with pytest.raises(ValueError, match="unknown tool-call parser 'nope'.*hermes"):
+        get_tool_parser("nope")
+
+
+@pytest.mark.parametrize("family,text,content,calls", ALL)
+def test_extract(family, text, content, calls):
+    got = get_tool_parser(family).extract(text)
+    assert got.content == content
+    assert calls_of(got.tool_calls) == calls
+    for c in got.tool_calls:
+        assert c.id.startswith("call_") and len(c.id) > 10 and c.type == "function"
+        assert isinstance(json.loads(c.arguments), dict)
+
+
+def _streamed(parser, pieces):
+    stream, content, calls = parser.stream(), "", []
+    for piece in pieces:
+        d = stream.feed(piece)
+        content, calls = content + d.content, calls + d.tool_calls
+    d = stream.finish()
+    return content + d.content, calls + d.tool_calls
+
+
+@pytest.mark.parametrize("family,text,content,calls", ALL)
+def test_stream_split_at_every_position(family, text, content, calls):
+    parser = get_tool_parser(family)
+    for cut in range(len(text) + 1):
+        got_content, got_calls = _streamed(parser, [text[:cut], text[cut:]])
+        assert (got_content or None) == content, cut
+        assert calls_of(got_calls) == calls, cut
+    # one character at a time, and no markup ever reaches the content of a call's text
+    got_content, got_calls = _streamed(parser, list(text))
+    assert (got_content or None) == content and calls_of(got_calls) == calls
+    if calls:
+        assert all(m not in (got_content or "") for m in parser.start_markers)
+
+
+def test_stream_gives_content_early_and_holds_a_possible_marker():
+    stream = get_tool_parser("hermes").stream()
+    assert stream.feed("Hello <tool").content == "Hello "
+    assert stream.feed("_cal").content == ""
+    d = stream.feed('l>{"name": "f", "arguments": {}}</tool_call>')
+    assert d.content == "" and [c.name for c in d.tool_calls] == ["f"]
+    assert stream.feed(" bye").content == " bye"
