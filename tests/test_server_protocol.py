@@ -107,7 +107,7 @@ def test_chat_non_streaming_stop_string():
         assert d["object"] == "chat.completion"
         ch = d["choices"][0]
         assert ch["message"] == {"role": "assistant", "content": "Hel", "refusal": None,
-                                 "tool_calls": []}
+                                 "tool_calls": [], "reasoning_content": None, "reasoning": None}
         assert ch["finish_reason"] == "stop" and ch["stop_reason"] == "lo"
         prompt = llm.tokenizer.apply_chat_template([{"role": "system", "content": "s"},
                                                     {"role": "user", "content": "u"}])

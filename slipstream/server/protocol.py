@@ -63,6 +63,14 @@ class _SamplingFields(_Request):
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    # output constraints (structured_request.py): OpenAI's response_format, or vLLM's
+    # structured_outputs, or its older guided_* fields; one of them per request
+    response_format: dict[str, Any] | None = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
     # vLLM extras slipstream does not have: refused when set (UNSUPPORTED below)
     use_beam_search: bool = False
     length_penalty: float | None = None
@@ -71,19 +79,13 @@ class _SamplingFields(_Request):
     priority: int = 0
     prompt_logprobs: int | None = None
     return_tokens_as_token_ids: bool = False
-    structured_outputs: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
 
 
 # those extras, each with its default, the value that means "not used": a request that sets
 # one otherwise gets a 400 (serving_common.check_common) rather than an answer without it
 UNSUPPORTED = {name: _SamplingFields.model_fields[name].default for name in (
     "use_beam_search", "length_penalty", "allowed_token_ids", "bad_words", "priority", "prompt_logprobs",
-    "return_tokens_as_token_ids", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-    "guided_grammar")}
+    "return_tokens_as_token_ids")}
 
 TokenIds = list[StrictInt]
 
@@ -108,6 +110,8 @@ class ChatMessage(_Request):
     role: str
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
+    tool_calls: list[Any] | None = None  # an assistant's calls (serving_tools.template_messages)
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class ChatTemplateFields(_Request):
@@ -116,6 +120,7 @@ class ChatTemplateFields(_Request):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None  # refused: the server's --chat-template sets it
+    tools: list[Any] | None = None  # shown to the template; chat also parses the calls
 
 
 class ChatCompletionRequest(_SamplingFields, ChatTemplateFields):
@@ -126,9 +131,10 @@ class ChatCompletionRequest(_SamplingFields, ChatTemplateFields):
     max_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None  # None: true
+    functions: Any = None  # the legacy form of tools: refused
+    function_call: Any = None
 
 
 class TokenizeRequest(ChatTemplateFields):
@@ -196,6 +202,9 @@ class ChatMessageOut(BaseModel):
     content: str | None = None
     refusal: str | None = None
     tool_calls: list[Any] = Field(default_factory=list)
+    # with --reasoning-parser: the thinking, under both names vLLM sends
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatChoice(BaseModel):

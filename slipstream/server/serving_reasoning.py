@@ -1,0 +1,60 @@
+"""The reasoning parser in chat (`--reasoning-parser`): a reply's thinking goes to
+`reasoning_content` and `reasoning` (vLLM sends both names), its answer to `content`; a
+stream sends deltas of the same names; a structured output constrains only the answer."""
+from __future__ import annotations
+
+from typing import Any
+
+from slipstream.sampling.params import SamplingParams
+from slipstream.server.errors import bad_request
+from slipstream.server.reasoning_parsers import ReasoningParser, ReasoningSplitter
+from slipstream.server.reasoning_parsers.grammar import after_reasoning
+
+
+def message_fields(parser: ReasoningParser | None, text: str) -> dict[str, Any]:
+    """A whole reply's message fields: content, and with a parser reasoning_content and
+    reasoning (None when the reply did not think)."""
+    if parser is None:
+        return {"content": text}
+    reasoning, content = parser.split(text)
+    return {"content": content, "reasoning_content": reasoning, "reasoning": reasoning}
+
+
+def reasoning_delta(reasoning: str, content: str) -> dict[str, str]:
+    delta = {}
+    if reasoning:
+        delta["reasoning_content"] = delta["reasoning"] = reasoning
+    if content:
+        delta["content"] = content
+    return delta
+
+
+class ChatDeltas:
+    """The delta fields of each streamed choice; with a parser, one splitter per choice."""
+
+    def __init__(self, parser: ReasoningParser | None):
+        self.parser = parser
+        self.splitters: dict[int, ReasoningSplitter] = {}
+
+    def delta(self, index: int, new_text: str, finished: bool) -> dict[str, str]:
+        """The delta of `new_text` (empty: nothing to send yet, e.g. a tag held back)."""
+        if self.parser is None:
+            return {"content": new_text} if new_text else {}
+        splitter = self.splitters.get(index)
+        if splitter is None:
+            splitter = self.splitters[index] = self.parser.splitter()
+        piece = splitter.feed(new_text)
+        if finished:
+            piece = piece + splitter.finish()
+        return reasoning_delta(piece.reasoning, piece.content)
+
+
+def constrain_after_reasoning(parser: ReasoningParser | None,
+                              params: SamplingParams) -> SamplingParams:
+    """`params` whose structured output (if any) starts after the thinking."""
+    if parser is None or params.structured_outputs is None:
+        return params
+    try:
+        return params.clone(structured_outputs=after_reasoning(parser, params.structured_outputs))
+    except ValueError as e:
+        raise bad_request(str(e), "structured_outputs") from None
