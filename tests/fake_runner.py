@@ -5,6 +5,9 @@ ids written through the slot mapping, resolves carry-over from the previous batc
 draws, and draws each token as a hash of the context it reads back through the block
 table.  So a wrong block table, a block freed too early, a lost carry-over or a wrong
 placeholder changes the output.  Like the GPU it executes a batch late (at `wait`).
+With a `window` (a model whose every layer is windowed) it reads a row's last `window`
+positions only, as the kernels do, and counts the positions before them as unknown:
+blocks behind the window may have been freed and reused.
 """
 from __future__ import annotations
 
@@ -29,12 +32,13 @@ def next_token(context: np.ndarray, seed: int, token_index: int) -> int:
 
 class FakeRunner:
     def __init__(self, num_blocks: int, block_size: int, max_seqs: int, max_tokens: int,
-                 max_blocks: int, check_pool=None) -> None:
+                 max_blocks: int, check_pool=None, window: int | None = None) -> None:
         self.block_size = block_size
         self.kv = np.full(num_blocks * block_size, -1, np.int64)
         self.prev_tokens = np.zeros(max_seqs, np.int64)
         self.pending: deque = deque()
         self.check_pool = check_pool
+        self.window = window
         self.mixed_decode_rows = 0  # single-token rows of mixed batches seen (tests read it)
         T, S = max_tokens, max_seqs
         i32 = lambda n: np.zeros(n, np.int32)
@@ -75,9 +79,14 @@ class FakeRunner:
         for j in range(S):
             i = int(batch.sample_seq[j])
             seq_len = int(h["seq_lens"][i])
-            pos = np.arange(seq_len)
+            first = max(seq_len - self.window, 0) if self.window else 0
+            pos = np.arange(first, seq_len)
             ctx = self.kv[h["block_table"][i, pos // bs] * bs + pos % bs]
             assert (ctx >= 0).all(), "read a KV slot nothing wrote"
+            if self.check_pool is not None:  # every block it reads is still held by a request
+                held = [self.check_pool.ref_count[b] > 0 for b in h["block_table"][i, np.unique(pos // bs)]]
+                assert all(held), "read a block that went back to the pool"
+            ctx = np.concatenate([np.zeros(first, np.int64), ctx])  # (next_token reads the last 24)
             tokens[j] = next_token(ctx, int(h["seed"][j]), int(h["token_index"][j]))
         self.prev_tokens[:S] = tokens
         return BatchResult(tokens=tokens)

@@ -32,11 +32,18 @@ TINY_MODELS = {
                     rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                       high_freq_factor=4.0, original_max_position_embeddings=64)),
                True, None),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=384), False, None),
+    # a window shorter than most test prompts: every layer attends to its last 16 keys
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16), False, None),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1000000.0), True, None),
     # explicit head_dim different from hidden / heads
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, rope_theta=1000000.0),
               False, None),
+    # Gemma 3: a sliding layer (window 8, its own RoPE base) then a full one, an attention
+    # scale of its own, softcapped logits
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(head_dim=16, sliding_window=8, sliding_window_pattern=2, rope_theta=10000.0,
+                    rope_local_base_freq=1000.0, query_pre_attn_scalar=24, final_logit_softcapping=30.0),
+               True, None),
 }
 
 
@@ -78,16 +85,17 @@ def hf_logits(hf_model, prompt: list[int]) -> torch.Tensor:
 
 
 def write_gguf(hf_model, path: str, qtype: str | None = None) -> None:
-    """Write a tiny HF Llama/Qwen2/Qwen3 model as an F32 GGUF the way llama.cpp's converter
+    """Write a tiny HF Llama/Qwen2/Qwen3/Gemma 3 model as an F32 GGUF the way llama.cpp's converter
     does: its tensor names (from the gguf package's own name map), q/k rows of the llama
-    architecture permuted, Llama 3.1 rope scaling as a `rope_freqs` tensor.  qtype (e.g.
+    architecture permuted, Llama 3.1 rope scaling as a `rope_freqs` tensor, Gemma's norms
+    as 1 + w.  qtype (e.g.
     "Q8_0"): every matrix whose rows are whole blocks of 32 stored in that type instead."""
     import gguf
     import numpy as np
 
     cfg = hf_model.config
     arch = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
-            "qwen3": gguf.MODEL_ARCH.QWEN3}[cfg.model_type]
+            "qwen3": gguf.MODEL_ARCH.QWEN3, "gemma3_text": gguf.MODEL_ARCH.GEMMA3}[cfg.model_type]
     arch_name = gguf.MODEL_ARCH_NAMES[arch]
     name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -101,12 +109,19 @@ def write_gguf(hf_model, path: str, qtype: str | None = None) -> None:
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    gemma = arch == gguf.MODEL_ARCH.GEMMA3
+    rope = cfg.rope_parameters["full_attention"] if gemma else cfg.rope_parameters
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if gemma:  # llama.cpp's converter: the window, and each layer's sliding flag
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+        if cfg.final_logit_softcapping is not None:
+            writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_bos_token_id(cfg.bos_token_id)
     writer.add_eos_token_id(cfg.eos_token_id)
-    if cfg.rope_parameters.get("rope_type") == "llama3":
+    if rope.get("rope_type") == "llama3":
         plain = 1.0 / cfg.rope_parameters["rope_theta"] ** (
             torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         scaled = hf_model.model.rotary_emb.inv_freq.double()
@@ -119,6 +134,8 @@ def write_gguf(hf_model, path: str, qtype: str | None = None) -> None:
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         w = tensor.detach().float().numpy()
+        if gemma and name.endswith("norm.weight"):  # stored as 1 + w
+            w = w + 1.0
         if arch == gguf.MODEL_ARCH.LLAMA and ".q_proj." in name:
             w = permute(w, cfg.num_attention_heads)
         elif arch == gguf.MODEL_ARCH.LLAMA and ".k_proj." in name:

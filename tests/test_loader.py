@@ -187,7 +187,9 @@ def test_config_keys_old_and_new():
     assert qwen.qkv_bias and qwen.sliding_window is None
     mistral = ModelConfig.from_hf_config({**base, "architectures": ["MistralForCausalLM"],
                                           "sliding_window": 4096, "max_position_embeddings": 32768})
-    assert mistral.sliding_window == 4096 and mistral.max_model_len == 4096
+    # the window is applied in attention, not a cap on the context
+    assert mistral.sliding_window == 4096 and mistral.max_model_len == 32768
+    assert mistral.layer_windows == [4096] and mistral.uniform_window == 4096
 
 
 def test_embedded_model_missing(monkeypatch):

@@ -9,6 +9,9 @@ cores, and a tensor-parallel rank's slice only).
 
 llama.cpp's converter permutes the rows of q/k projections of the `llama` architecture so that
 its RoPE can rotate interleaved pairs; we undo that to get the Hugging Face (rotate-half) layout.
+For `gemma3` it stores every norm weight as 1 + w (ggml multiplies by the weight itself): we
+give back w, as transformers does; the metadata lacks Gemma's local RoPE base and attention
+scale, which take llama.cpp's values (10000; head_dim, or hidden / heads for the 62-layer 27B).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ GGUF_ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", True),
     "qwen2": ("Qwen2ForCausalLM", False),
     "qwen3": ("Qwen3ForCausalLM", False),
+    "gemma3": ("Gemma3ForCausalLM", False),
 }
 
 _TOP_LEVEL_NAMES = {
@@ -49,6 +53,11 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+
+# Gemma 3 names its four norms of a layer differently (ffn_norm is the pre-MLP norm)
+_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+                       "post_attention_norm": "post_attention_layernorm",
+                       "post_ffw_norm": "post_feedforward_layernorm"}
 
 # GGUF metadata value types (the GGUF spec numbers them 0..12)
 _SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -200,9 +209,12 @@ class GGUFFile:
         for name, info in self.tensors.items():
             if name == "rope_freqs.weight":  # folded into config.rope_scaling
                 continue
-            hf_name = gguf_to_hf_name(name)
+            hf_name = gguf_to_hf_name(name, arch)
             if hf_name is None:
                 yield f"gguf:{name}", info.shape, lambda s=None, name=name: self.read(name, s)
+                continue
+            if arch == "gemma3" and name.endswith("norm.weight"):  # stored as 1 + w
+                yield hf_name, info.shape, lambda s=None, name=name: self.read(name, s) - 1.0
                 continue
             heads = None
             if permuted and ".self_attn.q_proj." in hf_name:
@@ -227,12 +239,13 @@ class _ArrayLength(int):
     """Stands for a metadata string array that was skipped: its length only."""
 
 
-def gguf_to_hf_name(name: str) -> str | None:
+def gguf_to_hf_name(name: str, arch: str | None = None) -> str | None:
     if name in _TOP_LEVEL_NAMES:
         return _TOP_LEVEL_NAMES[name]
+    layer_names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
     parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -313,4 +326,18 @@ def config_from_gguf_metadata(md: dict[str, Any], tensor_names, gguf_file: GGUFF
         bos_token_id=md.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=(eos[0] if len(eos) == 1 else eos) if eos else None,
         sliding_window=int(window) if window else None,
+        **(_gemma3_fields(get, hidden, heads, head_dim) if arch == "gemma3" else {}),
     ).validate()
+
+
+def _gemma3_fields(get, hidden: int, heads: int, head_dim: int) -> dict[str, Any]:
+    """Gemma 3's fields beyond the common keys, with llama.cpp's values where the file has none."""
+    layers = get("block_count")
+    pattern = get("attention.sliding_window_pattern", 6)  # every n-th layer full, or a flag a layer
+    sliding = list(pattern) if isinstance(pattern, list) else [(i + 1) % pattern != 0 for i in range(layers)]
+    return dict(
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        rope_local_theta=10_000.0,
+        query_pre_attn_scalar=float(hidden // heads if layers == 62 else head_dim),
+        attn_logit_softcapping=get("attn_logit_softcapping", None),
+        final_logit_softcapping=get("final_logit_softcapping", None))

@@ -11,6 +11,10 @@ positions of a context of `seq_len` tokens whose K/V are all in the cache once t
 new ones are stored, so query token i of a sequence sits at absolute position
 `seq_len - query_len + i` and attends causally to positions <= that.
 A row with seq_len == 0 is padding (CUDA-graph batches are padded): its output is 0.
+
+Sliding window (`window` W, a layer's; None: full attention): a query at position p attends
+to the keys at positions (p - W, p], W keys with itself, as transformers masks it for
+Mistral and Gemma 3 (`kv_idx > q_idx - sliding_window`).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                        meta: AttentionMetadata, scale: float, window: int | None = None) -> torch.Tensor:
     """Causal attention of q [num_tokens, num_heads, head_dim] over the paged cache.
 
     One sequence at a time, in float32: this is the oracle of the Triton kernels and
@@ -38,31 +42,40 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         query_len = q_end - q_start
         if seq_len == 0 or query_len == 0:
             continue
+        # keys from the first query's oldest one: blocks behind every window may be freed
+        first = max(seq_len - query_len + 1 - window, 0) if window else 0
+        first_block = first // block_size
         num_blocks = (seq_len + block_size - 1) // block_size
-        blocks = meta.block_table[i, :num_blocks].long()
-        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
-        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
-        k = k.repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
+        blocks = meta.block_table[i, first_block:num_blocks].long()
+        skip, span = first - first_block * block_size, seq_len - first
+        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[skip:skip + span].float()
+        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[skip:skip + span].float()
+        k = k.repeat_interleave(group, dim=1)  # [span, num_heads, head_dim]
         v = v.repeat_interleave(group, dim=1)
         qi = q[q_start:q_end].float()
         scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
         q_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
-        k_pos = torch.arange(seq_len, device=q.device)
-        scores.masked_fill_(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        k_pos = torch.arange(first, seq_len, device=q.device)
+        masked = k_pos[None, :] > q_pos[:, None]
+        if window:
+            masked |= k_pos[None, :] <= q_pos[:, None] - window
+        scores.masked_fill_(masked[None], float("-inf"))
         probs = scores.softmax(dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
 
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-                    out: torch.Tensor | None = None, batch_invariant: bool = False) -> torch.Tensor:
+                    out: torch.Tensor | None = None, batch_invariant: bool = False,
+                    window: int | None = None) -> torch.Tensor:
     """Dispatch; writes into `out` (shape and dtype of q) when given, and returns it.
-    `batch_invariant`: one kernel for every row, decode or prefill (see the Triton dispatch)."""
+    `batch_invariant`: one kernel for every row, decode or prefill (see the Triton dispatch).
+    `window`: the layer's sliding window (module doc), None for full attention."""
     if q.is_cuda:
         from slipstream.ops.triton_attention import paged_attention_triton
         return paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out,
-                                      batch_invariant=batch_invariant)
-    result = paged_attention_ref(q, k_cache, v_cache, meta, scale)
+                                      batch_invariant=batch_invariant, window=window)
+    result = paged_attention_ref(q, k_cache, v_cache, meta, scale, window)
     if out is None:
         return result
     out.copy_(result)
@@ -71,7 +84,8 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
 
 def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, scale: float, num_heads: int, num_kv_heads: int,
-                        head_dim: int, batch_invariant: bool = False) -> torch.Tensor:
+                        head_dim: int, batch_invariant: bool = False,
+                        window: int | None = None) -> torch.Tensor:
     """A layer's attention from its qkv GEMM's output: the qkv epilogue (q/k norm, RoPE, the
     new K/V into the cache), then paged attention; returns [T, num_heads, head_dim].
 
@@ -83,9 +97,11 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
         from slipstream.ops import triton_attention as ta
         if ta.epilogue_in_decode_applies(qkv, epi, k_cache, meta, num_heads):
             raw_q = qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
-            return ta.paged_attention_triton(raw_q, k_cache, v_cache, meta, scale, epilogue=epi)
+            return ta.paged_attention_triton(raw_q, k_cache, v_cache, meta, scale, epilogue=epi,
+                                             window=window)
     q = qkv_epilogue(qkv, epi.positions, epi.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
                      num_heads, num_kv_heads, head_dim, q_norm_weight=epi.q_norm_weight,
                      k_norm_weight=epi.k_norm_weight, eps=epi.eps, hidden=epi.hidden, bias=epi.bias,
                      batch_invariant=batch_invariant)
-    return paged_attention(q, k_cache, v_cache, meta, scale, batch_invariant=batch_invariant)
+    return paged_attention(q, k_cache, v_cache, meta, scale, batch_invariant=batch_invariant,
+                           window=window)

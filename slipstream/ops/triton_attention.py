@@ -43,6 +43,12 @@ Kernels
   (no masks at all), then the few tiles on the diagonal (masked).  With
   `batch_invariant=True` decode batches run here too (see `paged_attention_triton`).
 
+Sliding window (`window`, a layer's): a constexpr of both kernels (WINDOW; 0, the default,
+compiles the full-attention kernels as they were).  A decode row splits its last `window`
+positions only; a prefill tile starts at its first row's oldest key, masking the tiles
+where some row's window begins, and reads no position below that key (its block may have
+been freed: sched/scheduler.py frees blocks behind every window early).
+
 Everything is CUDA-graph safe: no host syncs; grids depend only on tensor shapes and the
 host ints of the metadata.  Accumulation is float32; fp32 inputs use IEEE dot products.
 Tokens after query_start_loc[-1] (if q has trailing padding) get zeros, like the
@@ -85,7 +91,7 @@ def decode_num_splits(meta, num_kv_heads: int, dtype: torch.dtype, head_dim: int
 
 def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
                      config: DecodeConfig | None = None, *, num_rows: int | None = None,
-                     epilogue: QKVEpilogue | None = None) -> None:
+                     epilogue: QKVEpilogue | None = None, window: int | None = None) -> None:
     """The decode (split-KV) kernel alone, into `out`: over all rows, or over the `num_rows`
     first rows of meta.decode_order (the single-token rows of a mixed batch; needs
     meta.split_counters).  `paged_attention_triton` picks this or `prefill_attention` (or
@@ -102,7 +108,8 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
     num_rows = num_rows if subset else num_seqs
     block_g = max(16, triton.next_power_of_2(group))
     cfg = effective_decode_config(cfg, q.dtype, head_dim, num_rows)
-    num_splits = choose_num_splits(num_rows, num_kv_heads, meta.max_seq_len, cfg, sm_count(q.device))
+    span = min(meta.max_seq_len, window) if window else meta.max_seq_len
+    num_splits = choose_num_splits(num_rows, num_kv_heads, span, cfg, sm_count(q.device))
     ieee, upcast = dot_flags(q.dtype, q.device)
     split = num_splits > 1
     order = meta.decode_order if cfg.longest_first or subset else None
@@ -136,7 +143,7 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
         MERGE=merge, SINGLE_ONLY=subset, NUM_KV_HEADS=num_kv_heads, IEEE=ieee, UPCAST=upcast,
         PREFETCH=0 < num_rows <= cfg.prefetch_batch, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl, **_epilogue_args(epilogue, q, meta))
+        num_stages=cfg.num_stages, **pdl, **_epilogue_args(epilogue, q, meta), **_window_arg(window))
     if split and not merge:
         assert not subset, "a row subset needs split_counters (the reduce pass runs over every row)"
         _decode_reduce_kernel[(num_seqs, num_kv_heads)](
@@ -144,7 +151,12 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
             out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1),
             GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n,
-            MIN_CHUNK=cfg.min_chunk, num_warps=4, **pdl)
+            MIN_CHUNK=cfg.min_chunk, num_warps=4, **pdl, **_window_arg(window))
+
+
+def _window_arg(window: int | None) -> dict:
+    """The kernels' WINDOW argument; none without a window, so those launches stay as they were."""
+    return {"WINDOW": int(window)} if window else {}
 
 
 def _epilogue_args(epi: QKVEpilogue | None, q: torch.Tensor, meta) -> dict:
@@ -189,7 +201,8 @@ def epilogue_in_decode_applies(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: tor
 
 
 def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
-                      config: PrefillConfig | None = None, *, skip_single: bool = False) -> None:
+                      config: PrefillConfig | None = None, *, skip_single: bool = False,
+                      window: int | None = None) -> None:
     """The prefill kernel alone, into `out`, over every row (`skip_single`: but those with
     one query token, which a mixed batch gives to `decode_attention`)."""
     cfg = config or DEFAULT_PREFILL_CONFIG
@@ -213,7 +226,7 @@ def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor
         GROUP=group, GROUP_P=group_p, BLOCK_M=cfg.block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, WIDE_N=cfg.wide_n, SEQ_CHUNK=128, SKIP_SINGLE=skip_single,
         IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_launch(q.device))
+        **pdl_launch(q.device), **_window_arg(window))
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta,
@@ -222,7 +235,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            prefill_config: PrefillConfig | None = None,
                            num_splits: int | None = None,
                            batch_invariant: bool = False,
-                           epilogue: QKVEpilogue | None = None) -> torch.Tensor:
+                           epilogue: QKVEpilogue | None = None,
+                           window: int | None = None) -> torch.Tensor:
     """Causal paged attention of q [num_tokens, num_heads, head_dim]; same result as
     `paged_attention_ref`.  Writes into `out` (same shape/dtype as q) if given.
 
@@ -233,6 +247,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     the chunking of a prompt.
     `epilogue`: q is the qkv GEMM's unrotated q columns and the decode kernel does the qkv
     epilogue's work too (decode batches only: `epilogue_in_decode_applies`).
+    `window`: the layer's sliding window (ops/attention.py), None for full attention.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, num_kv_heads, hd = _check_cache(k_cache, v_cache)
@@ -257,17 +272,19 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if epilogue is not None and (meta.max_query_len > 1 or batch_invariant):
         raise ValueError("the qkv epilogue runs inside the decode kernel only: a decode batch, "
                          "not batch-invariant")
+    windowed = {"window": window} if window else {}
     if meta.max_query_len <= 1 and not batch_invariant:
-        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, epilogue=epilogue)
+        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, epilogue=epilogue, **windowed)
     elif meta.num_decode and not batch_invariant and meta.decode_order is not None \
             and meta.split_counters is not None:
         # a mixed batch: its single-token rows read their whole context, which the split-KV
         # decode kernel streams at full bandwidth; the prefill kernel would give each one
         # program per KV head
-        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg, skip_single=True)
-        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, num_rows=meta.num_decode)
+        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg, skip_single=True, **windowed)
+        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, num_rows=meta.num_decode,
+                         **windowed)
     else:
-        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg)
+        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg, **windowed)
     return out
 
 

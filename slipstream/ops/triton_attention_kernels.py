@@ -30,12 +30,16 @@ def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _kv_rows(bt_row_ptr, k_head_off, v_head_off, t, kv_end, stride_kcb, stride_kcs, stride_vcb,
-             stride_vcs, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK_END: tl.constexpr):
+             stride_vcs, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK_END: tl.constexpr,
+             kv_lo, WINDOW: tl.constexpr):
     """Positions [t, t + BLOCK_N) and their cache row offsets in K and V (MASK_END: positions
-    >= kv_end read no block-table entry), and the mask pos < kv_end (MASK_END only)."""
+    >= kv_end read no block-table entry), and the mask pos < kv_end (MASK_END only); with a
+    WINDOW, positions below kv_lo are masked too (their blocks may have been freed)."""
     pos = t + tl.arange(0, BLOCK_N)
     if MASK_END:
         nmask = pos < kv_end
+        if WINDOW > 0:
+            nmask = nmask & (pos >= kv_lo)
         blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
     else:
         nmask = pos >= 0  # unused
@@ -62,17 +66,18 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_
                  t, kv_end, row_pos, qk_scale, stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                  MASK_END: tl.constexpr, CAUSAL: tl.constexpr,
-                 IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                 IEEE: tl.constexpr, UPCAST: tl.constexpr, kv_lo=0, WINDOW: tl.constexpr = 0):
     """One online-softmax step over KV positions [t, t + BLOCK_N) of one sequence/KV head.
 
     MASK_END: positions >= kv_end are masked (else the whole tile must be valid).
-    CAUSAL: position p is masked for a row whose absolute position row_pos < p.
+    CAUSAL: position p is masked for a row whose absolute position row_pos < p, and with a
+    WINDOW for a row with row_pos - WINDOW >= p (keys in (row_pos - WINDOW, row_pos]).
     V is loaded after the softmax arithmetic (the order its pipelining was measured in).
     """
     offs_d = tl.arange(0, HEAD_DIM)
     pos, nmask, k_rows, v_rows = _kv_rows(bt_row_ptr, k_head_off, v_head_off, t, kv_end, stride_kcb,
                                           stride_kcs, stride_vcb, stride_vcs, BLOCK_SIZE, BLOCK_N,
-                                          MASK_END)
+                                          MASK_END, kv_lo, WINDOW)
     k_ptrs = k_cache_ptr + (k_rows[:, None] + offs_d[None, :])
     v_ptrs = v_cache_ptr + (v_rows[:, None] + offs_d[None, :])
     if MASK_END:
@@ -82,6 +87,8 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_
     s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
     if CAUSAL:
         keep = pos[None, :] <= row_pos[:, None]
+        if WINDOW > 0:
+            keep = keep & (pos[None, :] > row_pos[:, None] - WINDOW)
         if MASK_END:
             keep = keep & nmask[None, :]
         s = tl.where(keep, s, float("-inf"))
@@ -114,6 +121,22 @@ def _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_
 def _chunk_len(seq_len, num_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
     chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     return tl.maximum(chunk, MIN_CHUNK)
+
+
+@triton.jit
+def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
+                 WINDOW: tl.constexpr):
+    """A decode row's keys are [seq_len - span, seq_len) (span = seq_len, or at most WINDOW of
+    them): its split length, this split's first position, and the span."""
+    if WINDOW > 0:
+        span = tl.minimum(seq_len, WINDOW)
+        chunk = _chunk_len(span, num_splits, BLOCK_N, MIN_CHUNK)
+        start = seq_len - span + split * chunk
+    else:
+        span = seq_len
+        chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
+        start = split * chunk
+    return chunk, start, span
 
 
 @triton.jit
@@ -176,7 +199,7 @@ def _prefetch_first_tile(k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, bt_ptr
                          kvh, num_splits, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs,
                          stride_vch, stride_bt, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                         HAS_ORDER: tl.constexpr):
+                         HAS_ORDER: tl.constexpr, WINDOW: tl.constexpr):
     """Before the PDL wait (ops/pdl.py), only what no kernel of the step writes: the row's
     metadata (uploaded before the step) and the K/V of its split's first tile at positions
     below seq_len - 1 (written by earlier steps).  The newest position, seq_len - 1, is the
@@ -184,15 +207,14 @@ def _prefetch_first_tile(k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, bt_ptr
     after the wait.  Loads only, no stores; a row with nothing to do here loads no K/V."""
     seq, q_tok, q_end = _decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER)
     seq_len = tl.load(seq_lens_ptr + seq)
-    chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
-    start = split * chunk
+    chunk, start, span = _split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK, WINDOW)
     end = tl.minimum(start + chunk, seq_len)
     acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
                                                                stride_vch, BLOCK_G, HEAD_DIM)
     live = (q_end - q_tok == 1) & (start < end)  # a decode row with work in this split
     pos0, _, k_rows, v_rows = _kv_rows(bt_row, k_head_off, v_head_off, start, tl.where(live, end, 0),
                                        stride_kcb, stride_kcs, stride_vcb, stride_vcs, BLOCK_SIZE,
-                                       BLOCK_N, True)
+                                       BLOCK_N, True, 0, 0)
     offs_d = tl.arange(0, HEAD_DIM)
     k0_ptrs = k_cache_ptr + (k_rows[:, None] + offs_d[None, :])
     v0_ptrs = v_cache_ptr + (v_rows[:, None] + offs_d[None, :])
@@ -232,7 +254,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                    # the qkv epilogue inside (EPILOGUE): q_ptr is then qkv's q columns, unrotated
                    pos_ptr=None, cs_ptr=None, slot_ptr=None, qw_ptr=None, kw_ptr=None, stride_cs=None,
                    eps=None, EPILOGUE: tl.constexpr = False, Q_NORM: tl.constexpr = False,
-                   K_NORM: tl.constexpr = False):
+                   K_NORM: tl.constexpr = False, WINDOW: tl.constexpr = 0):
+    # WINDOW > 0: a row attends to its last WINDOW positions only (its query is the newest);
+    # the splits divide those.
     # EPILOGUE (small decode batches, `DecodeConfig.epilogue_batch`): this kernel also does the
     # qkv epilogue's work (`decode_epilogue`), so a layer has one kernel fewer.  Each
     # program rotates its own q heads; the program whose split holds the row's newest
@@ -257,7 +281,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
          v0_ptrs, k0, v0) = _prefetch_first_tile(
             k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, bt_ptr, order_ptr, pid, split, kvh,
             num_splits, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-            stride_bt, BLOCK_G, HEAD_DIM, BLOCK_SIZE, BLOCK_N, MIN_CHUNK, HAS_ORDER)
+            stride_bt, BLOCK_G, HEAD_DIM, BLOCK_SIZE, BLOCK_N, MIN_CHUNK, HAS_ORDER, WINDOW)
         if EPILOGUE:
             cos, sin, slot = decode_epilogue_inputs(pos_ptr, cs_ptr, slot_ptr, q_tok, stride_cs, HEAD_DIM // 2)
         pdl_start(USE_PDL)
@@ -274,8 +298,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
             return  # a mixed batch's prefill row: the prefill kernel's
     if not PREFETCH:
         seq_len = tl.load(seq_lens_ptr + seq)
-    chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
-    start = split * chunk
+    chunk, start, span = _split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK, WINDOW)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
     gmask = offs_g < GROUP
@@ -333,7 +356,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
             tl.debug_barrier()
             cnt = counter_ptr + seq * NUM_KV_HEADS + kvh
             done = tl.atomic_add(cnt, 1, sem="acq_rel")
-            n_valid = tl.cdiv(seq_len, chunk)
+            n_valid = tl.cdiv(span, chunk)
             if done == n_valid - 1:
                 tl.atomic_xchg(cnt, 0)
                 _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
@@ -351,7 +374,8 @@ def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, qsl_ptr, seq_lens
                           stride_ot, stride_oh, stride_pos, stride_poh, stride_pok,
                           stride_pls, stride_plh,
                           GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, USE_PDL: tl.constexpr):
+                          BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
+                          WINDOW: tl.constexpr = 0):
     """The split merge as a pass of its own (metadata without split counters): grid
     (num_seqs, num_kv_heads); recomputes how many splits of the row ran."""
     pdl_start(USE_PDL)
@@ -361,7 +385,8 @@ def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, qsl_ptr, seq_lens
     if q_end <= q_tok:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    n_valid = tl.cdiv(seq_len, _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK))
+    chunk, _, span = _split_range(seq_len, 0, num_splits, BLOCK_N, MIN_CHUNK, WINDOW)
+    n_valid = tl.cdiv(span, chunk)
     _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, tl.program_id(1) * GROUP, n_valid,
                   stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
                   GROUP, BLOCK_G, HEAD_DIM)
@@ -377,7 +402,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
                     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                     BLOCK_N: tl.constexpr, WIDE_N: tl.constexpr, SEQ_CHUNK: tl.constexpr,
                     SKIP_SINGLE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                    USE_PDL: tl.constexpr):
+                    USE_PDL: tl.constexpr, WINDOW: tl.constexpr = 0):
     pdl_start(USE_PDL)
     # Reversed order: the longest (last) query tiles of the batch start first, the short
     # ones fill the tail.
@@ -424,7 +449,29 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
     kv_end = tl.minimum(seq_len, ctx + tok0 + BLOCK_Q)
     full_end = (seen_by_all // BLOCK_N) * BLOCK_N
     t_narrow = 0
-    if WIDE_N > 0:  # the tiles every row sees in full, WIDE_N at a time (fewer, larger dots)
+    kv_lo = 0
+    if WINDOW > 0:
+        # Keys from kv_lo (the first row's oldest) on; below win_full some row of the tile
+        # has already lost a key out of its window: those tiles are masked.
+        kv_lo = tl.maximum(ctx + tok0 + 1 - WINDOW, 0)
+        win_full = tl.cdiv(tl.maximum(ctx + tok0 + BLOCK_Q - WINDOW, 0), BLOCK_N) * BLOCK_N
+        win_full = tl.minimum(win_full, full_end)
+        for t in range((kv_lo // BLOCK_N) * BLOCK_N, win_full, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+                                         k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
+                                         stride_kcb, stride_kcs, stride_vcb, stride_vcs,
+                                         BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST,
+                                         kv_lo, WINDOW)
+        t_narrow = win_full
+        if WIDE_N > 0:
+            wide_end = win_full + ((seen_by_all - win_full) // WIDE_N) * WIDE_N
+            for t in range(win_full, wide_end, WIDE_N):
+                acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+                                             k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
+                                             stride_kcb, stride_kcs, stride_vcb, stride_vcs,
+                                             BLOCK_SIZE, WIDE_N, HEAD_DIM, False, False, IEEE, UPCAST)
+            t_narrow = wide_end
+    elif WIDE_N > 0:  # the tiles every row sees in full, WIDE_N at a time (fewer, larger dots)
         t_narrow = (seen_by_all // WIDE_N) * WIDE_N
         for t in range(0, t_narrow, WIDE_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
@@ -440,7 +487,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST)
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST,
+                                     kv_lo, WINDOW)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # seq_len == 0 (padding): output 0
     o = acc / l_safe[:, None]
     optrs = (out_ptr + (q_start + r_tok[:, None]) * stride_ot + (head0 + r_head[:, None]) * stride_oh

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import TYPE_CHECKING, Hashable
 
 from slipstream.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from slipstream.sampling.grammar.compiler import GrammarHandle
+    from slipstream.sampling.grammar.matcher import GrammarMatcher
 
 
 class Status(enum.Enum):
@@ -45,7 +49,14 @@ class Request:
     last_sample: tuple[int, int] = (-1, -1)  # (batch id, sample row) of the newest pending token
     block_ids: list[int] = field(default_factory=list)
     block_keys: list[Hashable] = field(default_factory=list)  # keys of registered full blocks
+    # block_ids[:num_freed_blocks] slid out of the window of every later query and went back
+    # early (a model whose every layer is windowed: Scheduler's sliding_window)
+    num_freed_blocks: int = 0
     row: int = -1  # row in the request table while running
+    # structured outputs (sched/structured_outputs.py): the grammar's compile, then the matcher
+    # that has accepted exactly output_token_ids
+    grammar: GrammarHandle | None = None
+    matcher: GrammarMatcher | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -64,6 +75,11 @@ class Request:
     def all_done_scheduling(self) -> bool:
         """max_tokens is known in advance: no batch needs to draw more than it."""
         return self.num_scheduled_outputs >= self.params.max_tokens
+
+    @property
+    def awaiting_grammar(self) -> bool:
+        """Its grammar is still compiling: it is not scheduled yet."""
+        return self.grammar is not None and self.matcher is None
 
     @property
     def finished(self) -> bool:

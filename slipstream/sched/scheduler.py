@@ -10,6 +10,13 @@ It runs one step ahead of the GPU: when batch N+1 is built, batch N's tokens are
 known yet.  A request whose next input is such a pending token gets a placeholder and
 a carry-over index (`carry_src`: its sample row in batch N); tokens that arrive for a
 request that already finished are dropped; blocks and rows come back late (kv_cache).
+
+Sliding window (`sliding_window`, given only when every layer of the model is windowed):
+a query at position p reads keys (p - W, p] only, and queries only move forward, so the
+blocks wholly behind the window of a request's first query this step are dead for it: they
+are freed as the step is scheduled (late, as every free: an in-flight batch may still read
+them), and stay in the prefix cache until evicted.  With one full-attention layer (Gemma 3)
+no block is ever dead, and nothing is freed early.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from slipstream.sched.block_pool import BlockPool
 from slipstream.sched.in_flight import InFlight
 from slipstream.sched.request import Request, Status
 from slipstream.sched.request_table import RequestTable
+from slipstream.sched.structured_outputs import StructuredOutputs
 
 
 @dataclass
@@ -45,6 +53,8 @@ class ScheduledBatch:
     # position p's logits give the logprob of prompt token p + 1
     prompt_logprobs: list[tuple[int, int, int, int]] = field(default_factory=list)
     blocks: frozenset[int] = frozenset()  # every block it touches (debug_kv only)
+    # sampling rows with structured outputs: the batch's sampling waits for their token bitmask
+    num_constrained: int = 0
 
     @property
     def num_seqs(self) -> int:
@@ -85,17 +95,20 @@ class _BatchBuilder:
 
 class Scheduler:
     def __init__(self, pool: BlockPool, table: RequestTable, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> None:
+                 max_num_batched_tokens: int, sliding_window: int | None = None) -> None:
         self.pool = pool
         self.table = table
         self.in_flight: InFlight = pool.in_flight
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.sliding_window = sliding_window
         self.block_size = pool.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.next_batch_id = 0
         self.num_preemptions = 0
+        # the grammars of constrained requests (the engine core sets it up)
+        self.structured_outputs: StructuredOutputs | None = None
 
     # -- requests ---------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -118,10 +131,11 @@ class Scheduler:
         req.error = error
 
     def _release(self, req: Request) -> None:
-        self.pool.free(req.block_ids)
+        self.pool.free(req.block_ids[req.num_freed_blocks:])
         row = req.row
         self.in_flight.release_later(lambda: self.table.release(row))
         req.block_ids, req.block_keys, req.row, req.num_computed = [], [], -1, 0
+        req.num_freed_blocks = 0
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -178,7 +192,10 @@ class Scheduler:
     def _admit(self, b: _BatchBuilder, budget: int) -> int:
         bs = self.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            req = self.waiting[0]
+            # FCFS, past requests whose grammar still compiles (they hold up no one)
+            req = next((r for r in self.waiting if not r.awaiting_grammar), None)
+            if req is None:
+                break
             if req.num_pending or not self.table.num_free_rows:
                 break  # a token still in flight for it, or rows still coming back late
             tokens = req.token_ids()
@@ -202,7 +219,7 @@ class Scheduler:
             req.status = Status.RUNNING
             if req.queue_time is None:
                 req.queue_time = max(0.0, time.time() - req.arrival_time) if req.arrival_time else 0.0
-            self.waiting.popleft()
+            self.waiting.remove(req)
             self.running.append(req)
             if req.params.uses_penalties:  # its row of the device-side penalty state is stale
                 b.penalty_resets.append((req.row, req.prompt_token_ids, list(req.output_token_ids)))
@@ -216,6 +233,8 @@ class Scheduler:
         if start >= req.num_tokens:  # its input is the token batch N-1 is still drawing
             assert n == 1 and req.last_sample[0] == b.batch_id - 1, "carry-over from a non-adjacent batch"
             carry = req.last_sample[1]
+        if self.sliding_window:
+            self._free_behind_window(req, start)
         if req.params.prompt_logprobs is not None:
             self._add_prompt_logprobs(b, req, start, n)
         b.requests.append(req)
@@ -231,6 +250,14 @@ class Scheduler:
             b.sampled.append(req)
             req.num_pending += 1
 
+    def _free_behind_window(self, req: Request, start: int) -> None:
+        """Free the blocks below the oldest key of the query at `start` (this step's first;
+        every later query sees less); their slots in the block table stay, never read."""
+        dead = max(start + 1 - self.sliding_window, 0) // self.block_size
+        if dead > req.num_freed_blocks:
+            self.pool.free(req.block_ids[req.num_freed_blocks:dead])
+            req.num_freed_blocks = dead
+
     @staticmethod
     def _add_prompt_logprobs(b: _BatchBuilder, req: Request, start: int, n: int) -> None:
         """Positions of this chunk whose logits score a prompt token not scored yet (a
@@ -245,7 +272,7 @@ class Scheduler:
         full = min(req.num_computed, req.num_tokens) // self.block_size
         if full > len(req.block_keys) and self.pool.enable_prefix_caching:
             keys = self.pool.block_keys(self.table.token_ids[req.row], full, req.block_keys)
-            for j in range(len(req.block_keys), full):
+            for j in range(max(len(req.block_keys), req.num_freed_blocks), full):
                 self.pool.register(req.block_ids[j], keys[j])
             req.block_keys = keys
 
@@ -263,6 +290,8 @@ class Scheduler:
             p = req.params
             if p.logprobs is not None:
                 batch.num_logprobs = max(batch.num_logprobs, p.logprobs, 1)
+            if req.matcher is not None:
+                batch.num_constrained += 1
             if b.token_index[j] < p.min_tokens:
                 stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(req.eos_token_ids))
                 if stop_ids:
@@ -270,7 +299,7 @@ class Scheduler:
         batch.penalty_resets = b.penalty_resets
         batch.prompt_logprobs = b.prompt_logprobs
         if self.pool.debug:
-            batch.blocks = frozenset(x for r in b.requests for x in r.block_ids)
+            batch.blocks = frozenset(x for r in b.requests for x in r.block_ids[r.num_freed_blocks:])
         return batch
 
     # -- results ----------------------------------------------------------------------
@@ -291,12 +320,26 @@ class Scheduler:
             if result.logprobs is not None and req.params.logprobs is not None:
                 self._append_logprobs(req, token, result, j)
             reason = self._stop_reason(req, token)
+            if req.matcher is not None:
+                reason = self._grammar_reason(req, token, reason)
             if reason is not None:
                 if reason == "stop":
                     req.stop_token = token
-                self.finish(req, reason)
+                self.finish(req, reason, req.error)
             touched.append(req)
         return touched
+
+    @staticmethod
+    def _grammar_reason(req: Request, token: int, reason: str | None) -> str | None:
+        """Advance the request's matcher past `token`: a terminated grammar (it accepted a stop
+        token, even under ignore_eos) ends the request with "stop"; a token the grammar rejects
+        (none should come: the bitmask forbids them) with "error"."""
+        if not req.matcher.accept(token):
+            if reason == "stop":  # a stop_token_ids entry
+                return reason
+            req.error = f"the sampled token {token} does not follow the request's grammar"
+            return "error"
+        return "stop" if req.matcher.is_terminated else reason
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
