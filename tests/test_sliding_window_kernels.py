@@ -11,10 +11,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_attention_kernels import SMALL_DECODE, SMALL_PREFILL, make_batch, tolerances
+from test_attention_kernels import (DEVICE, SMALL_DECODE, SMALL_PREFILL, attention_with_epilogue_inside,
+                                    epilogue_case, epilogue_then_attention, make_batch, tolerances)
 
 from slipstream.ops.attention import paged_attention_ref
 from slipstream.ops.attention_tuning import PrefillConfig
+from slipstream.ops.fused import qkv_epilogue_ref
 from slipstream.ops.triton_attention import paged_attention_triton
 
 
@@ -114,3 +116,21 @@ def test_mixed_batch_window_decode_rows_in_the_decode_kernel():
 
 def test_batch_invariant_window_decode_through_the_prefill_kernel():
     check_window(DECODE_SEQS, 13, prefill_config=SMALL_PREFILL, batch_invariant=True)
+
+
+@pytest.mark.parametrize("prefetch", [0, 8])
+def test_decode_window_with_the_epilogue_inside(prefetch):
+    # one kernel for the qkv epilogue and attention (small decode batches): the newest
+    # position's K/V are stored by the split that holds it, inside the window
+    lens = [0, 1, 7, 9, 17, 50]
+    qkv, epi, kc, vc, meta = epilogue_case(lens, 2, 2, 16, 8, torch.float32, seed=90, norms=True)
+    kw = dict(window=11, decode_config=replace(SMALL_DECODE, prefetch_batch=prefetch), num_splits=2)
+    kc2, vc2 = kc.clone(), vc.clone()
+    two = epilogue_then_attention(qkv, epi, kc2, vc2, meta, 4, **kw)
+    one = attention_with_epilogue_inside(qkv, epi, kc, vc, meta, 4, **kw)
+    assert not torch.isnan(one).any()
+    q_ref = qkv_epilogue_ref(qkv, epi.positions, epi.cos_sin_cache, kc2.clone(), vc2.clone(), meta.slot_mapping,
+                             4, 2, 16, epi.q_norm_weight, epi.k_norm_weight, epi.eps)
+    torch.testing.assert_close(one, paged_attention_ref(q_ref, kc2, vc2, meta, 0.25, 11), atol=2e-5, rtol=2e-5)
+    if DEVICE == "cpu":  # bit for bit under the interpreter
+        assert torch.equal(one, two)
