@@ -58,8 +58,7 @@ def test_add_special_tokens():
 @pytest.mark.parametrize("name, value", [
     ("use_beam_search", True), ("length_penalty", 0.5), ("allowed_token_ids", [5]),
     ("bad_words", ["no"]), ("priority", 1), ("prompt_logprobs", 1),
-    ("return_tokens_as_token_ids", True), ("guided_json", {"type": "object"}),
-    ("guided_choice", ["a", "b"]), ("structured_outputs", {"regex": "a+"}),
+    ("return_tokens_as_token_ids", True),
 ])
 def test_unsupported_extras_are_refused_by_name(name, value):
     assert name in UNSUPPORTED

@@ -125,7 +125,7 @@ def test_chat_non_streaming_stop_string():
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
      400, "logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "response_format": {"type": "json_object"}}, 400, "response_format"),
+                              "response_format": {"type": "xml"}}, 400, "response_format"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "tools": [{"type": "function"}]}, 400, "tools"),
     ("/v1/completions", {"prompt": "a" * 5000}, 413, "limit"),

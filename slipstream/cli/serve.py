@@ -30,6 +30,15 @@ def _server_args(p: argparse.ArgumentParser) -> None:
                    help="model name(s) clients send (default: the model's own name); the "
                         "first is reported in responses")
     chat_args(p, "--default-chat-template-kwargs")
+    from slipstream.server.tool_parsers import TOOL_PARSERS
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="the markup the model writes tool calls in (hermes: Qwen2.5/Qwen3, "
+                        "llama3_json: Llama 3.1/3.2, mistral); chat replies' calls become "
+                        "message.tool_calls, and tool_choice \"required\" or a named tool is "
+                        "forced in that markup")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="allow tool_choice \"auto\" (the default with tools): the model may "
+                        "call a tool or answer; needs --tool-call-parser")
 
 
 def add_serve_parser(subparsers, engine_args_fn):
@@ -236,7 +245,9 @@ async def run_batch_file(a) -> int:
     state = None
     try:
         names = a.served_model_name or [llm.model_name]
-        state = ServingState(llm=llm, served_names=list(names), chat_defaults=a.chat_defaults)
+        state = ServingState(llm=llm, served_names=list(names), chat_defaults=a.chat_defaults,
+                             tool_call_parser=getattr(a, "tool_call_parser", None),
+                             enable_auto_tool_choice=getattr(a, "enable_auto_tool_choice", False))
 
         def write(row: dict) -> None:
             dst.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -45,18 +45,21 @@ class ChatOptions:
     template_kwargs: extra variables for the template (`chat_template_kwargs`, e.g. Qwen3's
       {"enable_thinking": false}).
     template: a Jinja chat template used instead of the tokenizer's own.
+    tools: the tools offered to the model (OpenAI's {"type": "function", "function": {...}}
+      list), for the template to show, as transformers passes them.
     """
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     template: str | None = None
+    tools: list[dict[str, Any]] | None = None
 
     def over(self, defaults: "ChatOptions") -> "ChatOptions":
         """These options on top of a server's defaults: the template and each template
         variable this request does not set come from `defaults`."""
         return ChatOptions(self.add_generation_prompt, self.continue_final_message,
                            {**defaults.template_kwargs, **self.template_kwargs},
-                           self.template or defaults.template)
+                           self.template or defaults.template, self.tools)
 
     def check(self, messages: list[dict[str, Any]], reserved: frozenset[str]) -> None:
         if self.continue_final_message and self.add_generation_prompt:
@@ -119,7 +122,7 @@ class Tokenizer:
             return self.hf.apply_chat_template(
                 messages, chat_template=template, add_generation_prompt=options.add_generation_prompt,
                 continue_final_message=options.continue_final_message, tokenize=False,
-                **options.template_kwargs)
+                **({"tools": options.tools} if options.tools else {}), **options.template_kwargs)
         except Exception as e:  # the template's own rules (role order, ...), or a bad template
             raise ValueError(f"the chat template rejected the messages: {e}") from None
 

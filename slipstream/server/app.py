@@ -28,6 +28,7 @@ from slipstream.server.serving_common import PromptRun, ServingState, encode, of
 from slipstream.server.serving_completions import (complete, prepare_completion,
                                                    stream_completion)
 from slipstream.model.tokenizer import ChatOptions
+from slipstream.server.tool_parsers import get_tool_parser
 
 _UNCOUNTED = ("/health", "/metrics", "/version")
 
@@ -168,7 +169,13 @@ def build_app(llm, args=None) -> FastAPI:
                          max_num_seqs=_opt(args, "max_num_seqs", 256),
                          max_waiting=_opt(args, "max_waiting", None),
                          stream_interval=_opt(args, "stream_interval", 1),
-                         chat_defaults=_opt(args, "chat_defaults", ChatOptions()))
+                         chat_defaults=_opt(args, "chat_defaults", ChatOptions()),
+                         tool_call_parser=_opt(args, "tool_call_parser", None),
+                         enable_auto_tool_choice=bool(_opt(args, "enable_auto_tool_choice", False)))
+    if state.tool_call_parser is not None:
+        get_tool_parser(state.tool_call_parser)  # ValueError names the families there are
+    if state.enable_auto_tool_choice and state.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
     limit = _opt(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
     app = FastAPI(title="slipstream", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serving = state

@@ -46,9 +46,23 @@ class _EngineStatsCollector:
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric(labels, float(s.get(key) or 0))
             yield c
+        # grammar compiles in the engine core (structured outputs), where the core reports them
+        for name, key, doc in _GRAMMAR_COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(labels, float(s.get(key) or 0))
+            yield c
         if s.get("replicas"):
             yield from _replica_families(self.model_name, s["replicas"])
 
+
+_GRAMMAR_COUNTERS = (
+    ("slipstream:grammar_compile_seconds", "grammar_compile_seconds",
+     "Time spent compiling output grammars (structured outputs, forced tool calls)."),
+    ("slipstream:grammar_compiles", "grammar_compiled", "Output grammars compiled."),
+    ("slipstream:grammar_compile_failures", "grammar_compile_failed",
+     "Output grammars that did not compile."),
+    ("slipstream:grammar_cache_hits", "grammar_cache_hits",
+     "Requests whose grammar was found compiled in the cache."))
 
 # Data-parallel serving: the families above are summed over the replicas; these are per
 # replica (label replica="0", ...), with the router's counts.
@@ -102,6 +116,15 @@ class ServerMetrics:
         self.queue = Histogram("slipstream:request_queue_time_seconds",
                                "Time waiting in the engine before the first step.",
                                lab, buckets=_LATENCY_BUCKETS, registry=reg)
+        self.constrained = Counter("slipstream:structured_output_requests",
+                                   "Requests with an output constraint, by its kind (json, regex, "
+                                   "choice, grammar, json_object, structural_tag).",
+                                   lab + ["kind"], registry=reg)
+
+    def count_constraint(self, constraint) -> None:
+        """Count an engine request's output constraint (a StructuredOutputsParams or None)."""
+        if constraint is not None:
+            self.constrained.labels(self.model_name, constraint.kind).inc()
 
     def render(self, stats: dict | None) -> bytes:
         if stats is not None:

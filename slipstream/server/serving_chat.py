@@ -18,6 +18,9 @@ from slipstream.server.serving_common import (PromptRun, ServingState, check_com
                                               resolve_max_tokens, sse, sse_events,
                                               truncate_prompt, validate_prompt)
 from slipstream.model.tokenizer import ChatOptionError, ChatOptions
+from slipstream.server.serving_tools import (ToolDeltaStream, ToolPlan, plan_tools,
+                                             reply_with_tools, template_messages)
+from slipstream.server.structured_request import structured_outputs_of
 
 
 @dataclass
@@ -27,6 +30,7 @@ class PreparedChat:
     top_logprobs: int | None  # None: no logprobs
     request_id: str
     echo: str = ""  # what each reply starts with (`echo`: the last message, if the assistant's)
+    tools: ToolPlan | None = None  # tools offered: how the reply's calls are read
 
     @property
     def prompt(self) -> list[int]:
@@ -38,9 +42,11 @@ class PreparedChat:
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
-    """Plain {role, content} dicts for the template (frontend.prompts.normalize_messages)."""
+    """Plain {role, content} dicts for the template (frontend.prompts.normalize_messages);
+    an assistant's tool calls with their arguments as objects."""
     try:
-        return normalize_messages([m.model_dump(exclude_none=True) for m in messages])
+        return template_messages(normalize_messages([m.model_dump(exclude_none=True)
+                                                     for m in messages]))
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
 
@@ -52,7 +58,7 @@ def chat_options(state: ServingState, req: ChatTemplateFields) -> ChatOptions:
         raise bad_request("chat_template is not accepted in a request; the server's "
                           "--chat-template sets the template", "chat_template")
     own = ChatOptions(req.add_generation_prompt, req.continue_final_message,
-                      dict(req.chat_template_kwargs or {}))
+                      dict(req.chat_template_kwargs or {}), tools=req.tools or None)
     return own.over(state.chat_defaults)
 
 
@@ -78,14 +84,14 @@ def render_prompt(state: ServingState, req: ChatTemplateFields, msgs: list[dict]
 def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedChat:
     state.check_model(req.model)
     check_common(req)
-    rf = req.response_format
-    if rf is not None and rf.get("type", "text") != "text":
-        raise bad_request(f"response_format {rf.get('type')!r} is not supported (only 'text')",
-                          "response_format")
-    choice = req.tool_choice
-    if (req.tools and choice != "none") or (choice is not None and choice != "none"):
-        raise bad_request("tools are not supported: leave tools out or set tool_choice to 'none'",
-                          "tools" if req.tools else "tool_choice")
+    tools = plan_tools(req, state.tool_call_parser, state.enable_auto_tool_choice)
+    structured = structured_outputs_of(req)
+    if tools is not None and tools.constraint is not None:
+        if structured is not None:
+            raise bad_request(f"tool_choice {tools.choice!r} forces a tool call; it cannot go with "
+                              "an output constraint (response_format, structured_outputs)",
+                              "tool_choice")
+        structured = tools.constraint
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
     top = (req.top_logprobs or 0) if req.logprobs else None
@@ -96,8 +102,12 @@ def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedCha
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = resolve_max_tokens(state, wanted, len(ids), param)
-    params = make_params(state, req, max_tokens=max_tokens, logprobs=top)
-    return PreparedChat(req, validate_prompt(state, ids, params), top, random_id("chatcmpl"), echo)
+    params = make_params(state, req, max_tokens=max_tokens, logprobs=top,
+                         structured_outputs=structured)
+    if tools is not None and tools.parser is not None and tools.parser.keep_special_tokens:
+        params = params.clone(skip_special_tokens=False)  # the markup is special tokens
+    return PreparedChat(req, validate_prompt(state, ids, params), top, random_id("chatcmpl"), echo,
+                        tools)
 
 
 def _chat_logprobs(state: ServingState, ids: list[int], lps, k: int) -> ChatLogprobs:
@@ -122,8 +132,14 @@ async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
         lp = None
         if prep.top_logprobs is not None:
             lp = _chat_logprobs(state, c.token_ids, c.logprobs, prep.top_logprobs)
-        choices.append(ChatChoice(index=c.index, message=ChatMessageOut(content=prep.echo + c.text),
-                                  logprobs=lp, finish_reason=c.finish_reason,
+        fields = {"content": c.text}
+        if prep.tools is not None and prep.tools.parser is not None:
+            fields["content"], fields["tool_calls"] = reply_with_tools(prep.tools, fields["content"] or "")
+        if prep.echo:
+            fields["content"] = prep.echo + (fields["content"] or "")
+        finish = "tool_calls" if fields.get("tool_calls") else c.finish_reason
+        choices.append(ChatChoice(index=c.index, message=ChatMessageOut(**fields),
+                                  logprobs=lp, finish_reason=finish,
                                   stop_reason=c.stop_reason))
     usage = UsageInfo(prompt_tokens=len(prep.prompt), completion_tokens=completion_tokens,
                       total_tokens=len(prep.prompt) + completion_tokens)
@@ -146,6 +162,8 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
                     "model": state.model_name, "choices": [choice], "usage": None,
                     "system_fingerprint": None})
 
+    parsing = prep.tools is not None and prep.tools.parser is not None
+    tool_streams = {idx: ToolDeltaStream(prep.tools) for idx in range(req.n)} if parsing else {}
     for idx in range(req.n):
         yield chunk(idx, {"role": "assistant", "content": ""})
         if prep.echo:
@@ -159,8 +177,19 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
             lp = None
             if prep.top_logprobs is not None:
                 lp = _chat_logprobs(state, c.new_token_ids, c.new_logprobs, prep.top_logprobs)
-            if c.new_text or c.finished or (lp is not None and lp.content):
-                yield chunk(c.index, {"content": c.new_text}, lp, c.finish_reason, c.stop_reason)
+            delta = {"content": c.new_text} if c.new_text else {}
+            finish = c.finish_reason
+            if parsing:  # the answer without the markup; its calls as tool-call deltas
+                calls = tool_streams[c.index]
+                text, tool_deltas = calls.feed(delta.pop("content", ""), c.finished)
+                if text:
+                    delta["content"] = text
+                if tool_deltas:
+                    delta["tool_calls"] = tool_deltas
+                if c.finished and calls.calls:
+                    finish = "tool_calls"
+            if delta or c.finished or (lp is not None and lp.content):
+                yield chunk(c.index, delta or {"content": ""}, lp, finish, c.stop_reason)
     if run.unfinished:
         raise APIError(503, "the request was aborted (the server is shutting down)")
     if req.stream_options is not None and req.stream_options.include_usage:

@@ -39,6 +39,8 @@ class ServingState:
     max_waiting: int | None = None
     stream_interval: int = 1
     chat_defaults: ChatOptions = field(default_factory=ChatOptions)  # --chat-template, ...
+    tool_call_parser: str | None = None  # --tool-call-parser: the family whose calls are read
+    enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice
     metrics: ServerMetrics = None  # type: ignore[assignment]
     shutting_down: bool = False
     active_requests: int = 0  # engine requests submitted and not yet ended
@@ -121,7 +123,7 @@ def check_common(req) -> None:
 
 
 def make_params(state: ServingState, req, *, max_tokens: int, logprobs: int | None,
-                prompt_logprobs: int | None = None) -> SamplingParams:
+                prompt_logprobs: int | None = None, structured_outputs=None) -> SamplingParams:
     vocab = state.llm.vocab_size
     for i, t in enumerate(req.stop_token_ids or ()):
         if not 0 <= t < vocab:
@@ -138,6 +140,8 @@ def make_params(state: ServingState, req, *, max_tokens: int, logprobs: int | No
               logprobs=logprobs, prompt_logprobs=prompt_logprobs,
               skip_special_tokens=req.skip_special_tokens,
               include_stop_str_in_output=req.include_stop_str_in_output)
+    if structured_outputs is not None:
+        kw["structured_outputs"] = structured_outputs
     try:
         return SamplingParams.from_dict(kw)
     except ValueError as e:
@@ -234,6 +238,7 @@ class PromptRun:
 
         state = self.state
         tracker = state.metrics.tracker(request.params.n, len(request.prompt_token_ids))
+        state.metrics.count_constraint(request.params.structured_outputs)
         gen = state.llm.generate(request, request_id=rid, output_kind=self.output_kind,
                                  stream_interval=state.stream_interval)
         try:

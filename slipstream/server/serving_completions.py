@@ -16,6 +16,7 @@ from slipstream.server.errors import APIError, bad_request
 from slipstream.server.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
                                         CompletionRequest, CompletionResponse, UsageInfo,
                                         random_id)
+from slipstream.server.structured_request import structured_outputs_of
 from slipstream.server.serving_common import (MAX_CHOICES, MAX_PROMPTS, PromptRun, ServingState,
                                               check_common, clean_lp, collect, encode,
                                               make_params, output_error, resolve_max_tokens,
@@ -66,6 +67,7 @@ def prepare_completion(state: ServingState, req: CompletionRequest) -> PreparedC
                               "max_tokens")
         echo_only = True
     prompt_lp = req.logprobs if req.echo and req.logprobs is not None else None
+    structured = structured_outputs_of(req)
     requests, texts = [], []
     for item in items:
         ids = encode(state, item, req.add_special_tokens) if isinstance(item, str) else list(item)
@@ -73,7 +75,7 @@ def prepare_completion(state: ServingState, req: CompletionRequest) -> PreparedC
         ids = truncate_prompt(state, ids, req.truncate_prompt_tokens)
         max_tokens = 1 if echo_only else resolve_max_tokens(state, req.max_tokens, len(ids))
         sp = make_params(state, req, max_tokens=max_tokens, logprobs=req.logprobs,
-                         prompt_logprobs=prompt_lp)
+                         prompt_logprobs=prompt_lp, structured_outputs=structured)
         requests.append(validate_prompt(state, ids, sp))
         texts.append(item if isinstance(item, str) and len(ids) == whole else None)
     return PreparedCompletion(req, requests, texts, echo_only, random_id("cmpl"))

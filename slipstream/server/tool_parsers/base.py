@@ -60,6 +60,31 @@ class ToolParser:
     starts_only_at_beginning: ClassVar[tuple[str, ...]] = ()  # markers that count only first
     keep_special_tokens: ClassVar[bool] = False
 
+    # How a forced call is written (tool_choice "required" or a named tool): each call is
+    # call_begin (with {name}, the name as a JSON string), the arguments, call_end; calls
+    # are joined by call_separator, the whole between calls_prefix and calls_suffix.
+    call_begin: ClassVar[str]
+    call_end: ClassVar[str]
+    call_separator: ClassVar[str]
+    calls_prefix: ClassVar[str] = ""
+    calls_suffix: ClassVar[str] = ""
+
+    def constraint(self, functions: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
+        """An xgrammar structural tag whose sentences are calls, in this family's markup, of
+        the given functions ({"name", "parameters": JSON schema}): one or more when
+        `parallel`, else exactly one; the arguments follow each function's schema."""
+        tags = [{"type": "tag", "begin": self.call_begin.format(name=json.dumps(f["name"])),
+                 "content": {"type": "json_schema",
+                             "json_schema": f.get("parameters") or {"type": "object"}},
+                 "end": self.call_end} for f in functions]
+        calls = {"type": "tags_with_separator", "tags": tags, "separator": self.call_separator,
+                 "at_least_one": True, "stop_after_first": not parallel}
+        elements = [{"type": "const_string", "value": self.calls_prefix}] if self.calls_prefix else []
+        elements.append(calls)
+        if self.calls_suffix:
+            elements.append({"type": "const_string", "value": self.calls_suffix})
+        return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
+
     def read_calls(self, text: str, final: bool) -> tuple[int, list[dict[str, Any]]] | None:
         """Read from `text`, which starts at a marker (or after calls already read): None
         (NEED_MORE) while the calls may still be incomplete; else (characters used, calls as

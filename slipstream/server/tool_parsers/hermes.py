@@ -13,6 +13,10 @@ class HermesToolParser(ToolParser):
     name = "hermes"
     start_markers = (OPEN,)
 
+    call_begin = OPEN + '\n{{"name": {name}, "arguments": '
+    call_end = "}\n" + CLOSE
+    call_separator = "\n"
+
     def read_calls(self, text: str, final: bool) -> tuple[int, list[dict[str, Any]]] | None:
         lead = len(text) - len(text.lstrip())
         if not text.startswith(OPEN, lead):

@@ -15,6 +15,10 @@ class Llama3JsonToolParser(ToolParser):
     starts_only_at_beginning = ("{",)
     keep_special_tokens = True  # <|python_tag|> is a special token
 
+    call_begin = '{{"name": {name}, "parameters": '
+    call_end = "}"
+    call_separator = "; "
+
     def read_calls(self, text: str, final: bool) -> tuple[int, list[dict[str, Any]]] | None:
         pos = len(text) - len(text.lstrip())
         if text.startswith(PYTHON_TAG, pos):

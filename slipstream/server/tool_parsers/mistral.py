@@ -14,6 +14,12 @@ class MistralToolParser(ToolParser):
     start_markers = (MARKER,)
     keep_special_tokens = True
 
+    call_begin = '{{"name": {name}, "arguments": '
+    call_end = "}"
+    call_separator = ", "
+    calls_prefix = MARKER + "["
+    calls_suffix = "]"
+
     def read_calls(self, text: str, final: bool) -> tuple[int, list[dict[str, Any]]] | None:
         if not text.startswith(MARKER):
             return 0, []
