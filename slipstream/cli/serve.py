@@ -30,6 +30,10 @@ def _server_args(p: argparse.ArgumentParser) -> None:
                    help="model name(s) clients send (default: the model's own name); the "
                         "first is reported in responses")
     chat_args(p, "--default-chat-template-kwargs")
+    from slipstream.server.reasoning_parsers import REASONING_PARSERS
+    p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                   help="split a thinking model's replies: the thinking goes to "
+                        "reasoning_content (and reasoning), the answer to content")
     from slipstream.server.tool_parsers import TOOL_PARSERS
     p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
                    help="the markup the model writes tool calls in (hermes: Qwen2.5/Qwen3, "
@@ -57,6 +61,9 @@ def add_serve_parser(subparsers, engine_args_fn):
                    help="send one streamed chunk per K tokens (always at the end)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="largest request body (413 above)")
+    p.add_argument("--responses-store-size", type=int, default=1000,
+                   help="stored /v1/responses kept in memory for previous_response_id "
+                        "(the least recently used go first; 0: none kept)")
     p.add_argument("--log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--data-parallel-size", type=int, default=1,
@@ -86,11 +93,11 @@ def _check_flags(a: argparse.Namespace) -> None:
     from slipstream.cli.options import chat_defaults
     a.chat_defaults = chat_defaults(a)  # the chat template flags, read (ValueError if bad)
     for name in ("max_waiting", "stream_interval", "max_body_bytes", "max_concurrency",
-                 "data_parallel_size"):
+                 "data_parallel_size", "responses_store_size"):
         v = getattr(a, name, None)
-        if v is not None and v < (0 if name == "max_waiting" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be >= "
-                             f"{0 if name == 'max_waiting' else 1}, got {v}")
+        least = 0 if name in ("max_waiting", "responses_store_size") else 1
+        if v is not None and v < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {v}")
     if getattr(a, "shutdown_timeout", 0) < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {a.shutdown_timeout}")
 
@@ -244,10 +251,12 @@ async def run_batch_file(a) -> int:
     dst = sys.stdout if a.output_file == "-" else open(a.output_file, "w", encoding="utf-8")
     state = None
     try:
+        from slipstream.server.reasoning_parsers import get_reasoning_parser
         names = a.served_model_name or [llm.model_name]
         state = ServingState(llm=llm, served_names=list(names), chat_defaults=a.chat_defaults,
                              tool_call_parser=getattr(a, "tool_call_parser", None),
-                             enable_auto_tool_choice=getattr(a, "enable_auto_tool_choice", False))
+                             enable_auto_tool_choice=getattr(a, "enable_auto_tool_choice", False),
+                             reasoning_parser=get_reasoning_parser(getattr(a, "reasoning_parser", None)))
 
         def write(row: dict) -> None:
             dst.write(json.dumps(row, ensure_ascii=False) + "\n")

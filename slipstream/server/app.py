@@ -28,6 +28,11 @@ from slipstream.server.serving_common import PromptRun, ServingState, encode, of
 from slipstream.server.serving_completions import (complete, prepare_completion,
                                                    stream_completion)
 from slipstream.model.tokenizer import ChatOptions
+from slipstream.server.reasoning_parsers import get_reasoning_parser
+from slipstream.server.protocol_responses import ResponsesRequest
+from slipstream.server.responses_store import ResponseStore
+from slipstream.server.responses_stream import stream_response
+from slipstream.server.serving_responses import complete_response, prepare_response
 from slipstream.server.tool_parsers import get_tool_parser
 
 _UNCOUNTED = ("/health", "/metrics", "/version")
@@ -170,6 +175,7 @@ def build_app(llm, args=None) -> FastAPI:
                          max_waiting=_opt(args, "max_waiting", None),
                          stream_interval=_opt(args, "stream_interval", 1),
                          chat_defaults=_opt(args, "chat_defaults", ChatOptions()),
+                         reasoning_parser=get_reasoning_parser(_opt(args, "reasoning_parser", None)),
                          tool_call_parser=_opt(args, "tool_call_parser", None),
                          enable_auto_tool_choice=bool(_opt(args, "enable_auto_tool_choice", False)))
     if state.tool_call_parser is not None:
@@ -200,6 +206,25 @@ def build_app(llm, args=None) -> FastAPI:
             run = PromptRun(state, [prep.request], prep.request_id)
             return _SSEResponse(stream_chat(state, prep, run), run.cancel)
         return await race_disconnect(request, complete_chat(state, prep))
+
+    responses = ResponseStore(_opt(args, "responses_store_size", 1000))
+    app.state.responses = responses
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        req = await parse_body(request, ResponsesRequest, limit)
+        history = []
+        if req.previous_response_id is not None:  # the store is read on the event loop only
+            history = responses.get(req.previous_response_id, "previous_response_id").messages
+        prep = await off_loop(state, prepare_response, state, req, history)
+        if req.stream:
+            run = PromptRun(state, [prep.chat.request], prep.chat.request_id)
+            return _SSEResponse(stream_response(state, responses, prep, run), run.cancel)
+        return await race_disconnect(request, complete_response(state, responses, prep))
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return responses.get(response_id).response
 
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": started, "owned_by": "slipstream",

@@ -17,6 +17,8 @@ from slipstream.server.serving_common import (PromptRun, ServingState, check_com
                                               collect, make_params, output_error,
                                               resolve_max_tokens, sse, sse_events,
                                               truncate_prompt, validate_prompt)
+from slipstream.server.serving_reasoning import (ChatDeltas, constrain_after_reasoning,
+                                                 message_fields)
 from slipstream.model.tokenizer import ChatOptionError, ChatOptions
 from slipstream.server.serving_tools import (ToolDeltaStream, ToolPlan, plan_tools,
                                              reply_with_tools, template_messages)
@@ -106,6 +108,7 @@ def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedCha
                          structured_outputs=structured)
     if tools is not None and tools.parser is not None and tools.parser.keep_special_tokens:
         params = params.clone(skip_special_tokens=False)  # the markup is special tokens
+    params = constrain_after_reasoning(state.reasoning_parser, params)
     return PreparedChat(req, validate_prompt(state, ids, params), top, random_id("chatcmpl"), echo,
                         tools)
 
@@ -132,7 +135,7 @@ async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
         lp = None
         if prep.top_logprobs is not None:
             lp = _chat_logprobs(state, c.token_ids, c.logprobs, prep.top_logprobs)
-        fields = {"content": c.text}
+        fields = message_fields(state.reasoning_parser, c.text)
         if prep.tools is not None and prep.tools.parser is not None:
             fields["content"], fields["tool_calls"] = reply_with_tools(prep.tools, fields["content"] or "")
         if prep.echo:
@@ -153,6 +156,7 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
     output per --stream-interval tokens, always one at its end); this only formats them."""
     req, created = prep.req, int(time.time())
     completion_tokens = 0
+    deltas = ChatDeltas(state.reasoning_parser)
 
     def chunk(idx: int, delta: dict, lp: ChatLogprobs | None = None, finish=None, stop_reason=None) -> str:
         # a plain dict, not the pydantic models: this runs once per streamed chunk
@@ -177,7 +181,7 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
             lp = None
             if prep.top_logprobs is not None:
                 lp = _chat_logprobs(state, c.new_token_ids, c.new_logprobs, prep.top_logprobs)
-            delta = {"content": c.new_text} if c.new_text else {}
+            delta = deltas.delta(c.index, c.new_text, c.finished)
             finish = c.finish_reason
             if parsing:  # the answer without the markup; its calls as tool-call deltas
                 calls = tool_streams[c.index]

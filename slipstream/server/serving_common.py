@@ -41,6 +41,7 @@ class ServingState:
     chat_defaults: ChatOptions = field(default_factory=ChatOptions)  # --chat-template, ...
     tool_call_parser: str | None = None  # --tool-call-parser: the family whose calls are read
     enable_auto_tool_choice: bool = False  # --enable-auto-tool-choice
+    reasoning_parser: Any = None  # --reasoning-parser's ReasoningParser (None: replies are all content)
     metrics: ServerMetrics = None  # type: ignore[assignment]
     shutting_down: bool = False
     active_requests: int = 0  # engine requests submitted and not yet ended
