@@ -37,9 +37,10 @@ def check_tensor_parallel(config: ModelConfig, tp: int) -> None:
     if kv % tp and tp % kv:
         raise ValueError(f"tensor_parallel_size={tp} and the model's num_key_value_heads={kv}: "
                          f"neither divides the other, so the KV heads can be neither split nor replicated")
-    if config.intermediate_size % tp:
-        raise ValueError(f"tensor_parallel_size={tp} does not divide the model's "
-                         f"intermediate_size={config.intermediate_size}")
+    name, width = (("moe_intermediate_size", config.moe_intermediate_size) if config.is_moe
+                   else ("intermediate_size", config.intermediate_size))
+    if width % tp:
+        raise ValueError(f"tensor_parallel_size={tp} does not divide the model's {name}={width}")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ class TPShard:
     @property
     def intermediate_size(self) -> int:
         return self.config.intermediate_size // self.size
+
+    @property
+    def moe_intermediate_size(self) -> int:
+        """Each expert's intermediate columns on this rank (model/moe.py)."""
+        return self.config.moe_intermediate_size // self.size
 
     @property
     def vocab_per_rank(self) -> int:

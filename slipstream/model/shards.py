@@ -2,7 +2,9 @@
 
 q/k/v and gate/up are column-parallel (a slice of their output rows), o and down are
 row-parallel (a slice of their input columns), the embedding and the LM head are
-vocab-parallel (a slice of rows); norms and the o bias are whole on every rank.
+vocab-parallel (a slice of rows); norms and the o bias are whole on every rank. A MoE
+layer's experts split the same way as the MLP (each expert's gate/up rows, down columns);
+its router is whole on every rank.
 """
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ def shard_slice(hf_name: str, shard: TPShard | None) -> Slice | None:
         return Slice(0, shard.kv_head_start * d, shard.num_kv_heads * d, c.kv_size)
     if hf_name.endswith(".self_attn.o_proj.weight"):
         return Slice(1, r * shard.num_heads * d, shard.num_heads * d, c.q_size)
+    if ".experts." in hf_name:  # one expert's projection (model/moe.py): its intermediate slice
+        inter = shard.moe_intermediate_size
+        dim = 1 if hf_name.endswith((".down_proj.weight", ".w2.weight")) else 0
+        return Slice(dim, r * inter, inter, c.moe_intermediate_size)
     if ".mlp.gate_proj." in hf_name or ".mlp.up_proj." in hf_name:
         inter = shard.intermediate_size
         return Slice(0, r * inter, inter, c.intermediate_size)

@@ -1,0 +1,59 @@
+"""Mixture-of-experts ops: the router's top-k and the fused MoE layer.
+
+`route` turns router logits into each token's k experts and their weights. `fused_moe`
+runs the experts: out[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) over the
+k experts e = ids[t, j] of token t. `fused_moe_ref` is the per-expert loop in torch (the CPU
+path and the oracle); on CUDA `slipstream.ops.triton_moe` sorts the (token, expert) pairs by
+expert on the device and runs two grouped GEMMs over them.
+
+Numerics: products accumulate in float32; SiLU·mul is rounded once to x's dtype (the down
+product's input); each expert's output is scaled by its float32 weight and rounded to x's
+dtype, and the k outputs of a token are summed in float32 (with the residual stream, when
+given) and rounded once.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights float32 [T, k], expert ids int32 [T, k]): softmax over the experts in float32,
+    the k largest, divided by their sum when `renormalize`. Graph-safe torch ops."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def fused_moe_ref(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, H], w_gate_up [E, 2I, H] ([gate | up] rows), w_down [E, H, I], topk_weights
+    float32 [T, k], topk_ids [T, k] -> [T, H] in x's dtype; with `residual` [T, H], the sum
+    is added into it in place (one rounding) and it is returned. One expert at a time, over
+    the tokens routed to it (host syncs: the CPU path)."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    if residual is not None:
+        out += residual.float()
+    ids = topk_ids.long()
+    for e in ids.unique().tolist():
+        tokens, slots = torch.where(ids == e)
+        gate, up = F.linear(x[tokens].float(), w_gate_up[e].float()).chunk(2, dim=-1)
+        act = (F.silu(gate) * up).to(x.dtype)
+        y = F.linear(act.float(), w_down[e].float()) * topk_weights[tokens, slots, None].float()
+        out.index_add_(0, tokens, y.to(x.dtype).float())
+    if residual is not None:
+        return residual.copy_(out)
+    return out.to(x.dtype)
+
+
+def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+    """`fused_moe_ref`'s result: the Triton kernels for CUDA tensors, the reference otherwise."""
+    if x.is_cuda:
+        from slipstream.ops.triton_moe import fused_moe_triton
+        return fused_moe_triton(x, w_gate_up, w_down, topk_weights, topk_ids, residual=residual)
+    return fused_moe_ref(x, w_gate_up, w_down, topk_weights, topk_ids, residual)
