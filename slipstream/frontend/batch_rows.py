@@ -21,7 +21,7 @@ from slipstream.model.tokenizer import ChatOptions
 from slipstream.sampling.params import SamplingParams
 
 INPUT_KEYS = ("prompt", "prompt_token_ids", "messages")
-CHAT_KEYS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message")
+CHAT_KEYS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message", "tools")
 ROW_KEYS = ("id", *INPUT_KEYS, "sampling_params", *CHAT_KEYS)
 SAMPLING_KEYS = SamplingParams.field_names()
 
@@ -112,8 +112,12 @@ def _chat_options(own: dict, defaults: ChatOptions, is_chat: bool) -> ChatOption
     for k in ("add_generation_prompt", "continue_final_message"):
         if not isinstance(own.get(k, False), bool):
             raise ValueError(f"{k} must be true or false")
+    tools = own.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise ValueError("tools must be a list of {\"type\": \"function\", \"function\": {...}} objects")
     return ChatOptions(own.get("add_generation_prompt", True), own.get("continue_final_message", False),
-                       {k: v for k, v in kwargs.items() if v is not None}).over(defaults)
+                       {k: v for k, v in kwargs.items() if v is not None},
+                       tools=tools or None).over(defaults)
 
 
 def _sampling_fields(given: dict) -> dict:

@@ -203,17 +203,19 @@ class LLM:
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = False, *, chat_template: str | None = None,
              chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False) -> list[RequestOutput]:
+             continue_final_message: bool = False, tools: list[dict] | None = None) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts) or a list of them.
 
         chat_template: a Jinja template instead of the tokenizer's; chat_template_kwargs:
         extra template variables (e.g. {"enable_thinking": False}); continue_final_message
         (with add_generation_prompt=False): continue the last message, e.g. an assistant
-        reply already begun, instead of starting a new one."""
+        reply already begun, instead of starting a new one. tools: OpenAI's function tools,
+        shown by the template; read the calls a reply makes with
+        `slipstream.server.tool_parsers.get_tool_parser(family).extract(text)`."""
         if messages and isinstance(messages, (list, tuple)) and isinstance(messages[0], dict):
             messages = [messages]
         options = ChatOptions(add_generation_prompt, continue_final_message,
-                              dict(chat_template_kwargs or {}), chat_template)
+                              dict(chat_template_kwargs or {}), chat_template, tools or None)
         prompts = [chat_token_ids(conv, self.tokenizer, options) for conv in messages]
         return self.generate(prompts, sampling_params, use_tqdm)
 
