@@ -97,3 +97,37 @@ def test_stream_gives_content_early_and_holds_a_possible_marker():
     d = stream.feed('l>{"name": "f", "arguments": {}}</tool_call>')
     assert d.content == "" and [c.name for c in d.tool_calls] == ["f"]
     assert stream.feed(" bye").content == " bye"
+
+
+FORCED = [{"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}}, "required": ["city"]}}, {"name": "add", "parameters": None}]
+# family -> (one call, two calls, a call of a tool not offered), as the constraint writes them
+FORCED_TEXTS = {
+    "hermes": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+               '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>',
+               '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'),
+    "llama3_json": ('{"name": "get_weather", "parameters": {"city": "Paris"}}',
+                    '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", "parameters": {}}',
+                    '{"name": "nope", "parameters": {}}'),
+    "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+                '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                '{"name": "add", "arguments": {}}]',
+                '[TOOL_CALLS][{"name": "nope", "arguments": {}}]'),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FORCED_TEXTS))
+def test_the_forcing_constraint_accepts_exactly_calls_the_parser_reads(family):
+    xgr = pytest.importorskip("xgrammar")
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    parser = get_tool_parser(family)
+    one, two, unknown = FORCED_TEXTS[family]
+    parallel = xgr.Grammar.from_structural_tag(json.dumps(parser.constraint(FORCED, True)))
+    single = xgr.Grammar.from_structural_tag(json.dumps(parser.constraint(FORCED, False)))
+    assert accepts(parallel, one) and accepts(parallel, two) and accepts(single, one)
+    assert not accepts(single, two)
+    assert not accepts(parallel, unknown) and not accepts(parallel, "") and not accepts(parallel, "Hi")
+    assert not accepts(parallel, one.replace('"Paris"', "3"))  # arguments follow the schema
+    assert [c.name for c in parser.extract(two).tool_calls] == ["get_weather", "add"]
