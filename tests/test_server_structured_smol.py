@@ -210,3 +210,36 @@ def test_tools_without_a_call_stay_content(client):
     done = client.chat.completions.create(messages=[{"role": "user", "content": "Say hello."}],
                                           tools=[WEATHER], tool_choice="none", max_tokens=10, **GREEDY)
     assert done.choices[0].message.content and not done.choices[0].message.tool_calls
+
+
+def test_run_batch_takes_constraints_and_tools(tmp_path):
+    import subprocess
+    import sys
+
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    bodies = {
+        "schema": ("/v1/chat/completions", {"messages": ASK, "response_format": rf, "max_tokens": 200}),
+        "regex": ("/v1/completions", {"prompt": "Call me at ", "max_tokens": 20,
+                                      "guided_regex": "[0-9]{3}-[0-9]{4}"}),
+        "tool": ("/v1/chat/completions", {"messages": WEATHER_Q, "tools": [WEATHER],
+                                          "tool_choice": "required", "parallel_tool_calls": False,
+                                          "max_tokens": 120}),
+        "bad": ("/v1/completions", {"prompt": "x", "guided_regex": "a(b"}),
+    }
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({"custom_id": k, "method": "POST", "url": url,
+                                       "body": {"model": "smol", "temperature": 0, **body}}) + "\n"
+                           for k, (url, body) in bodies.items()))
+    proc = subprocess.run([sys.executable, "-m", "slipstream.cli", "run-batch", "-i", str(src),
+                           "-o", str(dst), "--device", "cpu", "--served-model-name", "smol",
+                           "--chat-template", TEMPLATE, "--tool-call-parser", "hermes"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["custom_id"]: r for r in map(json.loads, dst.read_text().splitlines())}
+    body = lambda k: rows[k]["response"]["body"]  # noqa: E731
+    jsonschema.validate(json.loads(body("schema")["choices"][0]["message"]["content"]), SCHEMA)
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", body("regex")["choices"][0]["text"])
+    (call,) = body("tool")["choices"][0]["message"]["tool_calls"]
+    jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS["get_weather"])
+    assert rows["bad"]["response"]["status_code"] == 400
+    assert "guided_regex: invalid regex" in rows["bad"]["error"]["message"]
