@@ -11,6 +11,7 @@ _PUBLIC = {
     "OutputKind": "slipstream.frontend.outputs",
     "RequestOutput": "slipstream.frontend.outputs",
     "SamplingParams": "slipstream.sampling.params",
+    "StructuredOutputsParams": "slipstream.sampling.structured",
 }
 __all__ = sorted(_PUBLIC)
 

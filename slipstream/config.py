@@ -12,6 +12,8 @@ from dataclasses import MISSING, dataclass, field, fields
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+# (sampling/grammar/backend.py's GRAMMAR_BACKENDS; tests/test_structured_outputs_engine.py checks both agree)
+STRUCTURED_OUTPUTS_BACKENDS = ("xgrammar",)
 
 
 def option(default, help: str, *, unset: str | None = None, flag: str | None = None,
@@ -70,6 +72,9 @@ class EngineConfig:
                "token for token (GPU; slower GEMMs and decode attention)")
     tensor_parallel_size: int = option(
         1, "GPUs the model is sharded over, one worker process each (gloo on the CPU)", aliases=("-tp",))
+    structured_outputs_backend: str = option(
+        "xgrammar", "the grammar library of structured outputs (JSON schema, regex, choice, grammar), "
+                    "loaded at the first request that asks for one", choices=STRUCTURED_OUTPUTS_BACKENDS)
 
     def __post_init__(self) -> None:
         for f in fields(self):

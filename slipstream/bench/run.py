@@ -49,7 +49,8 @@ def run_bench(a, workload, engine_options: dict) -> int:
         workload.params = workload.params[:a.num_requests]
     config = EngineConfig(**engine_options)
     t0 = time.perf_counter()
-    engine = EngineCore(config)
+    constrained = sum(p.structured_outputs is not None for p in workload.params)
+    engine = EngineCore(config, grammar_tokenizer=bench_grammar_tokenizer() if constrained else None)
     init_s = time.perf_counter() - t0
     ready_s = seconds_since_process_start()
     ready = f"; process start to ready {ready_s:.2f} s" if ready_s is not None else ""
@@ -64,8 +65,9 @@ def run_bench(a, workload, engine_options: dict) -> int:
     # shapes with their kernels compiled and cuBLAS plans chosen (otherwise the first mode
     # run pays for it).
     for i, (prompt, p) in enumerate(zip(workload.prompts, workload.params)):
-        add_prompt(engine, f"warm-up-{i}", prompt,
-                   SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True))
+        add_prompt(engine, f"warm-up-{i}", prompt,  # (a grammar compiles here, once)
+                   SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True,
+                                  structured_outputs=p.structured_outputs))
     run_until_done(engine)
     freeze_gc()
 
@@ -92,6 +94,9 @@ def run_bench(a, workload, engine_options: dict) -> int:
         print(f"{mode}: garbage-collector pauses " + (", ".join(
             f"{g} {v['count']} x, {v['total_ms']:.1f} ms, longest {v['max_ms']:.1f} ms" for g, v in r.gc_pauses.items())
             or "none"))
+    if constrained:
+        for mode, tl in timelines.items():
+            print(f"{mode}: {grammar_line(tl, constrained, len(workload.params))}")
     for mode, r in results.items():
         if r.breakdown:
             print(f"\n{mode}: where the GPU time goes\n{breakdown_table(r.breakdown)}")
@@ -101,6 +106,23 @@ def run_bench(a, workload, engine_options: dict) -> int:
     if a.out:
         _write(a.out, workload.name, summary, timelines)
     return 0
+
+
+def bench_grammar_tokenizer():
+    """The tokenizer structured outputs read their vocabulary from under dummy weights: the
+    embedded SmolLM2's (the backend pads it to the model's vocabulary with tokens never allowed)."""
+    from slipstream.model.loader import resolve_model_source
+    from slipstream.model.tokenizer import load_tokenizer
+    return load_tokenizer(resolve_model_source(None)).hf
+
+
+def grammar_line(timeline, constrained: int, total: int) -> str:
+    """The CPU time of the step loop's "grammar" spans: the matchers' bitmasks of constrained
+    batches and their sampling launches (the matchers' token accepts are in "process")."""
+    spans = [s.end - s.start for s in timeline.spans if s.name == "grammar"] if timeline else []
+    per_step = 1e3 * sum(spans) / len(spans) if spans else 0.0
+    return (f"{constrained} of {total} requests constrained; grammar CPU {per_step:.3f} ms per "
+            f"constrained step over {len(spans)} steps")
 
 
 def ceilings_line(bandwidth: float, rate: float, measured: bool) -> str:

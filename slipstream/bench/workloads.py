@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from slipstream.sampling.params import SamplingParams
+from slipstream.sampling.structured import StructuredOutputsParams
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
 
@@ -63,6 +64,25 @@ def seed_8b_short() -> Workload:
     return seed_8b(1024, "seed-8b-short")
 
 
+# The schema of the constrained workloads: a few fields and an array.  With dummy weights the
+# model draws among the tokens the mask allows, so its strings seldom close: most requests end
+# at max_tokens, some with a complete object ("stop", even under ignore_eos: a terminated
+# grammar ends its request).
+BENCH_SCHEMA = {"type": "object", "properties": {
+    "id": {"type": "integer"}, "name": {"type": "string"}, "active": {"type": "boolean"},
+    "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["id", "name", "active", "tags"]}
+
+
+def with_json_schema(parent: Workload, name: str, fraction: float = 0.5) -> Workload:
+    """`parent` with `fraction` of its requests (spread evenly) constrained to BENCH_SCHEMA.
+    The grammar's vocabulary is SmolLM2's tokenizer padded to the model's vocabulary with
+    tokens never allowed (`slipstream bench` builds it: dummy weights bring no tokenizer)."""
+    constraint = StructuredOutputsParams(json=BENCH_SCHEMA)
+    params = [p.clone(structured_outputs=constraint) if int((i + 1) * fraction) > int(i * fraction) else p
+              for i, p in enumerate(parent.params)]
+    return replace(parent, name=name, params=params, engine=dict(parent.engine))
+
+
 def first_requests(parent: Workload, n: int, name: str) -> Workload:
     """A latency workload: the first `n` requests of `parent`, under its engine options."""
     return replace(parent, name=name, prompts=parent.prompts[:n], params=parent.params[:n],
@@ -74,6 +94,10 @@ WORKLOADS = {
     "seed-8b-short": seed_8b_short,
     "small-256": small_256,
     "tiny": tiny,
+    # structured outputs: half the requests constrained to a JSON schema (BENCH_SCHEMA)
+    "small-256-json": lambda: with_json_schema(small_256(), "small-256-json"),
+    "seed-8b-short-json": lambda: with_json_schema(seed_8b_short(), "seed-8b-short-json"),
+    "tiny-json": lambda: with_json_schema(tiny(), "tiny-json"),
     # latency: one request (batch size 1) or eight of a throughput workload
     "seed-8b-bs1": lambda: first_requests(seed_8b_short(), 1, "seed-8b-bs1"),
     "seed-8b-bs8": lambda: first_requests(seed_8b_short(), 8, "seed-8b-bs8"),

@@ -7,6 +7,7 @@ finish_reason "error" and its message, alone.  `service.run_core` drives it from
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -28,6 +29,7 @@ from slipstream.runner.model_runner import ModelRunner, RunnerOptions
 from slipstream.runner.kv_memory import gpu_memory_in_use
 from slipstream.sampling.params import SamplingParams
 from slipstream.sched.scheduler import Scheduler
+from slipstream.sched.structured_outputs import StructuredOutputs
 from slipstream.model.tokenizer import load_tokenizer
 
 
@@ -42,11 +44,14 @@ def resolve_device(name: str) -> torch.device:
 class EngineCore:
     UTILITIES = ("stats", "reset_prefix_cache", "set_async_scheduling", "info")
 
-    def __init__(self, config: EngineConfig, tokenizer=None) -> None:
+    def __init__(self, config: EngineConfig, tokenizer=None, grammar_tokenizer=None) -> None:
+        """tokenizer: the model's (loaded from the model's folder when None, except with dummy
+        weights); grammar_tokenizer: the transformers tokenizer structured outputs read their
+        vocabulary from, when it is not the model's (benchmarks of dummy weights)."""
         with collector_paused():
-            self._build(config, tokenizer)
+            self._build(config, tokenizer, grammar_tokenizer)
 
-    def _build(self, config: EngineConfig, tokenizer) -> None:
+    def _build(self, config: EngineConfig, tokenizer, grammar_tokenizer) -> None:
         self.config = config
         self.device = resolve_device(config.device)
         self.source = resolve_model_source(config.model)
@@ -92,6 +97,8 @@ class EngineCore:
         if tokenizer is None and config.load_format != "dummy":
             tokenizer = load_tokenizer(self.source)
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids if tokenizer else self.model_config.eos_token_ids)
+        hf_tokenizer = grammar_tokenizer if grammar_tokenizer is not None else getattr(tokenizer, "hf", None)
+        self.scheduler.structured_outputs = StructuredOutputs(lambda: self._grammar_backend(hf_tokenizer))
         self.timeline = Timeline() if config.trace else None
         self.loop = StepLoop(self.scheduler, self.runner, 2 if async_mode else 1, self.timeline)
         self.requests: dict[str, Request] = {}
@@ -102,6 +109,17 @@ class EngineCore:
             vocab_size=self.model_config.vocab_size, eos_token_ids=sorted(self.eos_token_ids),
             num_kv_blocks=self.pool.num_blocks, block_size=config.block_size, device=str(self.device),
             async_scheduling=async_mode, max_num_batched_tokens=tokens)
+
+    def _grammar_backend(self, hf_tokenizer):
+        """The structured-outputs backend over the model's vocabulary (its logits' width)."""
+        if self.config.tensor_parallel_size > 1:
+            raise ValueError("they need tensor_parallel_size=1")
+        if hf_tokenizer is None:
+            raise ValueError("the engine has no tokenizer to build token masks from "
+                             f"(load_format={self.config.load_format!r} loads none)")
+        from slipstream.sampling.grammar.backend import create_grammar_backend
+        return create_grammar_backend(self.config.structured_outputs_backend, hf_tokenizer,
+                                      self.model_config.vocab_size, sorted(self.eos_token_ids))
 
     def _startup_report(self, weights_s: float, total_s: float) -> dict:
         """Where the engine's start went (seconds): the weights, the CUDA graphs and the
@@ -135,6 +153,7 @@ class EngineCore:
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (a one-rank engine holds nothing to stop)."""
+        self.scheduler.structured_outputs.close()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
@@ -181,6 +200,8 @@ class EngineCore:
         req = Request(rid, msg.prompt_token_ids, params, seed, self.eos_token_ids,
                       arrival_time=msg.arrival_time)
         self.requests[rid] = req
+        if not error and req.params.structured_outputs is not None:
+            error = self.scheduler.structured_outputs.submit(req)
         if error:
             req.status, req.finish_reason, req.error = Status.FINISHED, "error", error
             self._ended.append(req)
@@ -202,12 +223,18 @@ class EngineCore:
     def step(self) -> list[CoreOutput]:
         """One turn of the overlap loop: the news of every request that got tokens or ended."""
         ended, self._ended = self._ended, []
+        for req, error in self.scheduler.structured_outputs.poll():  # grammars that failed
+            self.scheduler.finish(req, "error", error)
+            ended.append(req)
         touched = self.loop.step()
-        if self.loop.stuck:  # e.g. blocks held elsewhere; fail the head alone, the rest goes on
+        # e.g. blocks held elsewhere; fail the head alone, the rest goes on
+        if self.loop.stuck and not self.scheduler.waiting[0].awaiting_grammar:
             req = self.scheduler.waiting[0]
             self.scheduler.finish(req, "error", "the scheduler could not place this request "
                                                 "(it needs more KV blocks or rows than are free)")
             touched.append(req)
+        elif self.loop.stuck and not ended and not touched:
+            time.sleep(0.001)  # only grammars compiling: let their threads run
         return [self._output(r) for r in ended + touched]
 
     def _output(self, req: Request) -> CoreOutput:
@@ -242,7 +269,8 @@ class EngineCore:
                     kv_blocks_in_use=in_use, kv_cache_usage=in_use / pool.num_blocks,
                     num_preemptions=s.num_preemptions, prefix_cache_queries=queries,
                     prefix_cache_hits=pool.num_hits,
-                    prefix_cache_hit_rate=pool.num_hits / queries if queries else 0.0)
+                    prefix_cache_hit_rate=pool.num_hits / queries if queries else 0.0,
+                    **dataclasses.asdict(self.scheduler.structured_outputs.stats()))
 
     def set_async_scheduling(self, enabled: bool) -> None:
         """Switch between the overlap loop (depth 2) and the sync baseline (depth 1)."""

@@ -7,6 +7,8 @@ optional `sampling_params` (an object over the job's defaults) and, for a chat,
 `continue_final_message`.  A sampling field may also sit at the top level, as older JSONL
 files have it: it joins `sampling_params`, and one given in both places is an error.  A
 null anywhere means "not given" (Ray Data fills the columns a row lacks with nulls).
+Structured outputs: `structured_outputs` (a sampling field, StructuredOutputsParams' fields)
+or OpenAI's `response_format` (json_schema, json_object; text constrains nothing), not both.
 Out: `RowResult`'s fields, `ray.data.llm`'s names plus `finish_reason` and `error`.
 
 Errors are ValueErrors of one line naming the field; the caller adds where the row is.
@@ -19,10 +21,11 @@ from typing import Any, Mapping
 from slipstream.frontend.prompts import chat_token_ids, normalize_messages
 from slipstream.model.tokenizer import ChatOptions
 from slipstream.sampling.params import SamplingParams
+from slipstream.sampling.structured import StructuredOutputsParams
 
 INPUT_KEYS = ("prompt", "prompt_token_ids", "messages")
 CHAT_KEYS = ("chat_template_kwargs", "add_generation_prompt", "continue_final_message", "tools")
-ROW_KEYS = ("id", *INPUT_KEYS, "sampling_params", *CHAT_KEYS)
+ROW_KEYS = ("id", *INPUT_KEYS, "sampling_params", "response_format", *CHAT_KEYS)
 SAMPLING_KEYS = SamplingParams.field_names()
 
 
@@ -83,7 +86,14 @@ def parse_row(obj: Mapping[str, Any], defaults: RowDefaults) -> BatchRow:
     is_chat = key == "messages" or (defaults.text_as_chat and key == "prompt")
     prompt = _checked_prompt(key, given[key], is_chat)
     chat = _chat_options({k: given[k] for k in CHAT_KEYS if k in given}, defaults.chat, is_chat)
-    params = SamplingParams.from_dict({**defaults.sampling, **_sampling_fields(given)})
+    sampling = _sampling_fields(given)
+    if "response_format" in given:
+        constraint = StructuredOutputsParams.from_response_format(given["response_format"])
+        if constraint is not None:
+            if "structured_outputs" in sampling:
+                raise ValueError("give one of response_format and structured_outputs, not both")
+            sampling["structured_outputs"] = constraint
+    params = SamplingParams.from_dict({**defaults.sampling, **sampling})
     return BatchRow(None if rid is None else str(rid), prompt, is_chat, chat, params)
 
 

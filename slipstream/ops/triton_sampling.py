@@ -75,11 +75,24 @@ def _gumbel(h):
 
 
 @triton.jit
+def _load_logits(base, offs, hi, mask_row_ptr, HAS_MASK: tl.constexpr):
+    # float32 logits of `offs` (< hi); with a token bitmask, disallowed tokens read -inf
+    valid = offs < hi
+    x = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    if HAS_MASK:
+        words = tl.load(mask_row_ptr + offs // 32, mask=valid, other=0)
+        allowed = ((words >> (offs % 32)) & 1) != 0
+        x = tl.where(allowed, x, float("-inf"))
+    return x
+
+
+@triton.jit
 def _sample_kernel(
     logits_ptr, stride_row, V, span,
     temp_ptr, inv_t_ptr, cutoff_ptr, lmp_ptr, seed_ptr, tidx_ptr,
     part_val_ptr, part_idx_ptr, tokens_ptr,
-    num_splits,
+    num_splits, mask_ptr, mask_stride,
+    HAS_MASK: tl.constexpr,
     HAS_CUTOFF: tl.constexpr,
     SINGLE: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -89,6 +102,7 @@ def _sample_kernel(
     row = tl.program_id(0)
     split = tl.program_id(1)
     base = logits_ptr + row.to(tl.int64) * stride_row
+    mask_row_ptr = mask_ptr + row.to(tl.int64) * mask_stride
     v_lo = split * span
     v_hi = tl.minimum(v_lo + span, V)
     arange = tl.arange(0, BLOCK_V)
@@ -102,7 +116,7 @@ def _sample_kernel(
         # greedy: first index of the maximum (penalised) logit
         for start in range(v_lo, v_hi, BLOCK_V):
             offs = start + arange
-            x = tl.load(base + offs, mask=offs < v_hi, other=float("-inf")).to(tl.float32)
+            x = _load_logits(base, offs, v_hi, mask_row_ptr, HAS_MASK)
             better = x > best_vals  # strict: a lane keeps its first index reaching its maximum
             best_idxs = tl.where(better, offs, best_idxs)
             best_vals = tl.where(better, x, best_vals)
@@ -118,7 +132,7 @@ def _sample_kernel(
                 mx = tl.zeros([], tl.float32) - float("inf")
                 for start in range(0, V, BLOCK_V):
                     offs = start + arange
-                    x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+                    x = _load_logits(base, offs, V, mask_row_ptr, HAS_MASK)
                     mx = tl.maximum(mx, tl.max(x, axis=0))
                 smax = mx * inv_t
                 thr = tl.minimum(smax + lmp, smax)
@@ -127,7 +141,7 @@ def _sample_kernel(
         for start in range(v_lo, v_hi, BLOCK_V):
             offs = start + arange
             valid = offs < v_hi
-            x = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32)
+            x = _load_logits(base, offs, v_hi, mask_row_ptr, HAS_MASK)
             s = x * inv_t
             keep = valid & (s >= thr)
             chunk_max = tl.max(tl.where(keep, s, float("-inf")), axis=0)
@@ -189,6 +203,7 @@ def _noise_kernel(seed_ptr, tidx_ptr, out_ptr, V, stride_out,
 def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t: torch.Tensor,
                          log_min_p: torch.Tensor, cutoff: torch.Tensor | None,
                          seed: torch.Tensor, token_index: torch.Tensor, *,
+                         bitmask: torch.Tensor | None = None,
                          num_splits: int | None = None, block_v: int | None = None,
                          num_warps: int | None = None,
                          out: torch.Tensor | None = None) -> torch.Tensor:
@@ -197,7 +212,9 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
     logits: float32 / bfloat16 / float16 [B, V] (penalised; read as float32); temperature/inv_t/log_min_p: float32 [B]
     (inv_t = 1 / temperature, 1 for greedy rows; log_min_p = log(min_p), -inf = off);
     cutoff: float32 [B] threshold on the scaled logits that already folds top-k, top-p
-    and min-p (then log_min_p is not read), or None; seed int64 [B]; token_index int32 [B].
+    and min-p (then log_min_p is not read), or None; seed int64 [B]; token_index int32 [B];
+    bitmask: int32 [B, ceil(V / 32)] allowed tokens (structured outputs), or None: a clear
+    bit reads as logit -inf before temperature and every cutoff.
     num_splits / block_v / num_warps: launch shape (None = chosen from the shapes and the
     device).
     """
@@ -233,13 +250,18 @@ def sample_tokens_triton(logits: torch.Tensor, temperature: torch.Tensor, inv_t:
     has_cutoff = cutoff is not None
     if num_warps is None:
         num_warps = 8 if block_v >= 2048 else 4  # 8 warps for 1024: 3-5% slower at 32-256 sampled rows
+    has_mask = bitmask is not None
+    if has_mask and (bitmask.dtype != torch.int32 or bitmask.shape[0] != B or bitmask.stride(1) != 1
+                     or bitmask.shape[1] * 32 < V):
+        raise ValueError(f"bitmask must be int32 [{B}, >= {triton.cdiv(V, 32)}] with contiguous rows, "
+                         f"got {bitmask.dtype} {tuple(bitmask.shape)}")
     pdl = pdl_launch(logits.device)
     _sample_kernel[(B, num_splits)](
         logits, logits.stride(0), V, span,
         temperature, inv_t, cutoff if has_cutoff else inv_t, log_min_p, seed, token_index,
         part_val, part_idx, out,
-        num_splits,
-        HAS_CUTOFF=has_cutoff, SINGLE=single, BLOCK_V=block_v, num_warps=num_warps,
+        num_splits, bitmask if has_mask else out, bitmask.stride(0) if has_mask else 0,
+        HAS_MASK=has_mask, HAS_CUTOFF=has_cutoff, SINGLE=single, BLOCK_V=block_v, num_warps=num_warps,
         **pdl,
     )
     if not single:

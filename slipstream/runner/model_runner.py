@@ -41,6 +41,14 @@ class Launched:
     num_logprobs: int
     gpu_times: dict | None = None  # filled by wait() when tracing
     prompt_logprobs: list | None = None  # device (logprobs, ids) per batch.prompt_logprobs entry
+    # a batch with structured-output rows: its forward is queued, its sampling waits for its
+    # token bitmask (`finish_launch`); these are what the sampling needs meanwhile
+    pending_logits: torch.Tensor | None = None
+    pending_shape: StepShape | None = None
+
+    @property
+    def needs_mask(self) -> bool:
+        return self.pending_logits is not None
 
 
 @dataclass
@@ -136,9 +144,11 @@ class ModelRunner:
         return self.split_policy.pick(host.seq_lens[:num_rows], num_seqs)
 
     # -- the step on the compute stream (eager, or captured into a graph) ---------------
-    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None, prompt_spans=None) -> list | None:
+    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None, prompt_spans=None,
+                     deferred: Launched | None = None) -> list | None:
         """The step's work on the compute stream; with `prompt_spans` (eager only) also the
-        prompt logprobs of those spans, returned as device tensors."""
+        prompt logprobs of those spans, returned as device tensors. With `deferred` the
+        sampling is left out: the logits wait in it for their bitmask (`finish_launch`)."""
         hidden = self.forward_hidden(slot, shape)
         prompt_lps = self.prompt_logprobs(hidden, prompt_spans) if prompt_spans else None
         logits = self.logits(slot, shape, hidden)
@@ -146,7 +156,10 @@ class ModelRunner:
             rows = [r for r, ids in suppress for _ in ids]
             cols = [t for _, ids in suppress for t in ids]
             logits[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = float("-inf")
-        self.sample(slot, shape, logits)
+        if deferred is not None:
+            deferred.pending_logits, deferred.pending_shape = logits, shape
+        else:
+            self.sample(slot, shape, logits)
         return prompt_lps
 
     def forward(self, slot: IOSlot, shape: StepShape) -> torch.Tensor:
@@ -191,9 +204,11 @@ class ModelRunner:
             out.append((torch.cat(lps), torch.cat(ids)))
         return out
 
-    def sample(self, slot: IOSlot, shape: StepShape, logits: torch.Tensor) -> None:
+    def sample(self, slot: IOSlot, shape: StepShape, logits: torch.Tensor,
+               bitmask: torch.Tensor | None = None) -> None:
         d, S, k = slot.dev, shape.num_samples, shape.flags.num_logprobs
         tensors = SamplingTensors(token_index=d.token_index[:S], state_row=d.state_row[:S],
+                                  bitmask=None if bitmask is None else bitmask[:S],
                                   **{c.name: getattr(d, c.name)[:S] for c in ALL_COLUMNS})
         out = sample(logits, tensors, shape.flags, self.penalties, out=d.tokens[:S])
         if k:
@@ -217,20 +232,24 @@ class ModelRunner:
         slot = self.slots[batch.batch_id % 2]
         slot.h2d_done.synchronize()  # the slot's last upload is done: its host side is free
         pad = None
-        if self.graphs is not None:
+        if self.graphs is not None and not batch.num_constrained:  # (constrained: eager)
             pad = self.graphs.padding(batch.num_tokens, batch.num_seqs, batch.is_decode_only)
         shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
         spans = self._prompt_spans(batch, slot) if batch.prompt_logprobs else None
         return self.issue(batch, slot, shape, batch.num_seqs, batch.suppress, batch.penalty_resets,
-                          spans, len(batch.sampled))
+                          spans, len(batch.sampled), defer_sampling=batch.num_constrained > 0)
 
     def issue(self, batch: ScheduledBatch | None, slot: IOSlot, shape: StepShape, num_rows: int,
-              suppress: list, penalty_resets: list, spans: list | None, num_samples: int) -> Launched:
+              suppress: list, penalty_resets: list, spans: list | None, num_samples: int,
+              defer_sampling: bool = False) -> Launched:
         """The device work of a step whose host inputs are in `slot` (`num_rows` real rows,
-        `num_samples` real sampling rows): upload, compute, download on their streams."""
+        `num_samples` real sampling rows): upload, compute, download on their streams. With
+        `defer_sampling` only the upload and the forward (eager): `finish_launch` queues the
+        rest once the batch's token bitmask is known."""
         if shape.is_decode:
             shape = replace(shape, decode_splits=self.decode_splits(slot.host, num_rows, shape.num_seqs))
-        use_graph = (self.graphs is not None and not suppress and not penalty_resets
+        launched = Launched(batch, slot, num_samples, shape.flags.num_logprobs)
+        use_graph = (self.graphs is not None and not suppress and not penalty_resets and not defer_sampling
                      and not spans and self.graphs.can_replay(slot.index, shape))
         prompt_lps = None
         s = self.streams
@@ -243,7 +262,8 @@ class ModelRunner:
             s.wait(s.compute, slot.h2d_done)
             s.wait(s.compute, slot.d2h_done)  # the slot's previous tokens were copied out
             slot.compute_start.record()
-            if not use_graph and self.graphs is not None and not suppress and not penalty_resets and not spans:
+            if (not use_graph and self.graphs is not None and not suppress and not penalty_resets and not spans
+                    and not defer_sampling):
                 use_graph = self.graphs.capture_if_seen(self, slot, shape)
             if use_graph:
                 self.replay(slot, shape)
@@ -251,15 +271,47 @@ class ModelRunner:
             else:
                 for row, prompt, outputs in penalty_resets:
                     self.penalties.reset_row(row, prompt, outputs)
-                prompt_lps = self.compute_step(slot, shape, suppress, spans)
+                prompt_lps = self.compute_step(slot, shape, suppress, spans,
+                                               deferred=launched if defer_sampling else None)
+            launched.prompt_logprobs = prompt_lps
+            if defer_sampling:
+                return launched
             slot.compute_done.record()
-        k = shape.flags.num_logprobs
+        self._download(launched)
+        return launched
+
+    def _download(self, launched: Launched) -> None:
+        slot, s = launched.slot, self.streams
         with s.on(s.d2h):
             s.wait(s.d2h, slot.compute_done)
             slot.d2h_start.record()
-            slot.download(num_samples, k)
+            slot.download(launched.num_samples, launched.num_logprobs)
             slot.d2h_done.record()
-        return Launched(batch, slot, num_samples, k, prompt_logprobs=prompt_lps)
+
+    def token_bitmask(self, launched: Launched) -> torch.Tensor:
+        """The pinned host bitmask of a launched batch's slot, all rows allowed, for the
+        scheduler to fill its constrained rows (int32 [num_samples, ceil(V / 32)])."""
+        slot = launched.slot
+        slot.mask_done.synchronize()  # the slot's previous bitmask copy has read it
+        host = slot.token_bitmask(self.model_config.vocab_size)[0][:launched.pending_shape.num_samples]
+        return host.fill_(-1)
+
+    def finish_launch(self, launched: Launched) -> None:
+        """Queue a deferred batch's sampling once `token_bitmask(launched)` is filled: the
+        bitmask's copy on the h2d stream, the sampling on the compute stream after it, then
+        the download."""
+        slot, shape, s = launched.slot, launched.pending_shape, self.streams
+        host, dev = slot.token_bitmask(self.model_config.vocab_size)
+        S = shape.num_samples
+        with s.on(s.h2d):
+            dev[:S].copy_(host[:S], non_blocking=True)
+            slot.mask_done.record()
+        with s.on(s.compute):
+            s.wait(s.compute, slot.mask_done)
+            self.sample(slot, shape, launched.pending_logits, dev)
+            slot.compute_done.record()
+        launched.pending_logits = None
+        self._download(launched)
 
     @staticmethod
     def _prompt_spans(batch: ScheduledBatch, slot: IOSlot) -> list[tuple[int, int, np.ndarray, int]]:
@@ -275,6 +327,8 @@ class ModelRunner:
         return spans
 
     def wait(self, launched: Launched) -> BatchResult:
+        if launched.needs_mask:
+            raise RuntimeError("wait() on a batch whose sampling still waits for its bitmask (finish_launch)")
         slot = launched.slot
         slot.d2h_done.synchronize()
         S, k = launched.num_samples, launched.num_logprobs

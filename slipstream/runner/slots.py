@@ -71,6 +71,18 @@ class IOSlot:
         self.h2d_start, self.h2d_done = streams.event(), streams.event()
         self.compute_start, self.compute_done = streams.event(), streams.event()
         self.d2h_start, self.d2h_done = streams.event(), streams.event()
+        self.mask_done = streams.event()  # the token bitmask's upload (structured outputs)
+        self._pin, self._device, self._max_seqs = pin, device, S
+        self._bitmask: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def token_bitmask(self, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pinned host, device) int32 [max_seqs, ceil(vocab_size / 32)] token bitmasks of the
+        sampling rows, allocated at the first batch with structured outputs (fixed addresses)."""
+        if self._bitmask is None:
+            words = (vocab_size + 31) // 32
+            host = torch.full((self._max_seqs, words), -1, dtype=torch.int32, pin_memory=self._pin)
+            self._bitmask = host, torch.full_like(host, -1, device=self._device)
+        return self._bitmask
 
     def _views(self, ints, floats, lib) -> dict:
         v = {}

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from slipstream.sampling.structured import StructuredOutputsParams
+
 __all__ = ["SamplingParams", "MAX_LOGPROBS", "MAX_N", "GREEDY_TEMPERATURE_EPS", "completion_seed"]
 
 #: The largest number of top logprobs a request may ask for per sampled token.
@@ -118,6 +120,9 @@ class SamplingParams:
     prompt_logprobs [None]   None, or k in [0, 20]: the logprob of every prompt
                              token (the first has none) and the top k at its
                              position. Such requests skip the prefix cache.
+    structured_outputs [None] None, or a StructuredOutputsParams (or a dict of its
+                             fields): a JSON schema, regex, choice or grammar the
+                             output must follow (sampling/structured.py).
     """
 
     max_tokens: int = 16
@@ -138,6 +143,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     n: int = 1
     prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self._validate_and_normalise()
@@ -212,6 +218,8 @@ class SamplingParams:
             if not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
                 raise ValueError(f"prompt_logprobs must be None or in [0, {MAX_LOGPROBS}], "
                                  f"got {self.prompt_logprobs}")
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
 
     @staticmethod
     def _normalise_stop(stop: Any) -> tuple[str, ...]:
@@ -331,6 +339,8 @@ class SamplingParams:
         params.__dict__.update(data)
         params.stop = tuple(data["stop"])
         params.stop_token_ids = list(data["stop_token_ids"])
+        if data["structured_outputs"] is not None:
+            params.structured_outputs = StructuredOutputsParams.from_dict(data["structured_outputs"])
         return params
 
     @classmethod
@@ -344,6 +354,8 @@ class SamplingParams:
         d = dataclasses.asdict(self)
         d["stop"] = list(self.stop)
         d["stop_token_ids"] = list(self.stop_token_ids)
+        if self.structured_outputs is not None:
+            d["structured_outputs"] = self.structured_outputs.to_dict()
         return d
 
     def clone(self, **changes: Any) -> SamplingParams:

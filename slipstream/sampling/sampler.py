@@ -8,7 +8,10 @@ CUDA tensors; `use_triton=True` forces it (on CPU it runs under TRITON_INTERPRET
 
 Semantics, per row (B rows may include padding rows; they are sampled like any other):
 
-1. Logprobs (when flags.num_logprobs > 0) are those of the raw model distribution:
+0. Token bitmask (structured outputs, when `t.bitmask` is given): a token the row's mask
+   disallows gets logit -inf before anything else, so it is never drawn and everything
+   below (logprobs included, as vLLM) sees the constrained distribution.
+1. Logprobs (when flags.num_logprobs > 0) are those of the model distribution (masked):
    log_softmax of the logits as given, before penalties and temperature. Returned:
    the sampled token's logprob, then the top num_logprobs logprobs and their ids.
 2. Penalties (when flags.use_penalties; rows with neutral values are unchanged):
@@ -57,6 +60,8 @@ from dataclasses import dataclass
 
 import torch
 
+from slipstream.sampling.grammar.bitmask import apply_bitmask_ref
+
 __all__ = [
     "SamplingTensors",
     "SamplerFlags",
@@ -66,6 +71,7 @@ __all__ = [
     "sample_ref",
     "sample_triton",
     "apply_penalties",
+    "masked_logits",
     "random_bits_ref",
     "gumbel_noise_ref",
     "GREEDY_EPS",
@@ -103,6 +109,9 @@ class SamplingTensors:
     # optional, precomputed on the host (the runner) to save device launches; else derived:
     inv_t: torch.Tensor | None = None      # float32 [B]: float32(1 / temperature), 1 for greedy
     log_min_p: torch.Tensor | None = None  # float32 [B]: log(min_p), -inf = off
+    # int32 [B, ceil(V / 32)] token bitmask of structured outputs (sampling/grammar/bitmask.py):
+    # a token whose bit is clear, or past the mask, is never drawn; None = all allowed
+    bitmask: torch.Tensor | None = None
 
     @classmethod
     def from_lists(cls, temperature: Sequence[float], *, top_k=None, top_p=None, min_p=None,
@@ -299,10 +308,15 @@ def _check(logits: torch.Tensor, flags: SamplerFlags) -> None:
         raise ValueError(f"num_logprobs must be in [0, vocab], got {flags.num_logprobs}")
 
 
+def masked_logits(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """float32 copy of `logits` with the tokens `bitmask` disallows at -inf (graph-safe)."""
+    return apply_bitmask_ref(logits.float().clone(), bitmask)
+
+
 def _prepare(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
              state: PenaltyState | None) -> tuple[torch.Tensor, torch.Tensor]:
     _check(logits, flags)
-    raw = logits.float()
+    raw = logits.float() if t.bitmask is None else masked_logits(logits, t.bitmask)
     if flags.use_penalties:
         if state is None:
             raise ValueError("flags.use_penalties needs a PenaltyState")
@@ -367,7 +381,7 @@ def sample_triton(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
     from slipstream.ops.triton_sampling import sample_tokens_triton
 
     if flags.use_penalties or flags.use_top_k_top_p or flags.num_logprobs:
-        raw, logits = _prepare(logits, t, flags, state)
+        raw, logits = _prepare(logits, t, flags, state)  # (masked here too, for the sort and logprobs)
     else:  # the kernel reads the logits in their own dtype: no float32 copy of [B, V]
         _check(logits, flags)
         raw = logits
@@ -383,7 +397,7 @@ def sample_triton(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
     tokens = sample_tokens_triton(logits, temp.contiguous(), inv_t, log_min_p, cutoff,
                                   t.seed.to(torch.int64).contiguous(),
                                   t.token_index.to(torch.int32).contiguous(),
-                                  num_splits=num_splits, block_v=block_v, out=out)
+                                  bitmask=t.bitmask, num_splits=num_splits, block_v=block_v, out=out)
     return _finish(raw, tokens, flags)
 
 

@@ -175,6 +175,26 @@ class StructuredOutputsParams:
         return result
 
     @classmethod
+    def from_response_format(cls, response_format: Any) -> StructuredOutputsParams | None:
+        """OpenAI's `response_format`: {"type": "text"} (None: no constraint), {"type":
+        "json_object"}, or {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}."""
+        if not isinstance(response_format, Mapping):
+            raise ValueError(f"response_format must be an object, got {_describe(response_format)}")
+        kind = response_format.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return cls(json_object=True)
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            if not isinstance(spec, Mapping) or "schema" not in spec:
+                raise ValueError('response_format json_schema needs {"json_schema": {"name": ..., '
+                                 '"schema": {...}}}')
+            return cls(json=spec["schema"])
+        raise ValueError(f"response_format type must be 'text', 'json_object' or 'json_schema', "
+                         f"got {_describe(kind)}")
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StructuredOutputsParams:
         """Build from a mapping such as `to_dict`'s; unknown names raise ValueError."""
         if isinstance(data, cls):

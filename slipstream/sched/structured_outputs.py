@@ -1,0 +1,106 @@
+"""Structured outputs on the scheduler's side: each constrained request's grammar and matcher.
+
+The grammar state lives in the engine core, never in the runner. A constrained request's
+grammar compiles off-thread (`GrammarCompiler`); until it is ready the request waits and is
+not scheduled, without holding up the others (`Request.awaiting_grammar`); a compile error
+fails it alone. The scheduler advances a request's matcher with each token it receives
+(`Scheduler.update`). Once batch N's tokens are in, `fill_token_bitmask` writes the rows of
+batch N+1, whose forward is already queued on the GPU; the runner then queues its sampling.
+
+The backend is built from the tokenizer at the first constrained request (`backend_factory`):
+engines that never see one load no grammar library.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from slipstream.sampling.grammar.backend import GrammarBackend
+from slipstream.sampling.grammar.compiler import GrammarCompiler
+from slipstream.sampling.grammar.matcher import fill_bitmasks
+from slipstream.sched.request import Request
+
+__all__ = ["StructuredOutputs", "StructuredOutputsStats"]
+
+
+@dataclass
+class StructuredOutputsStats:
+    """What `EngineCore.stats` reports (the server's /metrics names): constrained_requests:
+    requests with structured outputs received; grammar_compiled / grammar_compile_failed:
+    compiles that succeeded / failed; grammar_compile_seconds: their time on the compile
+    threads; grammar_cache_hits: requests whose grammar was cached (or compiling already);
+    grammar_cpu_seconds: the step loop's time filling token bitmasks."""
+    constrained_requests: int = 0
+    grammar_compiled: int = 0
+    grammar_compile_failed: int = 0
+    grammar_compile_seconds: float = 0.0
+    grammar_cache_hits: int = 0
+    grammar_cpu_seconds: float = 0.0
+
+
+class StructuredOutputs:
+    """The grammar compiler of one engine core, built on first use, and its requests."""
+
+    def __init__(self, backend_factory: Callable[[], GrammarBackend]) -> None:
+        self._backend_factory = backend_factory
+        self.compiler: GrammarCompiler | None = None
+        self._backend_error: str | None = None
+        self.compiling: list[Request] = []
+        self.num_requests = 0
+        self.grammar_cpu_s = 0.0
+
+    def submit(self, req: Request) -> str | None:
+        """Start compiling `req`'s grammar; the one-line reason when structured outputs are not
+        available on this engine (the request then fails alone)."""
+        if self.compiler is None and self._backend_error is None:
+            try:
+                self.compiler = GrammarCompiler(self._backend_factory())
+            except Exception as e:  # noqa: BLE001 - no tokenizer, no library: this request fails
+                self._backend_error = f"structured outputs are unavailable: {' '.join(str(e).split())}"
+        if self.compiler is None:
+            return self._backend_error
+        self.num_requests += 1
+        req.grammar = self.compiler.submit(req.params.structured_outputs)
+        self.compiling.append(req)
+        return None
+
+    def poll(self) -> list[tuple[Request, str]]:
+        """Give a matcher to every request whose grammar is ready; returns (request, error) of
+        those whose compile failed. Never blocks."""
+        failed, still = [], []
+        for req in self.compiling:
+            if req.finished:
+                continue
+            if not req.grammar.ready():
+                still.append(req)
+            elif req.grammar.error is not None:
+                failed.append((req, req.grammar.error))
+            else:
+                req.matcher = self.compiler.new_matcher(req.grammar)
+        self.compiling = still
+        return failed
+
+    def fill_token_bitmask(self, sampled: list[Request], bitmask: torch.Tensor) -> None:
+        """Row j of `bitmask` (all allowed on entry) from the matcher of `sampled[j]`, for the
+        constrained requests still running."""
+        start = time.perf_counter()
+        rows = [j for j, req in enumerate(sampled) if req.matcher is not None and not req.finished]
+        if rows:
+            fill_bitmasks([sampled[j].matcher for j in rows], bitmask, rows)
+        self.grammar_cpu_s += time.perf_counter() - start
+
+    def stats(self) -> StructuredOutputsStats:
+        stats = StructuredOutputsStats(constrained_requests=self.num_requests,
+                                       grammar_cpu_seconds=self.grammar_cpu_s)
+        if self.compiler is not None:
+            c = self.compiler.stats
+            stats.grammar_compiled, stats.grammar_compile_failed = c.compiled, c.failed
+            stats.grammar_compile_seconds, stats.grammar_cache_hits = c.total_compile_s, c.cache_hits
+        return stats
+
+    def close(self) -> None:
+        if self.compiler is not None:
+            self.compiler.close()

@@ -1,0 +1,199 @@
+"""Structured outputs in the engine: the deferred sampling of constrained batches (sync and async
+give the same tokens), the scheduler's grammar states (compile wait, errors, preemption, n), and
+the core's stats, on a tiny random Llama with the SmolLM2 tokenizer (random weights follow the
+mask, so every check is on the tokens: each is one the grammar accepts)."""
+import json
+import threading
+
+import pytest
+
+from slipstream import LLM, SamplingParams, StructuredOutputsParams
+from slipstream.config import STRUCTURED_OUTPUTS_BACKENDS, EngineConfig
+from slipstream.core.engine_core import EngineCore
+from slipstream.core.messages import AddRequest
+from slipstream.sampling.grammar.backend import GRAMMAR_BACKENDS
+from slipstream.sampling.grammar.matcher import GrammarMatcher
+
+COMMON = dict(device="cpu", max_model_len=256)
+
+# bounded everywhere, so a random model's JSON ends within max_tokens often enough
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 4},
+    "kind": {"enum": ["cat", "dog"]},
+    "ok": {"type": "boolean"}}, "required": ["name", "kind", "ok"]}
+PAIR = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "boolean"},
+                                               "maxItems": 2}}, "required": ["a"]}
+
+
+def constraints():
+    return [StructuredOutputsParams(json=PERSON, disable_any_whitespace=True),
+            StructuredOutputsParams(json=PAIR, disable_any_whitespace=True),
+            StructuredOutputsParams(regex=r"[ab]{2,6}\."),
+            StructuredOutputsParams(choice=["yes", "no", "maybe"]),
+            StructuredOutputsParams(grammar='root ::= "(" [0-9]+ ")"')]
+
+
+def assert_follows(llm: LLM, constraint: StructuredOutputsParams, token_ids, finish_reason) -> None:
+    """Every token is one the grammar accepts; a "stop" ends a complete sentence (its stop token
+    accepted last) and a "length" does not end one."""
+    so = llm.engine.scheduler.structured_outputs
+    matcher = GrammarMatcher(so.compiler.backend, so.compiler.submit(constraint).result())
+    assert matcher.accept_many(token_ids) == len(token_ids), (constraint, token_ids)
+    assert matcher.is_terminated == (finish_reason == "stop"), finish_reason
+
+
+def run(llm: LLM, temperature: float):
+    prompts = ["Tell me about a pet:", "List:", "Go", "Answer me", "Count:", "free text please"]
+    params = [SamplingParams(max_tokens=24, temperature=temperature, seed=7 + i, structured_outputs=c)
+              for i, c in enumerate(constraints())]
+    params.append(SamplingParams(max_tokens=12, temperature=temperature, seed=3))  # unconstrained
+    outs = llm.generate(prompts, params)
+    return [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs], params
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_async_equals_sync_with_constrained_and_free_rows(tokenized_tiny, temperature):
+    results = {}
+    for async_scheduling in (False, True):
+        llm = LLM(tokenized_tiny, async_scheduling=async_scheduling, **COMMON)
+        results[async_scheduling], params = run(llm, temperature)
+        for (tokens, reason), p in zip(results[async_scheduling], params):
+            if p.structured_outputs is not None:
+                assert_follows(llm, p.structured_outputs, tokens, reason)
+        stats = llm.engine.stats()
+        assert stats["constrained_requests"] == 5
+        assert stats["grammar_compile_failed"] == 0
+    assert results[True] == results[False]
+    assert sum(reason == "stop" for _, reason in results[True][:5]) >= 3  # grammars do end requests
+
+
+def test_preemption_mid_constrained_request_changes_nothing(tokenized_tiny):
+    prompts = [f"Request number {i} wants a pet record:" for i in range(6)]
+    params = SamplingParams(max_tokens=40, temperature=0.7, seed=11,
+                            structured_outputs=StructuredOutputsParams(json=PERSON))
+    outs = {}
+    for name, blocks in (("roomy", None), ("small", 14)):
+        llm = LLM(tokenized_tiny, async_scheduling=True, num_kv_blocks=blocks, max_num_batched_tokens=64,
+                  max_num_seqs=8, block_size=8, debug_kv=True, **COMMON)
+        res = llm.generate(prompts, params)
+        outs[name] = [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in res]
+        for tokens, reason in outs[name]:
+            assert_follows(llm, params.structured_outputs, tokens, reason)
+        if name == "small":
+            assert llm.engine.scheduler.num_preemptions > 0
+    assert outs["small"] == outs["roomy"]
+
+
+def test_n_completions_each_follow_their_own_matcher(tokenized_tiny):
+    llm = LLM(tokenized_tiny, **COMMON)
+    params = SamplingParams(n=3, max_tokens=30, temperature=1.0, seed=5,
+                            structured_outputs=StructuredOutputsParams(json=PERSON, disable_any_whitespace=True))
+    (out,) = llm.generate(["Three pets:"], params)
+    assert len(out.outputs) == 3
+    for c in out.outputs:
+        assert_follows(llm, params.structured_outputs, c.token_ids, c.finish_reason)
+        if c.finish_reason == "stop":
+            assert set(json.loads(c.text)) == {"name", "kind", "ok"}
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # three draws, not one shared state
+
+
+def test_a_bad_schema_fails_alone(tokenized_tiny):
+    llm = LLM(tokenized_tiny, **COMMON)
+    bad = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(
+        json={"type": "object", "properties": {"x": {"type": "nonsense"}}}))
+    good = SamplingParams(max_tokens=8, temperature=0, structured_outputs=StructuredOutputsParams(regex="[ab]+"))
+    outs = llm.generate(["one", "two", "three"], [bad, good, SamplingParams(max_tokens=8)])
+    failed = outs[0].outputs[0]
+    assert failed.finish_reason == "error" and failed.token_ids == []
+    assert "invalid JSON schema" in outs[0].error and "\n" not in outs[0].error
+    assert_follows(llm, good.structured_outputs, outs[1].outputs[0].token_ids, outs[1].outputs[0].finish_reason)
+    assert outs[1].outputs[0].text and set(outs[1].outputs[0].text) <= {"a", "b"}
+    assert len(outs[2].outputs[0].token_ids) == 8
+    assert llm.engine.stats()["grammar_compile_failed"] == 1
+
+
+def test_a_request_waiting_for_its_grammar_stalls_no_one(tokenized_tiny):
+    core = EngineCore(EngineConfig(model=tokenized_tiny, **COMMON))
+    release = threading.Event()
+    slow_schema = {"type": "object", "properties": {"slow": {"type": "boolean"}}, "required": ["slow"]}
+    core.add(AddRequest("warm", [1, 2], SamplingParams(max_tokens=1, structured_outputs={"regex": "a"}).to_dict()))
+    so = core.scheduler.structured_outputs
+    backend = so.compiler.backend
+    compile_now = backend.compile
+
+    def compile_slowly(key):
+        if "slow" in key.spec:
+            assert release.wait(30)
+        return compile_now(key)
+
+    backend.compile = compile_slowly
+    slow = SamplingParams(max_tokens=30, temperature=0, structured_outputs={"json": slow_schema, "disable_any_whitespace": True})
+    core.add(AddRequest("slow", [5, 6, 7], slow.to_dict()))
+    core.add(AddRequest("free", [8, 9], SamplingParams(max_tokens=5, temperature=0).to_dict()))
+    finished = {}
+    for _ in range(40):
+        finished.update({o.request_id: o for o in core.step() if o.finish_reason})
+        if "free" in finished and "warm" in finished:
+            break
+    assert "free" in finished and "slow" not in finished
+    assert core.scheduler.waiting[0].request_id == "slow" and core.scheduler.waiting[0].awaiting_grammar
+    release.set()
+    tokens = []
+    while core.has_work():
+        for o in core.step():
+            if o.request_id == "slow":
+                tokens += o.new_token_ids
+                if o.finish_reason:
+                    finished["slow"] = o
+    assert finished["slow"].finish_reason == "stop"
+    assert tokens[-1] == finished["slow"].stop_token  # (the tiny model's EOS is a text token)
+    text = core_text(tokenized_tiny, tokens[:-1])
+    assert json.loads(text).keys() == {"slow"}
+    core.close()
+
+
+def core_text(folder: str, tokens) -> str:
+    from slipstream.model.tokenizer import load_tokenizer
+    return load_tokenizer(folder).decode(tokens)
+
+
+def test_an_engine_without_a_tokenizer_fails_constrained_requests_alone(tokenized_tiny):
+    llm = LLM(tokenized_tiny, load_format="dummy", **COMMON)
+    outs = llm.generate([[1, 2, 3], [4, 5]], [
+        SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="a+")),
+        SamplingParams(max_tokens=4, ignore_eos=True)])
+    assert outs[0].outputs[0].finish_reason == "error"
+    assert outs[0].error == ("structured outputs are unavailable: the engine has no tokenizer to build "
+                             "token masks from (load_format='dummy' loads none)")
+    assert len(outs[1].outputs[0].token_ids) == 4
+
+
+def test_the_option_names_the_backends_there_are():
+    assert set(STRUCTURED_OUTPUTS_BACKENDS) == set(GRAMMAR_BACKENDS)
+    with pytest.raises(ValueError, match="structured_outputs_backend"):
+        EngineConfig(structured_outputs_backend="outlines")
+
+
+def test_unconstrained_batches_keep_their_path(tokenized_tiny):
+    llm = LLM(tokenized_tiny, **COMMON)
+    llm.generate(["hello"], SamplingParams(max_tokens=4))
+    assert llm.engine.scheduler.structured_outputs.compiler is None  # no grammar library loaded
+    assert llm.engine.runner.slots[0]._bitmask is None  # nor a bitmask allocated
+    assert llm.engine.loop.deferred is None
+
+
+def test_the_constrained_bench_workloads_and_their_grammar_line():
+    from slipstream.bench.run import grammar_line
+    from slipstream.bench.workloads import BENCH_SCHEMA, get_workload
+    from slipstream.core.tracing import Timeline
+    for name, parent, total in (("small-256-json", "small-256", 256), ("seed-8b-short-json", "seed-8b-short", 32)):
+        w, base = get_workload(name), get_workload(parent)
+        constrained = [p.structured_outputs for p in w.params if p.structured_outputs is not None]
+        assert len(constrained) == total // 2 and all(c.json == BENCH_SCHEMA for c in constrained)
+        assert [p.clone(structured_outputs=None) for p in w.params] == base.params
+        assert w.prompts == base.prompts and w.engine == base.engine
+    tl = Timeline()
+    tl.cpu("grammar", 1.0, 1.002, 3)
+    tl.cpu("grammar", 2.0, 2.004, 4)
+    tl.cpu("process", 2.0, 2.5, 4)
+    assert grammar_line(tl, 4, 8) == "4 of 8 requests constrained; grammar CPU 3.000 ms per constrained step over 2 steps"
