@@ -38,6 +38,7 @@ BAD_VALUES = [
     ("top_k", 2.0),
     ("top_k", True),
     ("top_k", "5"),
+    ("top_k", 2**31),
     # min_p: [0, 1]
     ("min_p", -0.01),
     ("min_p", 1.01),
@@ -47,6 +48,8 @@ BAD_VALUES = [
     ("seed", 1.0),
     ("seed", "42"),
     ("seed", True),
+    ("seed", 2**64),
+    ("seed", -(2**63) - 1),
     # stop: str | list[str] | None, non-empty strings
     ("stop", ""),
     ("stop", [""]),
@@ -58,6 +61,7 @@ BAD_VALUES = [
     ("stop", {"a"}),
     # stop_token_ids: ints >= 0
     ("stop_token_ids", [-1]),
+    ("stop_token_ids", [2**31]),
     ("stop_token_ids", [1, 2.0]),
     ("stop_token_ids", [True]),
     ("stop_token_ids", 5),
@@ -157,7 +161,8 @@ GOOD_VALUES = [
     ("min_p", 1.0),
     ("seed", 0),
     ("seed", -7),
-    ("seed", 2**200),
+    ("seed", 2**64 - 1),
+    ("seed", -(2**63)),
     ("stop", None),
     ("stop", []),
     ("stop", "x"),
@@ -212,10 +217,10 @@ def test_properties():
 
 
 def test_seed_reduced_to_64_bits_for_sampler():
-    assert SamplingParams(seed=2**200 + 5).sampler_seed == 5
+    assert SamplingParams(seed=2**64 - 1).sampler_seed == 2**64 - 1
     assert SamplingParams(seed=-1).sampler_seed == 2**64 - 1
     assert SamplingParams(seed=123).sampler_seed == 123
-    assert SamplingParams(seed=2**200 + 5).seed == 2**200 + 5  # the user's value is kept
+    assert SamplingParams(seed=-5).seed == -5  # the user's value is kept
 
 
 def test_replace_revalidates():

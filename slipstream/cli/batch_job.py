@@ -5,6 +5,8 @@ too), its `id` the line number when it has none.  A bad line fails alone, as its
 line naming the line and the field.  Results are written and flushed as each request
 finishes, one row of `OUTPUT_COLUMNS` each after its `id`; `--resume` skips ids already in
 the output.  Ctrl-C / SIGTERM stop the job: what is written stays, the rest can be resumed.
+A request that failed because the engine died (not because of its own input) is not written:
+it did not run, and `--resume` runs it.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from slipstream.frontend.batch_rows import BatchRow, RowDefaults, RowResult, parse_row, result_of
+from slipstream.errors import EngineDeadError
+from slipstream.frontend.batch_rows import BatchRow, RowDefaults, RowResult, parse_row, result_of, row_id
 from slipstream.model.tokenizer import ChatOptions
 
 
@@ -86,8 +89,11 @@ def parse_line(raw: bytes, n: int, defaults: RowDefaults) -> Job:
         return Job(str(n), n, error=f"line {n}: not valid JSON ({e.msg})")
     if not isinstance(obj, dict):
         return Job(str(n), n, error=f"line {n}: expected a JSON object")
-    rid = obj.get("id")
-    job = Job(str(n) if rid is None else str(rid), n)
+    try:
+        rid = row_id(obj)
+    except ValueError as e:
+        return Job(str(n), n, error=f"line {n}: {e}")
+    job = Job(str(n) if rid is None else rid, n)
     try:
         job.row = parse_row(obj, defaults)
     except ValueError as e:
@@ -115,29 +121,52 @@ def error_row(rid: str, error: str) -> dict:
     return {"id": rid, **asdict(RowResult(error=error))}
 
 
-def run_job(llm, jobs: list[Job], write, skip: set[str] = frozenset(), on_result=None) -> tuple[int, int]:
-    """Queue every runnable job, write each result as it finishes; returns (ok, failed).
-    KeyboardInterrupt (Ctrl-C, or SIGTERM turned into it) propagates after aborting."""
-    ok = failed = 0
+@dataclass
+class JobCounts:
+    """How a job's requests ended: written ok, written as failed (their own input, or the
+    engine could never run them), and not run (the engine died first: not written)."""
+    ok: int = 0
+    failed: int = 0
+    not_run: int = 0
+
+
+def run_job(llm, jobs: list[Job], write, skip: set[str] = frozenset(), on_result=None) -> JobCounts:
+    """Queue every runnable job, write each result as it finishes. A request ended by the
+    engine's death is not written (it did not run; --resume runs it), nor is any job left
+    when the engine is dead. KeyboardInterrupt (Ctrl-C, or SIGTERM turned into it)
+    propagates after aborting."""
+    counts = JobCounts()
     for job in jobs:
         if job.id in skip:
             continue
         if not job.error:
+            if llm.dead_error is not None:
+                counts.not_run += 1
+                continue
             try:
                 llm.add_request(job.row.engine_prompt(llm.tokenizer), job.row.params, request_id=job.id)
+                continue
+            except EngineDeadError:
+                counts.not_run += 1
                 continue
             except (ValueError, TypeError) as e:
                 job.error = f"line {job.line}: {e}"
         write(error_row(job.id, job.error))
-        failed += 1
+        counts.failed += 1
     try:
         for out in llm.outputs():
+            if out.error is not None and out.error == llm.dead_error:
+                counts.not_run += 1  # the engine failed, not this request's input
+                continue
             write(result_row(out))
-            ok, failed = (ok, failed + 1) if out.error else (ok + 1, failed)
+            if out.error:
+                counts.failed += 1
+            else:
+                counts.ok += 1
             if on_result:
                 on_result()
     except KeyboardInterrupt:
         for rid in list(llm.processor.requests):
             llm.abort_request(rid)
         raise
-    return ok, failed
+    return counts

@@ -117,22 +117,33 @@ def _generate_file(a: argparse.Namespace, defaults: dict) -> int:
         bar = tqdm(total=todo, desc="generating", unit="req")
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        ok, failed = run_job(llm, jobs, write, skip, on_result=bar.update if bar else None)
+        counts = run_job(llm, jobs, write, skip, on_result=bar.update if bar else None)
     except KeyboardInterrupt:
         if bar:
             bar.close()
         print(f"interrupted: the finished results are in {a.output or 'stdout'}; "
               f"run again with --resume to finish the rest", file=sys.stderr)
         return 130
+    except OSError as e:  # e.g. the disk is full (/dev/full)
+        print(f"error: could not write the results to {a.output or 'stdout'}: {e.strerror or e}",
+              file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
         if a.output:
-            f.close()
+            try:
+                f.close()
+            except OSError:  # (the error above was reported; what was written stays)
+                pass
     if bar:
         bar.close()
     skipped = f", {len(skip & {j.id for j in jobs})} already done" if skip else ""
-    print(f"wrote {ok + failed} results to {a.output or 'stdout'}: {ok} ok, {failed} failed{skipped}",
-          file=sys.stderr)
+    print(f"wrote {counts.ok + counts.failed} results to {a.output or 'stdout'}: {counts.ok} ok, "
+          f"{counts.failed} failed{skipped}", file=sys.stderr)
+    if counts.not_run:
+        print(f"error: the engine failed ({llm.dead_error}); {counts.not_run} requests did not run"
+              + ("; run again with --resume to run them" if a.output else ""), file=sys.stderr)
+        return 1
     return 0
 
 

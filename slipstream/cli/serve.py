@@ -17,6 +17,8 @@ import logging
 import signal
 import sys
 import json
+import math
+import os
 import time
 
 from slipstream.server import DEFAULT_MAX_BODY_BYTES
@@ -50,13 +52,22 @@ def add_serve_parser(subparsers, engine_args_fn):
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (printed when ready)")
     _server_args(p)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: the environment's "
+                        f"{' or '.join(API_KEY_ENV)}, which keeps the key out of process lists)")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="answer 503 (with Retry-After) when more than N requests would wait "
                         "for a running slot (default: no limit)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds to let running requests finish before "
                         "aborting them")
+    p.add_argument("--max-core-restarts", type=int, default=3,
+                   help="start an engine core that died again, at most N times (its requests end "
+                        "with an error; /health answers 503 until it is back); once they are spent "
+                        "the server exits with code 1. 0: exit at the first death. (One engine; "
+                        "--data-parallel-size replicas restart as before)")
+    p.add_argument("--core-restart-backoff", type=float, default=1.0,
+                   help="seconds before the first restart; each next one waits twice as long (at most 30)")
     p.add_argument("--stream-interval", type=int, default=1,
                    help="send one streamed chunk per K tokens (always at the end)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
@@ -93,13 +104,38 @@ def _check_flags(a: argparse.Namespace) -> None:
     from slipstream.cli.options import chat_defaults
     a.chat_defaults = chat_defaults(a)  # the chat template flags, read (ValueError if bad)
     for name in ("max_waiting", "stream_interval", "max_body_bytes", "max_concurrency",
-                 "data_parallel_size", "responses_store_size"):
+                 "data_parallel_size", "responses_store_size", "max_core_restarts"):
         v = getattr(a, name, None)
-        least = 0 if name in ("max_waiting", "responses_store_size") else 1
+        least = 0 if name in ("max_waiting", "responses_store_size", "max_core_restarts") else 1
         if v is not None and v < least:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {v}")
-    if getattr(a, "shutdown_timeout", 0) < 0:
-        raise ValueError(f"--shutdown-timeout must be >= 0, got {a.shutdown_timeout}")
+    for name in ("shutdown_timeout", "core_restart_backoff"):
+        v = getattr(a, name, 0)
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
+    port = getattr(a, "port", None)
+    if port is not None and not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {port}")
+    if hasattr(a, "api_key"):
+        a.api_key = resolve_api_key(a.api_key, os.environ)
+
+
+#: environment variables that give the API key when --api-key is not given, in order
+API_KEY_ENV = ("SLIPSTREAM_API_KEY", "VLLM_API_KEY")
+
+
+def resolve_api_key(flag: str | None, environ) -> str | None:
+    """The API key: --api-key, else the first of API_KEY_ENV set; None: no authentication.
+    A key that is empty or only whitespace is refused (it would turn authentication off, or
+    match nothing a client can send)."""
+    source, key = "--api-key", flag
+    if key is None:
+        source, key = next(((name, environ[name]) for name in API_KEY_ENV if name in environ),
+                           (None, None))
+    if key is not None and (not key.strip() or key != key.strip()):
+        raise ValueError(f"{source} is empty or has spaces around it: give the key itself "
+                         "(leave it out for no authentication)")
+    return key
 
 
 def make_llm(a: argparse.Namespace):
@@ -110,7 +146,8 @@ def make_llm(a: argparse.Namespace):
     if size > 1 or address:
         llm = make_data_parallel(engine_kwargs(a), size, address)
     else:
-        llm = AsyncLLM(core="process", **engine_kwargs(a))
+        llm = AsyncLLM(core="process", max_core_restarts=getattr(a, "max_core_restarts", 0),
+                       core_restart_backoff_s=getattr(a, "core_restart_backoff", 1.0), **engine_kwargs(a))
     freeze_gc()  # a long-lived process: its startup heap need not be scanned again
     return llm
 
@@ -118,7 +155,24 @@ def make_llm(a: argparse.Namespace):
 def cmd_serve(a: argparse.Namespace) -> int:
     _check_flags(a)
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    return asyncio.run(_serve(a))
+    try:
+        return asyncio.run(_serve(a))
+    except KeyboardInterrupt:  # Ctrl-C while the model loads (the core is stopped already)
+        print("slipstream serve: interrupted while starting", file=sys.stderr)
+        return 130
+
+
+async def watch_core(llm, server, poll_s: float = 0.2) -> None:
+    """Stop the server once its engine core is dead for good (its restarts spent), so that
+    a supervisor (systemd, Kubernetes) sees the exit and starts it again."""
+    while not server.should_exit:
+        if getattr(llm, "failed_for_good", False):
+            print(f"error: the engine core is dead and will not be restarted: {llm.dead_error}",
+                  file=sys.stderr, flush=True)
+            server.core_failed = True
+            server.should_exit = True
+            return
+        await asyncio.sleep(poll_s)
 
 
 async def _serve(a: argparse.Namespace) -> int:
@@ -138,9 +192,11 @@ async def _serve(a: argparse.Namespace) -> int:
                                 lifespan="off", access_log=a.log_level in ("info", "debug"),
                                 timeout_graceful_shutdown=5)
         server = _Server(config, app.state.serving, a.shutdown_timeout)
+        watcher = asyncio.ensure_future(watch_core(llm, server))
         try:
             await server.serve()
         finally:
+            watcher.cancel()
             app.state.serving.close()
         if not server.started:
             print(f"error: could not listen on {a.host}:{a.port}", file=sys.stderr)
@@ -148,7 +204,7 @@ async def _serve(a: argparse.Namespace) -> int:
     finally:
         await llm.shutdown()
     print("slipstream serve: stopped", flush=True)
-    return 0
+    return 1 if server.core_failed else 0
 
 
 class _Server:
@@ -165,6 +221,7 @@ class _Server:
                 self.state, self.timeout = state, timeout
                 self.drain_task = None
                 self.hurry = asyncio.Event()
+                self.core_failed = False  # stopped because the engine core is dead for good
 
             @contextlib.contextmanager
             def capture_signals(self):

@@ -2,9 +2,9 @@
 
 The front ends run every check once, at their front door (`frontend.prompts.validate_request`):
 the prompt's ids are ints inside the vocabulary (`vocabulary_error`, a pass over the prompt)
-and the request fits the context and the KV cache (`fit_error`). The core, which trusts its
-front ends, repeats only `fit_error`: O(1), so that nothing unplaceable reaches the scheduler,
-and it fails that request alone."""
+and the request fits the context and the KV cache (`fit_error`). The core repeats both (and
+that the request's row fits the request table), so that nothing unplaceable or unstorable
+reaches the scheduler, and it fails that request alone."""
 from __future__ import annotations
 
 from slipstream.core.messages import CoreInfo

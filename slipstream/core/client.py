@@ -7,6 +7,7 @@ started as `python -m slipstream.core` with its config as JSON (no pickles).
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import json
@@ -30,6 +31,44 @@ CORE_MODES = ("thread", "process")
 _STARTUP_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError, "TypeError": ValueError}
 
 
+SOCKET_FOLDER_PREFIX = "slipstream-core-"
+
+
+def socket_folder() -> str:
+    """A new private folder for a process core's sockets, named after this process (so a
+    later start can tell it is stale) and removed at this process's exit. Stale folders
+    (their owner is gone: killed, or never shut down) are removed first."""
+    remove_stale_socket_folders(tempfile.gettempdir())
+    folder = tempfile.mkdtemp(prefix=f"{SOCKET_FOLDER_PREFIX}{os.getpid()}-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def remove_stale_socket_folders(root: str) -> list[str]:
+    """Remove the socket folders under `root` whose owner process no longer exists; returns them."""
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        owner = name[len(SOCKET_FOLDER_PREFIX):].split("-", 1)[0]
+        if name.startswith(SOCKET_FOLDER_PREFIX) and owner.isdigit() and not _process_exists(int(owner)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # (OverflowError: no pid is that large)
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class CoreClient:
     """The front end's end of the two sockets. `send` may be called from any thread."""
 
@@ -50,7 +89,7 @@ class CoreClient:
             tag = f"{os.getpid()}-{id(self)}"
             in_addr, out_addr = f"inproc://core-in-{tag}", f"inproc://core-out-{tag}"
         else:
-            self._dir = tempfile.mkdtemp(prefix="slipstream-core-")
+            self._dir = socket_folder()
             in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
         self.in_sock.bind(in_addr)
         self.out_sock.bind(out_addr)

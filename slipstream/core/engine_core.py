@@ -17,7 +17,7 @@ import torch
 from slipstream.core.tracing import Timeline
 from slipstream.utils.process import collector_paused
 from slipstream.config import EngineConfig, default_max_num_batched_tokens
-from slipstream.core.admission import fit_error
+from slipstream.core.admission import fit_error, vocabulary_error
 from slipstream.core.messages import AddRequest, CoreInfo, CoreOutput
 from slipstream.core.step_loop import StepLoop
 from slipstream.sched.block_pool import BlockPool
@@ -180,10 +180,11 @@ class EngineCore:
     # -- requests ---------------------------------------------------------------------
     def add(self, msg: AddRequest) -> None:
         """Queue a request the front end validated (`frontend.prompts.validate_request`).
-        The core's own guard is O(1): the parameters name exactly SamplingParams' fields and
-        the request fits the context and the KV cache. One that fails it (or whose id is in
-        use) ends alone at the next step with finish_reason "error"; add never raises for a
-        request, which would kill the engine."""
+        The core's own guard: the parameters name exactly SamplingParams' fields, the request
+        fits the context and the KV cache, its ids are inside the vocabulary (one pass, which
+        costs microseconds beside the step) and its row's values fit the request table. One
+        that fails it (or whose id is in use) ends alone at the next step with finish_reason
+        "error"; add never raises for a request, which would kill the engine."""
         rid = msg.request_id
         if rid in self.requests:
             self._ended.append(Request(rid, [], SamplingParams(), 0, status=Status.FINISHED,
@@ -195,10 +196,16 @@ class EngineCore:
             seed = msg.seed if msg.seed is not None else (
                 params.seed if params.seed is not None else self._seeds.getrandbits(63))
             seed %= 1 << 63
+            req = Request(rid, msg.prompt_token_ids, params, seed, self.eos_token_ids,
+                          arrival_time=msg.arrival_time)
+            # a value the request table cannot store would fail the step that admits the
+            # request, and so every request: it fails here, alone
+            error = error or vocabulary_error(msg.prompt_token_ids, self.info.vocab_size)
+            if not error:
+                self.table.row_values(req)
         except Exception as e:  # noqa: BLE001 - a malformed request fails alone
-            params, error, seed = SamplingParams(), f"malformed request: {e}", 0
-        req = Request(rid, msg.prompt_token_ids, params, seed, self.eos_token_ids,
-                      arrival_time=msg.arrival_time)
+            error = f"malformed request: {type(e).__name__}: {e}"
+            req = Request(rid, [], SamplingParams(), 0, self.eos_token_ids, arrival_time=msg.arrival_time)
         self.requests[rid] = req
         if not error and req.params.structured_outputs is not None:
             error = self.scheduler.structured_outputs.submit(req)

@@ -4,12 +4,16 @@
 AsyncLLM reads the core's messages, runs the output processor (detokenization, stop
 strings) and wakes the streams with an output due; a stream that fell behind gets the merged
 deltas in one output.  Leaving a stream early, or cancelling its task, aborts the
-request in the core at once.
+request in the core at once.  With `max_core_restarts` (opt-in; the server's
+--max-core-restarts) a core that died is started again after a back-off: the requests it
+held end with an error, `is_dead` holds until the new core is ready, and once the restarts
+are spent `failed_for_good` says so (the server then exits non-zero).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 
 import zmq
@@ -26,6 +30,9 @@ from slipstream.model.loader import resolve_model_source
 from slipstream.sampling.params import SamplingParams
 from slipstream.model.tokenizer import load_tokenizer
 
+log = logging.getLogger("slipstream.engine")
+MAX_RESTART_BACKOFF_S = 30.0  # the back-off doubles per restart up to this
+
 
 class AsyncLLM:
     # text prompts longer than this are tokenized on a worker thread, not on the event loop.
@@ -34,9 +41,20 @@ class AsyncLLM:
     tokenize_off_loop_chars: int = 1024
 
     def __init__(self, model: str | None = None, core: str = "process", core_env: dict | None = None,
+                 max_core_restarts: int = 0, core_restart_backoff_s: float = 1.0,
                  **engine_options) -> None:
-        """core_env: environment variables for the core process (e.g. its CUDA_VISIBLE_DEVICES)."""
+        """core_env: environment variables for the core process (e.g. its CUDA_VISIBLE_DEVICES);
+        max_core_restarts: how many times a core that died is started again (0: never), the
+        first after core_restart_backoff_s seconds, each next one after twice as long."""
+        if isinstance(max_core_restarts, bool) or not isinstance(max_core_restarts, int) or max_core_restarts < 0:
+            raise ValueError(f"max_core_restarts must be an int >= 0, got {max_core_restarts!r}")
+        if not (isinstance(core_restart_backoff_s, (int, float)) and 0 <= core_restart_backoff_s < float("inf")):
+            raise ValueError(f"core_restart_backoff_s must be a finite number >= 0, got {core_restart_backoff_s!r}")
         config = EngineConfig.from_kwargs(model=model, **engine_options)
+        self._core_args = (config, core, core_env)
+        self.max_core_restarts, self.core_restart_backoff_s = max_core_restarts, float(core_restart_backoff_s)
+        self.core_restarts = 0  # restarts begun so far
+        self._restarting: asyncio.Task | None = None
         source = resolve_model_source(model)  # a missing model fails here, before any process starts
         if config.tensor_parallel_size > 1:  # head counts that do not split: before the core starts
             from slipstream.core.engine_core import check_parallel_config
@@ -65,6 +83,12 @@ class AsyncLLM:
         if self.dead_error is None and not self._closed and not self._client.alive():
             self.dead_error = self._client.exit_description()
         return self.dead_error is not None
+
+    @property
+    def failed_for_good(self) -> bool:
+        """The core is dead and will not be started again (no restarts left, or none asked for)."""
+        restarting = self._restarting is not None and not self._restarting.done()
+        return self.is_dead and not restarting and self.core_restarts >= self.max_core_restarts
 
     @property
     def num_unfinished(self) -> int:
@@ -215,6 +239,37 @@ class AsyncLLM:
             if not fut.done():
                 fut.set_exception(EngineDeadError(message))
         self._calls.clear()
+        if self.core_restarts < self.max_core_restarts and not self._closed and (
+                self._restarting is None or self._restarting.done()):
+            self._restarting = asyncio.get_running_loop().create_task(self._restart())
+        elif self.max_core_restarts:
+            log.error("the engine core died (%s); its %d restarts are spent", message, self.max_core_restarts)
+
+    async def _restart(self) -> None:
+        """Start a new core after a back-off, until one is ready or the restarts are spent."""
+        loop = asyncio.get_running_loop()
+        while self.core_restarts < self.max_core_restarts and not self._closed:
+            self.core_restarts += 1
+            delay = min(self.core_restart_backoff_s * 2 ** (self.core_restarts - 1), MAX_RESTART_BACKOFF_S)
+            log.warning("the engine core died (%s); restart %d of %d in %.1f s", self.dead_error,
+                        self.core_restarts, self.max_core_restarts, delay)
+            await asyncio.sleep(delay)
+            await loop.run_in_executor(None, self._client.close)
+            try:
+                client = CoreClient(*self._core_args)
+                info = await loop.run_in_executor(None, client.wait_ready)
+            except Exception as e:  # noqa: BLE001 - a start that failed counts as a restart spent
+                log.error("restart %d of the engine core failed: %s", self.core_restarts, e)
+                continue
+            if self._closed:
+                await loop.run_in_executor(None, client.close)
+                return
+            self._client, self.info, self.dead_error = client, info, None
+            self._reader = None
+            self._start_reader()
+            log.warning("the engine core is back (restart %d of %d)", self.core_restarts, self.max_core_restarts)
+            return
+        log.error("the engine core is dead and its %d restarts are spent", self.max_core_restarts)
 
     # -- shutdown ---------------------------------------------------------------------
     async def shutdown(self) -> None:
@@ -223,6 +278,12 @@ class AsyncLLM:
         if self.is_dead:  # its open requests end with the core's death, not as aborted
             self._die(self.dead_error)
         self._closed = True
+        if self._restarting is not None and not self._restarting.done():
+            self._restarting.cancel()
+            try:
+                await self._restarting
+            except asyncio.CancelledError:
+                pass
         for rid in list(self.processor.requests):
             state = self.processor.requests[rid]
             self.processor.abort(rid)

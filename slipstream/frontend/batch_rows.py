@@ -15,6 +15,7 @@ Errors are ValueErrors of one line naming the field; the caller adds where the r
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -71,14 +72,25 @@ def row_keys(keys) -> list[str]:
     return [k for k in keys if k in ROW_KEYS or k in SAMPLING_KEYS]
 
 
+def row_id(obj: Mapping[str, Any]) -> str | None:
+    """The row's `id` as a string (None: not given); ValueError for anything but a string or
+    an integer, which a result line could not give back as the user wrote it."""
+    rid = obj.get("id")
+    if rid is None or isinstance(rid, str):
+        return rid
+    if isinstance(rid, numbers.Integral) and not isinstance(rid, bool):  # (Ray Data: numpy ints)
+        return str(int(rid))
+    raise ValueError(f"id must be a string or an integer, got {type(rid).__name__}")
+
+
 def parse_row(obj: Mapping[str, Any], defaults: RowDefaults) -> BatchRow:
     """The request of one row; ValueError naming the bad field."""
     unknown = [str(k) for k in obj if k not in ROW_KEYS and k not in SAMPLING_KEYS]
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r} (a row has {', '.join(ROW_KEYS)} "
                          f"and sampling fields)")
+    rid = row_id(obj)
     given = {k: v for k, v in obj.items() if v is not None}
-    rid = given.get("id")
     inputs = [k for k in INPUT_KEYS if k in given]
     if len(inputs) != 1:
         raise ValueError("give exactly one of prompt, prompt_token_ids, messages")
@@ -94,7 +106,7 @@ def parse_row(obj: Mapping[str, Any], defaults: RowDefaults) -> BatchRow:
                 raise ValueError("give one of response_format and structured_outputs, not both")
             sampling["structured_outputs"] = constraint
     params = SamplingParams.from_dict({**defaults.sampling, **sampling})
-    return BatchRow(None if rid is None else str(rid), prompt, is_chat, chat, params)
+    return BatchRow(rid, prompt, is_chat, chat, params)
 
 
 def _checked_prompt(key: str, value, is_chat: bool):

@@ -103,6 +103,7 @@ class LLM:
         self._finished_early: list[RequestState] = []  # never reached the core (admission)
         self._ids = 0
         self.dead_error: str | None = None
+        self._shut_down = False
 
     # -- requests ---------------------------------------------------------------------
     def validate(self, prompt, sampling_params: SamplingParams | None = None) -> ValidatedRequest:
@@ -130,12 +131,16 @@ class LLM:
             request_id, self._ids = str(self._ids), self._ids + 1
         elif request_id in self.processor.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        state = self.processor.new_request(str(request_id), text, ids, params, output_kind)
         if error:
-            self.processor.fail(state, error)
-        return state
+            return self.processor.rejected(str(request_id), text, ids, params, error, output_kind)
+        return self.processor.new_request(str(request_id), text, ids, params, output_kind)
+
+    def _check_open(self) -> None:
+        if self._shut_down:
+            raise RuntimeError("this LLM was shut down: create a new one to run requests")
 
     def _submit(self, states: list[RequestState]) -> None:
+        self._check_open()
         if self.dead_error:
             raise EngineDeadError(self.dead_error)
         msgs = []
@@ -157,6 +162,7 @@ class LLM:
 
     def abort_request(self, request_id: str) -> None:
         """End a request now; its output (finish_reason "abort") comes with the next step."""
+        self._check_open()
         state = self.processor.requests.get(request_id)
         self._core.abort(self.processor.abort(request_id))
         if state is not None:
@@ -179,6 +185,7 @@ class LLM:
         return [s.output() for s in early + ready if s.has_output()]
 
     def _step(self) -> list[RequestState]:
+        self._check_open()
         if self.dead_error:
             raise EngineDeadError(self.dead_error)
         try:
@@ -235,7 +242,10 @@ class LLM:
         return [done[s.request_id] for s in states]
 
     def shutdown(self) -> None:
-        self._core.close()
+        """Stop the engine (a second call does nothing); every later call raises RuntimeError."""
+        if not self._shut_down:
+            self._shut_down = True
+            self._core.close()
 
     def __enter__(self) -> "LLM":
         return self
@@ -258,6 +268,11 @@ def _as_prompt_list(prompts) -> list:
 def _as_params_list(params, n: int) -> list[SamplingParams]:
     if params is None or isinstance(params, SamplingParams):
         return [params or SamplingParams()] * n
+    if not isinstance(params, (list, tuple)):
+        raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got "
+                        f"{type(params).__name__}"
+                        + (": pass SamplingParams(**d) or SamplingParams.from_dict(d)"
+                           if isinstance(params, dict) else ""))
     params = list(params)
     if len(params) != n:
         raise ValueError(f"got {len(params)} sampling params for {n} prompts")

@@ -127,6 +127,16 @@ class OutputProcessor:
                             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
                             output_kind=output_kind, stream_interval=stream_interval)
 
+    def rejected(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+                 message: str, output_kind: OutputKind = OutputKind.FINAL_ONLY) -> RequestState:
+        """The ended state of a request refused at the front door: no detokenizer (its ids
+        may be outside the vocabulary, or not fit the tokenizer's integers at all)."""
+        comps = [CompletionState(i, request_id, None) for i in range(params.n)]
+        state = RequestState(request_id, prompt, prompt_token_ids, params, comps, RequestMetrics(time.time()),
+                             output_kind=OutputKind(output_kind))
+        self.fail(state, message)
+        return state
+
     def _detokenizer(self, prompt_token_ids, params: SamplingParams) -> IncrementalDetokenizer | None:
         if self.tokenizer is None:
             return None

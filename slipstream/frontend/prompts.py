@@ -15,7 +15,7 @@ from typing import Any, Callable
 from slipstream.core.admission import admission_error, as_token_ids
 from slipstream.core.messages import CoreInfo
 from slipstream.frontend.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from slipstream.model.tokenizer import ChatOptions
+from slipstream.model.tokenizer import ChatOptions, check_text
 from slipstream.sampling.params import SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -52,6 +52,9 @@ def sampling_params_of(params) -> SamplingParams:
     """The request's SamplingParams (None: the defaults); TypeError for anything else."""
     if params is None:
         return SamplingParams()
+    if isinstance(params, dict):
+        raise TypeError("sampling params must be a SamplingParams, got a dict: pass "
+                        "SamplingParams(**d) or SamplingParams.from_dict(d)")
     if not isinstance(params, SamplingParams):
         raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
     return params
@@ -63,7 +66,7 @@ def tokenize_prompt(prompt, tokenizer) -> tuple[str | None, list[int]]:
         if tokenizer is None:
             raise ValueError("this model has no tokenizer (dummy weights or no tokenizer files): "
                              "pass prompts as lists of token ids")
-        return prompt, tokenizer.encode(prompt)
+        return prompt, tokenizer.encode(check_text("prompt", prompt))
     return None, as_token_ids(prompt)
 
 
@@ -125,15 +128,18 @@ def _content_text(content, i: int) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return check_text(f"messages[{i}].content", content)
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            if not (isinstance(part, dict) and part.get("type") == "text"):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise ValueError(f"messages[{i}].content[{j}]: only text parts "
                                  f"({{\"type\": \"text\", \"text\": ...}}) are supported, got {kind!r}")
-            parts.append(part["text"])
+            if not isinstance(part.get("text"), str):
+                got = "nothing" if part.get("text") is None else type(part["text"]).__name__
+                raise ValueError(f"messages[{i}].content[{j}].text must be a string, got {got}")
+            parts.append(check_text(f"messages[{i}].content[{j}].text", part["text"]))
         return "\n".join(parts)
     raise ValueError(f"messages[{i}].content must be a string or a list of text parts, got {type(content).__name__}")
 

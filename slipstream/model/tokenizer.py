@@ -85,6 +85,17 @@ def _template_arguments(tokenizer_class: type) -> frozenset[str]:
     return frozenset((names - {"self"}) | {"messages", "conversation"})
 
 
+def check_text(name: str, text: str) -> str:
+    """`text` if a tokenizer can take it: UTF-8 encodable, so no lone surrogate ("\\ud800",
+    which JSON and Python strings can carry); else a ValueError naming `name`."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{name} holds a lone surrogate {text[e.start]!r} at character {e.start}: "
+                         "text must be valid Unicode (UTF-8 encodable)") from None
+    return text
+
+
 class Tokenizer:
     def __init__(self, hf_tokenizer, extra_eos_ids=()):
         self.hf = hf_tokenizer
@@ -95,8 +106,9 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`, with BOS if (and as) the model's tokenizer adds one, unless
-        `add_special_tokens` is false."""
-        return self.hf.encode(text, add_special_tokens=add_special_tokens)
+        `add_special_tokens` is false. ValueError for a text with a lone surrogate (callers
+        that know the text's field check it first, `check_text`, to name it)."""
+        return self.hf.encode(check_text("the text", text), add_special_tokens=add_special_tokens)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.hf.decode(_as_list(ids), skip_special_tokens=skip_special_tokens)
@@ -131,7 +143,7 @@ class Tokenizer:
         # The template writes every special token itself (BOS included where the model wants
         # it), so by default the rendered text is encoded without adding any (vLLM's
         # `add_special_tokens` on chat requests asks for the tokenizer's too).
-        return self.encode(self.render_chat(messages, options), add_special_tokens)
+        return self.encode(check_text("messages", self.render_chat(messages, options)), add_special_tokens)
 
     def __repr__(self) -> str:
         return (f"Tokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size}, "

@@ -13,8 +13,10 @@ Normalisation done at construction:
 * ``stop_token_ids`` (None or a list/tuple of int) becomes a new list of int;
 * numeric fields become plain Python ``int`` / ``float`` (numpy scalars accepted).
 
-``seed`` keeps the value the user gave (any size, negative allowed); the sampler
-takes `SamplingParams.sampler_seed`, the seed reduced to 64 bits.
+``seed`` keeps the value the user gave (in [-2**63, 2**64): what a 64-bit message field
+carries, negative allowed); the sampler takes `SamplingParams.sampler_seed`, the seed
+reduced to 64 bits. Integers the engine stores in int32 columns (top_k, stop_token_ids) are
+bounded by `MAX_INT32`, so a value the engine cannot store is refused here, naming its field.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 from slipstream.sampling.structured import StructuredOutputsParams
 
-__all__ = ["SamplingParams", "MAX_LOGPROBS", "MAX_N", "GREEDY_TEMPERATURE_EPS", "completion_seed"]
+__all__ = ["SamplingParams", "MAX_LOGPROBS", "MAX_N", "MAX_INT32", "GREEDY_TEMPERATURE_EPS", "completion_seed"]
 
 #: The largest number of top logprobs a request may ask for per sampled token.
 MAX_LOGPROBS = 20
@@ -40,7 +42,11 @@ MAX_N = 128
 #: only overflows; the argmax is what the user means).
 GREEDY_TEMPERATURE_EPS = 1e-5
 
+#: The largest value of an int the engine stores in an int32 column (top_k, token ids).
+MAX_INT32 = (1 << 31) - 1
+
 _U64 = 1 << 64
+_SEED_RANGE = "in [-2**63, 2**64) or None"
 
 
 def _describe(value: Any) -> str:
@@ -92,11 +98,11 @@ class SamplingParams:
                              tokens exist; int in [0, max_tokens].
     temperature [1.0]        >= 0; 0 (anything below 1e-5) means greedy.
     top_p [1.0]              nucleus sampling, in (0, 1]; 1 = off.
-    top_k [0]                keep the k most likely tokens; 0 = off (-1 is
+    top_k [0]                keep the k most likely tokens, k <= MAX_INT32; 0 = off (-1 is
                              accepted as off and stored as 0).
     min_p [0.0]              drop tokens whose probability is below min_p times
                              the top probability; in [0, 1]; 0 = off.
-    seed [None]              int of any size or None (the engine picks one).
+    seed [None]              int in [-2**63, 2**64) or None (the engine picks one).
                              Draws depend only on (seed, token index).
     stop [None -> ()]        str or list of str; generation ends at the first
                              occurrence of any of them (not included in output,
@@ -105,7 +111,7 @@ class SamplingParams:
                              output at the end of its text.
     stop_token_ids [[]]      extra token ids that end generation (the token is
                              kept in the output ids, its text is not shown if
-                             special). ints >= 0.
+                             special). ints in [0, MAX_INT32].
     ignore_eos [False]       keep generating past EOS.
     repetition_penalty [1.0] > 0; 1 = off (HF/CTRL style, prompt + output).
     presence_penalty [0.0]   in [-2, 2] (OpenAI style, output tokens).
@@ -170,9 +176,9 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
-        self.top_k = _check_int("top_k", self.top_k, ">= 0 (0 or -1 = off)")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be >= 0 (0 or -1 = off), got {self.top_k}")
+        self.top_k = _check_int("top_k", self.top_k, f"in [0, {MAX_INT32}] (0 or -1 = off)")
+        if not -1 <= self.top_k <= MAX_INT32:
+            raise ValueError(f"top_k must be in [0, {MAX_INT32}] (0 or -1 = off), got {self.top_k}")
         if self.top_k == -1:
             self.top_k = 0
 
@@ -181,7 +187,9 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
         if self.seed is not None:
-            self.seed = _check_int("seed", self.seed, "or None")
+            self.seed = _check_int("seed", self.seed, _SEED_RANGE)
+            if not -(1 << 63) <= self.seed < _U64:
+                raise ValueError(f"seed must be an int {_SEED_RANGE}, got {_describe(self.seed)}")
 
         self.stop = self._normalise_stop(self.stop)
         self.stop_token_ids = self._normalise_stop_token_ids(self.stop_token_ids)
@@ -249,14 +257,14 @@ class SamplingParams:
 
     @staticmethod
     def _normalise_stop_token_ids(ids: Any) -> list[int]:
-        allowed = "a list of ints >= 0"
+        allowed = f"a list of ints in [0, {MAX_INT32}]"
         if ids is None:
             return []
         if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
             raise ValueError(f"stop_token_ids must be {allowed}, got {_describe_typed(ids)}")
         result: list[int] = []
         for i, item in enumerate(ids):
-            if isinstance(item, bool) or not isinstance(item, numbers.Integral) or item < 0:
+            if isinstance(item, bool) or not isinstance(item, numbers.Integral) or not 0 <= item <= MAX_INT32:
                 raise ValueError(
                     f"stop_token_ids must be {allowed}, got {_describe(ids)} "
                     f"(item {i} is {_describe_typed(item)})"

@@ -30,12 +30,19 @@ class RequestTable:
     def num_free_rows(self) -> int:
         return len(self._free_rows)
 
+    @staticmethod
+    def row_values(req: Request) -> dict[str, np.generic]:
+        """The request's sampling columns, each cast to its column's dtype: OverflowError
+        (or ValueError) for a value the table cannot store, before any row is taken."""
+        return {c.name: np.dtype(c.dtype).type(c.value(req)) for c in SAMPLING_COLUMNS}
+
     def acquire(self, req: Request) -> int:
+        values = self.row_values(req)
         row = self._free_rows.pop()
         tokens = req.token_ids()
         self.token_ids[row, :len(tokens)] = tokens
-        for c in SAMPLING_COLUMNS:
-            self.columns[c.name][row] = c.value(req)
+        for name, value in values.items():
+            self.columns[name][row] = value
         return row
 
     def release(self, row: int) -> None:

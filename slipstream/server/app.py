@@ -21,6 +21,7 @@ from slipstream.server import DEFAULT_MAX_BODY_BYTES
 from slipstream.server.errors import (APIError, bad_request, error_response,
                                       format_validation_errors, install_error_handlers)
 from slipstream.server.metrics import CONTENT_TYPE
+from slipstream.server.openapi import openapi_schema
 from slipstream.server.protocol import (ChatCompletionRequest, CompletionRequest,
                                         DetokenizeRequest, TokenizeRequest)
 from slipstream.server.serving_chat import complete_chat, prepare_chat, render_prompt, stream_chat
@@ -35,7 +36,7 @@ from slipstream.server.responses_stream import stream_response
 from slipstream.server.serving_responses import complete_response, prepare_response
 from slipstream.server.tool_parsers import get_tool_parser
 
-_UNCOUNTED = ("/health", "/metrics", "/version")
+_UNCOUNTED = ("/health", "/metrics", "/version", "/openapi.json")
 
 
 def _opt(args: Any, name: str, default):
@@ -46,7 +47,7 @@ def _opt(args: Any, name: str, default):
 class _Gate:
     def __init__(self, app, state: ServingState, api_key: str | None, max_body: int):
         self.app, self.state, self.max_body = app, state, max_body
-        self.api_key = api_key.encode() if api_key else None
+        self.api_key = api_key.encode() if api_key is not None else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -58,9 +59,10 @@ class _Gate:
             refusal = error_response(503, "the server is shutting down",
                                      headers={"Retry-After": "5"})
         elif self.api_key is not None and path.startswith("/v1/"):
-            auth = headers.get(b"authorization", b"")
-            if not (auth.startswith(b"Bearer ")
-                    and hmac.compare_digest(auth[7:].strip(), self.api_key)):
+            # the scheme is case-insensitive (RFC 9110); the key is compared in constant time
+            scheme, _, key = headers.get(b"authorization", b"").strip().partition(b" ")
+            if not (scheme.lower() == b"bearer"
+                    and hmac.compare_digest(key.strip(), self.api_key)):
                 refusal = error_response(401, "invalid or missing API key "
                                               "(send 'Authorization: Bearer <key>')")
         if refusal is None:
@@ -183,10 +185,14 @@ def build_app(llm, args=None) -> FastAPI:
     if state.enable_auto_tool_choice and state.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
     limit = _opt(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
-    app = FastAPI(title="slipstream", docs_url=None, redoc_url=None, openapi_url=None)
+    api_key = _opt(args, "api_key", None)
+    if api_key is not None and not api_key.strip():  # it would match no client's key
+        raise ValueError("the API key is empty: give a key, or None for no authentication")
+    app = FastAPI(title="slipstream", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app.openapi = lambda: openapi_schema(app)
     app.state.serving = state
     install_error_handlers(app)
-    app.add_middleware(_Gate, state=state, api_key=_opt(args, "api_key", None), max_body=limit)
+    app.add_middleware(_Gate, state=state, api_key=api_key, max_body=limit)
     started = int(time.time())
 
     @app.post("/v1/completions")

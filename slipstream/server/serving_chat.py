@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from slipstream.frontend.prompts import ValidatedRequest, normalize_messages
-from slipstream.sampling.params import SamplingParams
+from slipstream.sampling.params import MAX_LOGPROBS, SamplingParams
 from slipstream.server.errors import APIError, bad_request
 from slipstream.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                                         ChatCompletionResponse, ChatLogprobs, ChatMessage,
@@ -96,6 +96,9 @@ def prepare_chat(state: ServingState, req: ChatCompletionRequest) -> PreparedCha
         structured = tools.constraint
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {req.top_logprobs}",
+                          "top_logprobs")
     top = (req.top_logprobs or 0) if req.logprobs else None
     msgs = chat_messages(req.messages)
     ids = truncate_prompt(state, render_prompt(state, req, msgs, req.add_special_tokens),

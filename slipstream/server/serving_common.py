@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 
 from slipstream.frontend.outputs import OutputKind
 from slipstream.frontend.prompts import ValidatedRequest
+from slipstream.model.tokenizer import check_text
 from slipstream.frontend.protocol import EngineClient
 from slipstream.sampling.params import SamplingParams
 from slipstream.server.errors import APIError, bad_request
@@ -145,8 +146,9 @@ def make_params(state: ServingState, req, *, max_tokens: int, logprobs: int | No
         kw["structured_outputs"] = structured_outputs
     try:
         return SamplingParams.from_dict(kw)
-    except ValueError as e:
-        raise bad_request(str(e)) from None
+    except ValueError as e:  # its message starts with the field's name
+        name = str(e).split(" ", 1)[0]
+        raise bad_request(str(e), name if name in kw else None) from None
 
 
 def resolve_max_tokens(state: ServingState, requested: int | None, prompt_len: int,
@@ -185,8 +187,14 @@ async def off_loop(state: ServingState, fn, *args):
     return await asyncio.get_running_loop().run_in_executor(state.prepare_pool, fn, *args)
 
 
-def encode(state: ServingState, text: str, add_special_tokens: bool = True) -> list[int]:
-    return list(state.need_tokenizer().encode(text, add_special_tokens))
+def encode(state: ServingState, text: str, add_special_tokens: bool = True,
+           param: str = "prompt") -> list[int]:
+    """The token ids of a text prompt; a 400 naming `param` for text no tokenizer takes."""
+    tok = state.need_tokenizer()
+    try:
+        return list(tok.encode(check_text(param, text), add_special_tokens))
+    except ValueError as e:
+        raise bad_request(str(e), param) from None
 
 
 def truncate_prompt(state: ServingState, ids: list[int], keep: int | None) -> list[int]:
