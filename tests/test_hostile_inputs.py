@@ -194,3 +194,32 @@ def test_llm_ends_prompts_with_ids_out_of_range_alone_and_refuses_calls_after_sh
     llm.shutdown()  # a second call does nothing
     with pytest.raises(RuntimeError, match="was shut down"):
         llm.generate([[1, 2]], params)
+
+
+# -- serve flags: refused before anything loads ---------------------------------------------------
+@pytest.mark.parametrize("flags, words", [
+    (["--port", "99999"], "--port must be in [0, 65535], got 99999"),
+    (["--port", "-1"], "--port must be in [0, 65535]"),
+    (["--shutdown-timeout", "nan"], "--shutdown-timeout must be a finite number >= 0, got nan"),
+    (["--shutdown-timeout", "inf"], "--shutdown-timeout must be a finite number"),
+    (["--core-restart-backoff", "nan"], "--core-restart-backoff must be a finite number"),
+    (["--max-core-restarts", "-1"], "--max-core-restarts must be >= 0"),
+    (["--api-key", ""], "--api-key is empty"),
+    (["--api-key", "  "], "--api-key is empty"),
+])
+def test_bad_serve_flags_are_refused_before_the_model_loads(flags, words, capsys, monkeypatch):
+    from slipstream.cli import serve
+    from slipstream.cli.main import main
+    monkeypatch.setattr(serve, "make_llm", lambda a: pytest.fail("the model was loaded"))
+    assert main(["serve", "--device", "cpu", *flags]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_an_empty_api_key_in_the_environment_is_refused(capsys, monkeypatch):
+    from slipstream.cli import serve
+    from slipstream.cli.main import main
+    monkeypatch.setattr(serve, "make_llm", lambda a: pytest.fail("the model was loaded"))
+    monkeypatch.setenv("SLIPSTREAM_API_KEY", "")
+    assert main(["serve", "--device", "cpu"]) == 2
+    assert "SLIPSTREAM_API_KEY is empty" in capsys.readouterr().err
