@@ -26,6 +26,7 @@ from slipstream.model.loader import load_config, load_model, resolve_dtype, reso
 from slipstream.sched.request import Request, Status
 from slipstream.sched.request_table import RequestTable
 from slipstream.runner.model_runner import ModelRunner, RunnerOptions
+from slipstream.runner.buffer_budget import check_buffer_budget
 from slipstream.runner.kv_memory import gpu_memory_in_use
 from slipstream.sampling.params import SamplingParams
 from slipstream.sched.scheduler import Scheduler
@@ -86,6 +87,8 @@ class EngineCore:
             from slipstream.executor.multiproc import MultiprocExecutor
             self.runner = MultiprocExecutor(tp, self._worker_config(), self._runner_options(tokens), self.device)
         else:  # the runner itself is the executor: nothing between the loop and it
+            check_buffer_budget(config.max_num_seqs, tokens, self.max_model_len, config.block_size,
+                                self.model_config, self.device)
             self.runner = ModelRunner(self.model, self.model_config, self._runner_options(tokens), self.device,
                                       self.dtype)
         self.startup = self._startup_report(weights_s, time.perf_counter() - start)
