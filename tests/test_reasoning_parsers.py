@@ -92,6 +92,9 @@ def _accepts(backend, parser, so, text) -> bool:
     ("qwen3", '<think>unterminated {"a": 3}', False),
     ("deepseek_r1", 'hmm {bad json</think>\n{"a": 3}', True),
     ("deepseek_r1", '{"a": 3}', False),  # the thinking must close first
+    ("qwen3", '<think>x</think>\n\n  {"a": 3}', True),
+    ("qwen3", '<think>x</think>\n\n\n\n\n{"a": 3}', False),  # at most four between them
+    ("qwen3", '\u205f{"a": 3}', False),  # ASCII whitespace only
 ])
 def test_structured_output_applies_after_the_thinking(backend, parser, text, ok):
     assert _accepts(backend, parser, StructuredOutputsParams(json=SCHEMA), text) is ok

@@ -1,7 +1,7 @@
 """A structured output under a reasoning parser: the constraint applies from the end of the
 thinking on. The request's constraint becomes one xgrammar structural tag, a sequence of the
-parser's free thinking part (any text up to the closing tag), optional whitespace, then the
-constraint itself, so the thinking is never masked and the answer is."""
+parser's free thinking part (any text up to the closing tag), up to four whitespace
+characters, then the constraint itself, so the thinking is never masked and the answer is."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,10 @@ from slipstream.sampling.structured import StructuredOutputsParams
 from slipstream.server.reasoning_parsers.base import ReasoningParser
 
 _ANY_OBJECT = {"type": "object"}
+# the whitespace a model writes after its thinking ("</think>\n\n"): ASCII and bounded, so a
+# model held back from prose cannot drift into whitespace instead (regex \s takes Unicode
+# spaces, without end)
+_GAP = r"[ \t\r\n]{0,4}"
 
 
 def constraint_format(so: StructuredOutputsParams) -> dict[str, Any]:
@@ -37,7 +41,7 @@ def constraint_format(so: StructuredOutputsParams) -> dict[str, Any]:
 
 def after_reasoning(parser: ReasoningParser, so: StructuredOutputsParams) -> StructuredOutputsParams:
     """`so` with the parser's free thinking part in front of it."""
-    elements = [parser.reasoning_format(), {"type": "regex", "pattern": r"\s*"},
+    elements = [parser.reasoning_format(), {"type": "regex", "pattern": _GAP},
                 constraint_format(so)]
     return StructuredOutputsParams(structural_tag={
         "type": "structural_tag", "format": {"type": "sequence", "elements": elements}})
