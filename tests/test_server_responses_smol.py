@@ -1,7 +1,8 @@
 """/v1/responses on `slipstream serve` with the embedded SmolLM2 (CPU), through the official
 openai client: greedy text equals chat's for the same conversation, the stream assembles
 to the whole response, previous_response_id continues a conversation, an unknown id is a
-404, and --reasoning-parser leaves a model that does not think all answer."""
+404, --reasoning-parser leaves an unconstrained reply of a model that does not think all
+answer, and text.format's schema holds after a free think block."""
 from __future__ import annotations
 
 import openai
