@@ -115,7 +115,7 @@ def test_grammar_stats_from_the_engine_are_exported():
     class StatsLLM(FakeAsyncLLM):
         async def stats(self):
             return {**await super().stats(), "grammar_compile_seconds": 1.5, "grammar_compiled": 3,
-                    "grammar_compile_failed": 1, "grammar_cache_hits": 7}
+                    "grammar_compile_failed": 1, "grammar_cache_hits": 7, "grammar_cpu_seconds": 0.25}
 
     async def go(c, llm):
         text = (await c.get("/metrics")).text
@@ -123,4 +123,5 @@ def test_grammar_stats_from_the_engine_are_exported():
         assert 'slipstream:grammar_compiles_total{model_name="fake-model"} 3.0' in text
         assert 'slipstream:grammar_compile_failures_total{model_name="fake-model"} 1.0' in text
         assert 'slipstream:grammar_cache_hits_total{model_name="fake-model"} 7.0' in text
+        assert 'slipstream:grammar_bitmask_seconds_total{model_name="fake-model"} 0.25' in text
     run_app(go, llm=StatsLLM())

@@ -62,7 +62,9 @@ _GRAMMAR_COUNTERS = (
     ("slipstream:grammar_compile_failures", "grammar_compile_failed",
      "Output grammars that did not compile."),
     ("slipstream:grammar_cache_hits", "grammar_cache_hits",
-     "Requests whose grammar was found compiled in the cache."))
+     "Requests whose grammar was found compiled in the cache."),
+    ("slipstream:grammar_bitmask_seconds", "grammar_cpu_seconds",
+     "Time the engine's step loop spent filling grammar token masks."))
 
 # Data-parallel serving: the families above are summed over the replicas; these are per
 # replica (label replica="0", ...), with the router's counts.
