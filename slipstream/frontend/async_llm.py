@@ -26,7 +26,7 @@ from slipstream.errors import EngineDeadError
 from slipstream.frontend.output_processor import OutputProcessor
 from slipstream.frontend.outputs import OutputKind
 from slipstream.frontend.prompts import RequestRejected, ValidatedRequest, admit_request, validate_request
-from slipstream.model.loader import resolve_model_source
+from slipstream.model.loader import load_config, resolve_model_source
 from slipstream.sampling.params import SamplingParams
 from slipstream.model.tokenizer import load_tokenizer
 
@@ -56,6 +56,7 @@ class AsyncLLM:
         self.core_restarts = 0  # restarts begun so far
         self._restarting: asyncio.Task | None = None
         source = resolve_model_source(model)  # a missing model fails here, before any process starts
+        load_config(source)  # and a bad config.json, before transformers reads it for the tokenizer
         if config.tensor_parallel_size > 1:  # head counts that do not split: before the core starts
             from slipstream.core.engine_core import check_parallel_config
             check_parallel_config(config)

@@ -93,9 +93,11 @@ class LLM:
             raise ValueError(f"core must be one of {list(LLM_CORE_MODES)}, got {core!r}")
         config = EngineConfig.from_kwargs(model=model, **engine_options)
         from slipstream.core.engine_core import check_parallel_config
-        from slipstream.model.loader import resolve_model_source
+        from slipstream.model.loader import load_config, resolve_model_source
         check_parallel_config(config)  # before any process starts
-        self.tokenizer = None if config.load_format == "dummy" else load_tokenizer(resolve_model_source(model))
+        source = resolve_model_source(model)
+        load_config(source)  # its one-line errors, before transformers reads the folder for the tokenizer
+        self.tokenizer = None if config.load_format == "dummy" else load_tokenizer(source)
         self._core = _InlineCore(config, self.tokenizer) if core == "inline" else _RemoteCore(config, core)
         self.engine: EngineCore | None = self._core.engine  # inline: the core itself, else None
         self.info = self._core.info

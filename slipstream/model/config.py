@@ -94,6 +94,9 @@ class ModelConfig:
             raise ValueError(
                 "config.json has no 'architectures' entry; supported: "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+            raise ValueError(f"config.json: architectures must be a list of names, e.g. "
+                             f"[\"LlamaForCausalLM\"], got {archs!r}")
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
@@ -108,13 +111,18 @@ class ModelConfig:
 
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
+        for name, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         head_dim = cfg.get("head_dim") or hidden // heads
         # transformers 5 keeps rope settings in `rope_parameters`; older files use
         # top-level `rope_theta` and `rope_scaling`.
         rope_params = dict(cfg.get("rope_parameters") or {})
         rope_theta = rope_params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
-        scaling = rope_params if rope_params else dict(cfg.get("rope_scaling") or {})
-        scaling = _normalize_rope_scaling(scaling)
+        # a legacy rope_scaling beside rope_parameters that say nothing of scaling still applies
+        # (or is refused by name, e.g. yarn): it is never dropped silently
+        scaling = (_normalize_rope_scaling(rope_params)
+                   or _normalize_rope_scaling(dict(cfg.get("rope_scaling") or {})))
         if scaling is not None and scaling.get("partial_rotary_factor", 1.0) != 1.0:
             raise ValueError("unsupported rope: partial_rotary_factor != 1")
 
@@ -155,12 +163,23 @@ class ModelConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "ModelConfig":
+        """The config of a config.json; every problem is a one-line ValueError naming the file
+        (missing keys, zero or wrongly typed sizes, not UTF-8, not JSON)."""
         try:
             with open(path, encoding="utf-8") as f:
                 cfg = json.load(f)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text (byte {e.start})") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from None
-        return cls.from_hf_config(cfg)
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
+        try:
+            return cls.from_hf_config(cfg)
+        except KeyError as e:
+            raise ValueError(f"{path}: the key {e} is missing") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"{path}: {e}") from None
 
 
 def _normalize_rope_scaling(scaling: dict[str, Any]) -> dict[str, Any] | None:
