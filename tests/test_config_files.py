@@ -74,3 +74,14 @@ def test_a_legacy_rope_scaling_beside_default_rope_parameters_applies(folder):
     path.write_text(json.dumps(cfg))
     assert ModelConfig.from_json_file(path).rope_scaling == {"rope_type": "linear", "factor": 2.0}
     assert os.path.exists(path)
+
+
+def test_a_config_too_large_to_build_is_a_one_line_error(tmp_path):
+    from slipstream import LLM
+    cfg = dict(architectures=["LlamaForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=128,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=10 ** 12)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="the model does not fit in cpu memory") as e:
+        LLM(str(path), load_format="dummy", device="cpu")
+    assert "max_position_embeddings" in str(e.value) and "\n" not in str(e.value)

@@ -223,3 +223,15 @@ def test_an_empty_api_key_in_the_environment_is_refused(capsys, monkeypatch):
     monkeypatch.setenv("SLIPSTREAM_API_KEY", "")
     assert main(["serve", "--device", "cpu"]) == 2
     assert "SLIPSTREAM_API_KEY is empty" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_the_model_loads_exits_cleanly(capsys, monkeypatch):
+    from slipstream.cli import engine_setup
+    from slipstream.cli.main import main
+
+    def interrupted(kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_setup, "load_llm", interrupted)
+    assert main(["generate", "--device", "cpu", "hi"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"

@@ -238,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while the model loads (a job's own handler says more)
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

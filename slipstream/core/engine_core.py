@@ -73,6 +73,11 @@ class EngineCore:
             except torch.OutOfMemoryError as e:
                 raise RuntimeError(f"the model does not fit: its weights alone exhaust {self.device} memory "
                                    f"({e}); use a smaller model or dtype") from None
+            except RuntimeError as e:  # the host allocator's (tables sized by a huge config value)
+                if "can't allocate memory" not in str(e):
+                    raise
+                raise ValueError(f"the model does not fit in {self.device} memory: {str(e).splitlines()[0]} "
+                                 "(check the config's sizes, e.g. max_position_embeddings)") from None
             self.dtype = next(self.model.parameters()).dtype
             self.model.set_batch_invariant(config.batch_invariant)
         weights_s = time.perf_counter() - start
