@@ -57,7 +57,7 @@ def test_json_schemas_validate_in_a_batch_with_free_requests(llm):
         jsonschema.validate(json.loads(out.outputs[0].text), schema)
     assert [len(o.outputs[0].token_ids) for o in (outs[1], outs[3])] == [10, 10]
     stats = llm.engine.stats()
-    assert stats["constrained_requests"] >= 3 and stats["grammar_compile_seconds"] > 0
+    assert stats["constrained_requests"] == 2 and stats["grammar_compile_seconds"] > 0
 
 
 def test_regex_choice_and_grammar_are_obeyed(llm):
