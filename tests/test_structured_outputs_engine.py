@@ -197,3 +197,24 @@ def test_the_constrained_bench_workloads_and_their_grammar_line():
     tl.cpu("grammar", 2.0, 2.004, 4)
     tl.cpu("process", 2.0, 2.5, 4)
     assert grammar_line(tl, 4, 8) == "4 of 8 requests constrained; grammar CPU 3.000 ms per constrained step over 2 steps"
+
+
+def test_a_constrained_row_forbids_the_ids_past_the_tokenizer(tokenized_tiny):
+    from slipstream.model.tokenizer import load_tokenizer
+    from slipstream.sampling.grammar.backend import create_grammar_backend
+    from slipstream.sampling.grammar.bitmask import allocate_bitmask, allowed_token_ids
+    from slipstream.sched.request import Request
+    from slipstream.sched.structured_outputs import StructuredOutputs
+    hf = load_tokenizer(tokenized_tiny).hf
+    vocab = len(hf) + 100  # the model's logits are wider than the tokenizer (padded vocabularies)
+    so = StructuredOutputs(lambda: create_grammar_backend("xgrammar", hf, vocab, [2]))
+    req = Request("r", [1], SamplingParams(structured_outputs={"regex": ".{1,5}"}), 0)
+    assert so.submit(req) is None and req.awaiting_grammar
+    req.grammar.result()
+    assert so.poll() == [] and not req.awaiting_grammar
+    bitmask = allocate_bitmask(1, vocab)
+    so.fill_token_bitmask([req], bitmask)
+    allowed = allowed_token_ids(bitmask, 0, vocab)
+    assert len(allowed) > 1000 and int(allowed.max()) < len(hf)
+    assert so.stats().constrained_requests == 1 and so.stats().grammar_cpu_seconds > 0
+    so.close()
