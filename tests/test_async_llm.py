@@ -260,6 +260,7 @@ def test_a_core_thread_that_dies_ends_the_offline_batch_with_errors(tokenized_ti
         llm.shutdown()
 
 
+@pytest.mark.slow
 def test_n_completions_share_the_prompt_and_have_their_own_seeds(tokenized_tiny):
     llm = LLM(tokenized_tiny, **COMMON)
     prompt = "a shared prompt that is long enough to fill a few blocks of sixteen tokens " * 2
@@ -308,6 +309,7 @@ def test_a_bad_prompt_in_a_list_queues_nothing(tokenized_tiny, reference):
 
 
 # -- the core in its own process ------------------------------------------------------------
+@pytest.mark.subprocess
 def test_process_core_gives_the_same_outputs_and_a_killed_core_is_reported(tokenized_tiny, reference):
     _, expected = reference
 
@@ -333,6 +335,7 @@ def test_process_core_gives_the_same_outputs_and_a_killed_core_is_reported(token
     assert dead.finish_reason == "error" and "exited" in dead.error
 
 
+@pytest.mark.subprocess
 def test_llm_on_a_process_core_equals_inline(tokenized_tiny, reference):
     _, expected = reference
     with LLM(tokenized_tiny, core="process", **COMMON) as llm:
@@ -340,6 +343,7 @@ def test_llm_on_a_process_core_equals_inline(tokenized_tiny, reference):
     assert [(o.text, o.token_ids, o.finish_reason) for o in outs] == expected
 
 
+@pytest.mark.subprocess
 def test_a_core_killed_before_any_call_is_seen_dead(tokenized_tiny):
     llm = AsyncLLM(tokenized_tiny, core="process", **COMMON)
     try:
@@ -351,6 +355,7 @@ def test_a_core_killed_before_any_call_is_seen_dead(tokenized_tiny):
         llm.close()
 
 
+@pytest.mark.subprocess
 def test_startup_failure_in_the_core_process_is_one_line(tokenized_tiny):
     with pytest.raises(ValueError, match="max_model_len=100000 exceeds"):
         AsyncLLM(tokenized_tiny, core="process", device="cpu", max_model_len=100000)
@@ -371,6 +376,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.subprocess
 def test_idle_core_sleeps_and_exits_when_its_parent_dies(tokenized_tiny):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, tokenized_tiny], stdout=subprocess.PIPE, text=True)
     try:
@@ -399,6 +405,7 @@ def test_idle_core_sleeps_and_exits_when_its_parent_dies(tokenized_tiny):
         parent.kill()
 
 
+@pytest.mark.slow
 def test_a_duplicate_request_id_fails_alone_in_the_core(tokenized_tiny):
     from slipstream.config import EngineConfig
     from slipstream.core.engine_core import EngineCore

@@ -296,6 +296,7 @@ def test_same_file_through_another_name_is_refused(tmp_path, capsys):
 
 # --- SIGTERM mid-job, then --resume ---
 
+@pytest.mark.subprocess
 def test_sigterm_stops_cleanly_and_resume_finishes(tokenized_tiny, tmp_path):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     n = 40

@@ -11,12 +11,14 @@ from slipstream.cli.main import main
 from slipstream.config import EngineConfig, default_max_num_batched_tokens
 
 
+@pytest.mark.slow
 def test_generate_a_chat_prompt(capsys):
     assert main(["generate", "--device", "cpu", "--chat", "--max-tokens", "12",
                  "What is the capital of France?"]) == 0
     assert capsys.readouterr().out.strip() == "The capital of France is Paris."
 
 
+@pytest.mark.slow
 def test_batch_job_bad_lines_fail_alone(tmp_path):
     lines = [json.dumps({"id": "a", "prompt": "The capital of France is"}),
              json.dumps({"prompt_token_ids": [1, 2, 3], "max_tokens": 2}),
@@ -61,6 +63,7 @@ def test_engine_config_names_the_bad_option():
         EngineConfig(cuda_graph_max_tokens=1.5)
 
 
+@pytest.mark.slow
 def test_default_tokens_per_step_follow_the_device():
     # 16384 on 70 GiB+ GPUs (not the A100), 8192 elsewhere, never below max_num_seqs;
     # a given value is kept and checked

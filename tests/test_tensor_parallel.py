@@ -43,6 +43,7 @@ def _gone(pid: int) -> bool:
 # llama: KV heads split (4 q, 2 kv heads), untied, weights in safetensors shards;
 # qwen3: q/k norms, head_dim != hidden / heads; llama3: 1 KV head replicated on both
 # ranks, tied embeddings (the vocab-parallel embedding is the LM head)
+@pytest.mark.subprocess
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "llama3"])
 def test_two_ranks_give_the_tokens_of_one(tiny_model, kind):
     folder, _ = tiny_model(kind)
@@ -81,6 +82,7 @@ def test_head_counts_that_do_not_split(tiny_model, capsys):
     assert time.monotonic() - start < 10
 
 
+@pytest.mark.subprocess
 def test_a_killed_rank_ends_the_engine_within_seconds(tiny_model):
     folder, _ = tiny_model("llama")
     llm = LLM(folder, device="cpu", max_model_len=512, tensor_parallel_size=2)
@@ -106,6 +108,7 @@ def test_a_killed_rank_ends_the_engine_within_seconds(tiny_model):
     llm.shutdown()
 
 
+@pytest.mark.subprocess
 def test_a_hung_rank_ends_the_engine_at_the_collective_timeout(tiny_model, monkeypatch):
     monkeypatch.setenv("SLIPSTREAM_TP_TIMEOUT_S", "3")  # (read by the workers as they start)
     folder, _ = tiny_model("llama")
@@ -127,6 +130,7 @@ def test_a_hung_rank_ends_the_engine_at_the_collective_timeout(tiny_model, monke
     llm.shutdown()
 
 
+@pytest.mark.subprocess
 def test_serve_with_two_ranks(tokenized_tiny):
     import openai
 
@@ -154,6 +158,7 @@ def test_serve_with_two_ranks(tokenized_tiny):
     assert all(_gone(pid) for pid in ranks)
 
 
+@pytest.mark.subprocess
 def test_two_ranks_on_the_async_mix(tokenized_tiny):
     """The sync-vs-async mix (stops, seeds, penalties, aborts, preemptions, chunked prefill)
     on 2 ranks with the pipeline running ahead gives the one-rank sync results."""
