@@ -52,6 +52,7 @@ def test_an_id_must_be_a_string_or_an_integer():
     assert job.id == "3" and job.error.startswith("line 3: id must be a string or an integer, got dict")
 
 
+@pytest.mark.slow
 def test_poisonous_lines_fail_alone_and_the_good_results_equal_a_clean_run(tokenized_tiny, tmp_path, capsys):
     clean_in, clean_out = tmp_path / "clean.jsonl", tmp_path / "clean.out.jsonl"
     write_jsonl(clean_in, GOOD)
@@ -73,6 +74,7 @@ def test_poisonous_lines_fail_alone_and_the_good_results_equal_a_clean_run(token
     assert "11 results" not in capsys.readouterr().err  # (16 rows: 10 ok, 6 failed)
 
 
+@pytest.mark.slow
 def test_requests_the_engines_death_ended_are_not_done_and_resume_runs_them_once(
         tokenized_tiny, tmp_path, capsys, monkeypatch):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
@@ -102,6 +104,7 @@ def test_requests_the_engines_death_ended_are_not_done_and_resume_runs_them_once
     assert outcome(rows) == outcome(read_rows(clean))
 
 
+@pytest.mark.slow
 def test_an_output_that_cannot_be_written_is_a_clear_error(tokenized_tiny, tmp_path, capsys):
     import os
     if not os.path.exists("/dev/full"):

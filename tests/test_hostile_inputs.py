@@ -75,6 +75,7 @@ def test_a_text_part_without_text_is_named():
 
 
 # -- the core: a request it cannot store fails alone ---------------------------------------------
+@pytest.mark.slow
 def test_the_core_fails_a_request_it_cannot_store_alone_and_keeps_running(tokenized_tiny):
     from slipstream.config import EngineConfig
     from slipstream.core.engine_core import EngineCore
@@ -181,6 +182,7 @@ def test_the_api_key_comes_from_the_environment():
         resolve_api_key(" key", {})
 
 
+@pytest.mark.slow
 def test_llm_ends_prompts_with_ids_out_of_range_alone_and_refuses_calls_after_shutdown(tokenized_tiny):
     from slipstream import LLM
     llm = LLM(tokenized_tiny, device="cpu", max_model_len=64)
