@@ -233,3 +233,16 @@ def smollm2_hf():
     path = embedded_model_path()
     return AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+
+
+def drain_core(core) -> tuple[dict[str, tuple[str, str | None]], dict[str, list[int]]]:
+    """Steps an EngineCore until it has no work; returns each request's (finish_reason,
+    error) and the tokens it got."""
+    ends: dict[str, tuple[str, str | None]] = {}
+    tokens: dict[str, list[int]] = {}
+    while core.has_work():
+        for o in core.step():
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finish_reason:
+                ends[o.request_id] = (o.finish_reason, o.error)
+    return ends, tokens

@@ -8,6 +8,7 @@ import asyncio
 import msgspec
 import pytest
 from fake_async_llm import FakeAsyncLLM, run_app
+from helpers import drain_core
 
 import slipstream.frontend.prompts as prompts
 from slipstream.core.messages import AddRequest, CoreInfo
@@ -152,12 +153,7 @@ def test_the_cores_guard_fails_a_malformed_request_alone(tokenized_tiny):
     core.add(AddRequest("empty", [], good))
     core.add(AddRequest("wrong-type", [5, 6], dict(good, max_tokens="3")))
     core.add(AddRequest("fine", [5, 6], good))
-    ends, tokens = {}, {}
-    while core.has_work():
-        for o in core.step():
-            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.finish_reason:
-                ends[o.request_id] = (o.finish_reason, o.error)
+    ends, tokens = drain_core(core)
     assert ends["fine"] == ("length", None) and len(tokens["fine"]) == 3
     assert "malformed request" in ends["missing-field"][1] and "top_p" in ends["missing-field"][1]
     assert "max_model_len=64" in ends["too-long"][1] and "empty" in ends["empty"][1]

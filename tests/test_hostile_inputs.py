@@ -7,6 +7,7 @@ import json
 
 import pytest
 from fake_async_llm import run_app
+from helpers import drain_core
 
 from slipstream.cli.serve import resolve_api_key
 from slipstream.core.messages import AddRequest, CoreInfo
@@ -86,22 +87,13 @@ def test_the_core_fails_a_request_it_cannot_store_alone_and_keeps_running(tokeni
     core.add(AddRequest("negative-id", [5, -3], good))
     core.add(AddRequest("huge-id", [5, 2 ** 40], good))
     core.add(AddRequest("fine", [5, 6], good))
-    ends, tokens = {}, {}
-    while core.has_work():
-        for o in core.step():
-            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.finish_reason:
-                ends[o.request_id] = (o.finish_reason, o.error)
+    ends, tokens = drain_core(core)
     assert ends["fine"] == ("length", None) and len(tokens["fine"]) == 3
     assert ends["huge-top-k"][0] == "error" and "malformed request" in ends["huge-top-k"][1]
     assert "outside the vocabulary" in ends["negative-id"][1]
     assert "outside the vocabulary" in ends["huge-id"][1]
     core.add(AddRequest("after", [7, 8], good))  # the engine is alive
-    while core.has_work():
-        for o in core.step():
-            if o.finish_reason:
-                ends[o.request_id] = (o.finish_reason, o.error)
-    assert ends["after"] == ("length", None)
+    assert drain_core(core)[0]["after"] == ("length", None)
 
 
 # -- the HTTP server: a 400 naming the field, and the next request answers -------------------

@@ -68,7 +68,8 @@ from slipstream.ops.attention_tuning import (DEFAULT_DECODE_CONFIG, DEFAULT_PREF
                                              DecodeSplitPolicy, PrefillConfig, choose_num_splits,
                                              decode_split_options, effective_decode_config,
                                              effective_prefill_config, pick_decode_splits)
-from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel, _prefill_kernel
+from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel
+from slipstream.ops.triton_prefill_kernel import _prefill_kernel
 
 LOG2E = 1.4426950408889634
 

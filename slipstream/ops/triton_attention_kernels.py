@@ -1,6 +1,7 @@
 """The Triton kernels of paged attention (launched by `slipstream.ops.triton_attention`, whose
 module docstring describes them): split-KV decode with the in-kernel split merge, the
-separate merge pass, and the mixed prefill/decode kernel.  Shared pieces: `_attend_tile`
+separate merge pass (the mixed prefill/decode kernel, which shares the tile helpers, is in
+`slipstream.ops.triton_prefill_kernel`).  Shared pieces: `_attend_tile`
 (one KV tile of online softmax), `_dot` (interpreter-safe tl.dot), `_chunk_len` (a row's
 split length, recomputed the same way by every kernel that needs it), `_merge_splits` (the
 log-sum-exp merge, in the decode kernel's last split or in the separate pass).
@@ -390,107 +391,3 @@ def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, qsl_ptr, seq_lens
     _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, tl.program_id(1) * GROUP, n_valid,
                   stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
                   GROUP, BLOCK_G, HEAD_DIM)
-
-
-@triton.jit(do_not_specialize=["num_seqs", "num_tokens"])  # vary per step: no recompiles
-def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
-                    qk_scale, num_seqs, num_tokens,
-                    stride_qt, stride_qh, stride_ot, stride_oh,
-                    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-                    stride_bt,
-                    GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                    BLOCK_N: tl.constexpr, WIDE_N: tl.constexpr, SEQ_CHUNK: tl.constexpr,
-                    SKIP_SINGLE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                    USE_PDL: tl.constexpr, WINDOW: tl.constexpr = 0):
-    pdl_start(USE_PDL)
-    # Reversed order: the longest (last) query tiles of the batch start first, the short
-    # ones fill the tail.
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
-    kvh = tl.program_id(1)
-    head0 = kvh * GROUP
-    if tl.program_id(0) == 0:
-        _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
-                   GROUP, GROUP_P, HEAD_DIM)
-    # Find the sequence: the number of s with  qsl[s] // BLOCK_Q + s <= pid, minus one.
-    count = tl.zeros([SEQ_CHUNK], dtype=tl.int32)
-    for s0 in range(0, num_seqs, SEQ_CHUNK):
-        offs_s = s0 + tl.arange(0, SEQ_CHUNK)
-        smask = offs_s < num_seqs
-        st = tl.load(qsl_ptr + offs_s, mask=smask, other=0)
-        first_tile = st // BLOCK_Q + offs_s
-        count += (smask & (first_tile <= pid)).to(tl.int32)
-    seq = tl.sum(count, 0) - 1
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    tok0 = (pid - (q_start // BLOCK_Q + seq)) * BLOCK_Q
-    if tok0 >= q_len:
-        return
-    if SKIP_SINGLE:
-        if q_len == 1:
-            return  # the decode kernel's row
-    seq_len = tl.load(seq_lens_ptr + seq)
-    ctx = seq_len - q_len  # absolute position of the sequence's first query token
-
-    rows = tl.arange(0, BLOCK_M)
-    r_tok = tok0 + rows // GROUP_P
-    r_head = rows % GROUP_P
-    rmask = (r_tok < q_len) & (r_head < GROUP)
-    offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + (q_start + r_tok[:, None]) * stride_qt + (head0 + r_head[:, None]) * stride_qh
-                + offs_d[None, :], mask=rmask[:, None], other=0.0)
-    row_pos = ctx + r_tok
-
-    acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
-                                                               stride_vch, BLOCK_M, HEAD_DIM)
-    # KV positions every row of the tile sees: [0, ctx + tok0]; the last row sees up to
-    # ctx + tok0 + BLOCK_Q - 1 (clipped to the sequence).
-    seen_by_all = tl.maximum(ctx + tok0 + 1, 0)
-    kv_end = tl.minimum(seq_len, ctx + tok0 + BLOCK_Q)
-    full_end = (seen_by_all // BLOCK_N) * BLOCK_N
-    t_narrow = 0
-    kv_lo = 0
-    if WINDOW > 0:
-        # Keys from kv_lo (the first row's oldest) on; below win_full some row of the tile
-        # has already lost a key out of its window: those tiles are masked.
-        kv_lo = tl.maximum(ctx + tok0 + 1 - WINDOW, 0)
-        win_full = tl.cdiv(tl.maximum(ctx + tok0 + BLOCK_Q - WINDOW, 0), BLOCK_N) * BLOCK_N
-        win_full = tl.minimum(win_full, full_end)
-        for t in range((kv_lo // BLOCK_N) * BLOCK_N, win_full, BLOCK_N):
-            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
-                                         k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
-                                         stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                         BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST,
-                                         kv_lo, WINDOW)
-        t_narrow = win_full
-        if WIDE_N > 0:
-            wide_end = win_full + ((seen_by_all - win_full) // WIDE_N) * WIDE_N
-            for t in range(win_full, wide_end, WIDE_N):
-                acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
-                                             k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
-                                             stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                             BLOCK_SIZE, WIDE_N, HEAD_DIM, False, False, IEEE, UPCAST)
-            t_narrow = wide_end
-    elif WIDE_N > 0:  # the tiles every row sees in full, WIDE_N at a time (fewer, larger dots)
-        t_narrow = (seen_by_all // WIDE_N) * WIDE_N
-        for t in range(0, t_narrow, WIDE_N):
-            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
-                                         k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
-                                         stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                         BLOCK_SIZE, WIDE_N, HEAD_DIM, False, False, IEEE, UPCAST)
-    for t in range(t_narrow, full_end, BLOCK_N):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
-                                     k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
-                                     stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST)
-    for t in range(full_end, kv_end, BLOCK_N):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
-                                     k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
-                                     stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST,
-                                     kv_lo, WINDOW)
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # seq_len == 0 (padding): output 0
-    o = acc / l_safe[:, None]
-    optrs = (out_ptr + (q_start + r_tok[:, None]) * stride_ot + (head0 + r_head[:, None]) * stride_oh
-             + offs_d[None, :])
-    tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])

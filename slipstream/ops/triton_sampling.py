@@ -12,7 +12,7 @@ per row, the first split holding the maximum. Splitting the vocabulary keeps the
 busy when the batch is small; rows with min-p then read their whole row once more for
 the row maximum (min-p needs it before any token can be judged).
 
-Chunk skipping: the noise g is bounded (-2.86 < g < 17.4, see `sampler._G_MAX`), so a
+Chunk skipping: the noise g is bounded (-2.86 < g < 17.4, see `sampling.noise.G_MAX`), so a
 chunk whose best kept scaled value s satisfies s + 32 < s_run - 3, where s_run is the
 largest kept scaled value seen so far, cannot hold the winner, and its noise is never
 computed (the test of `sampler.sample_ref`'s candidates). Rounding is monotone, so this

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import torch
 
 from slipstream.sampling.grammar.bitmask import apply_bitmask_ref
+from slipstream.sampling.noise import bits, gumbel_from_bits, gumbel_noise_ref, random_bits_ref, row_keys
 
 __all__ = [
     "SamplingTensors",
@@ -81,14 +82,6 @@ __all__ = [
 #: kernel has the same literal)
 GREEDY_EPS = 1e-5
 
-_MASK32 = 0xFFFFFFFF
-_MIX_M1 = 0x21F0AAAD
-_MIX_M2 = 0x735A2D97
-_KEY_C1 = 0x2545F491
-_KEY_C2 = 0x68E31DA4
-#: bounds of the noise G as computed from 24-bit uniforms (with a safety margin)
-_G_MAX = 17.4
-_G_MIN = -2.86
 #: a token whose scaled value s has s + _SKIP < max(scaled) - 3 cannot win (see _candidates)
 _SKIP = 32.0
 
@@ -242,58 +235,6 @@ def _top_k_top_p_cutoff(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     return sorted_vals.gather(1, (n - 1)[:, None]).squeeze(1)
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    # (x * c) mod 2**32 for int64 x in [0, 2**32), every intermediate < 2**49 (exact)
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    x = x ^ (x >> 16)
-    x = _mul32(x, _MIX_M1)
-    x = x ^ (x >> 15)
-    x = _mul32(x, _MIX_M2)
-    return x ^ (x >> 15)
-
-
-def _row_keys(seed: torch.Tensor, token_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    seed = seed.long()
-    lo = seed & _MASK32
-    hi = (seed >> 32) & _MASK32
-    ti = token_index.long() & _MASK32
-    k1 = _mix32(lo ^ _KEY_C1)
-    k1 = _mix32(k1 ^ hi)
-    k1 = _mix32(k1 ^ ti)
-    k2 = _mix32(k1 ^ _KEY_C2)
-    return k1, k2
-
-
-def _bits(v: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor:
-    return _mix32(_mix32(v ^ k1) ^ k2)
-
-
-def _gumbel_from_bits(h: torch.Tensor) -> torch.Tensor:
-    m = (h >> 8).to(torch.float32)
-    scale = 5.9604644775390625e-08  # 2**-24
-    u = (m + 0.5) * scale
-    w = ((16777215.0 - m) + 0.5) * scale
-    series = w * (1.0 + w * (0.5 + w * (0.3333333432674408 + w * (0.25 + w * 0.20000000298023224))))
-    e = torch.where(w < 0.015625, series, -torch.log(u))
-    return -torch.log(e)
-
-
-def random_bits_ref(seed: torch.Tensor, token_index: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The 32-bit hash h(seed, token_index, v) for v < vocab_size, int64 [B, V]."""
-    k1, k2 = _row_keys(seed, token_index)
-    v = torch.arange(vocab_size, dtype=torch.int64, device=seed.device)
-    return _bits(v[None, :], k1[:, None], k2[:, None])
-
-
-def gumbel_noise_ref(seed: torch.Tensor, token_index: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The noise G(seed, token_index, v), float32 [B, V]."""
-    return _gumbel_from_bits(random_bits_ref(seed, token_index, vocab_size))
-
-
 def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     lp = torch.log_softmax(raw, dim=-1)
     sampled = lp.gather(1, tokens.long()[:, None])
@@ -356,12 +297,12 @@ def sample_ref(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
         cutoff = torch.maximum(cutoff, _top_k_top_p_cutoff(scaled, t.top_k, t.top_p))
     cutoff = torch.minimum(cutoff, smax)
     keep = scaled >= cutoff[:, None]
-    # G < _G_MAX and G > _G_MIN, so fl(s + G) <= fl(s + _SKIP) < fl(smax - 3) <= the value of
+    # G < G_MAX and G > G_MIN, so fl(s + G) <= fl(s + _SKIP) < fl(smax - 3) <= the value of
     # the argmax of scaled: tokens failing this test can neither win nor tie.
     cand = keep & ~greedy[:, None] & ((scaled + _SKIP) >= (smax - 3.0)[:, None])
     rows, cols = cand.nonzero(as_tuple=True)
-    k1, k2 = _row_keys(t.seed, t.token_index)
-    g = _gumbel_from_bits(_bits(cols, k1[rows], k2[rows]))
+    k1, k2 = row_keys(t.seed, t.token_index)
+    g = gumbel_from_bits(bits(cols, k1[rows], k2[rows]))
     vals = torch.full_like(scaled, float("-inf"))
     vals[rows, cols] = scaled[rows, cols] + g
     if V:
