@@ -160,6 +160,8 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
     req, created = prep.req, int(time.time())
     completion_tokens = 0
     deltas = ChatDeltas(state.reasoning_parser)
+    parsing = prep.tools is not None and prep.tools.parser is not None
+    tool_streams = {idx: ToolDeltaStream(prep.tools) for idx in range(req.n)} if parsing else {}
 
     def chunk(idx: int, delta: dict, lp: ChatLogprobs | None = None, finish=None, stop_reason=None) -> str:
         # a plain dict, not the pydantic models: this runs once per streamed chunk
@@ -169,8 +171,6 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
                     "model": state.model_name, "choices": [choice], "usage": None,
                     "system_fingerprint": None})
 
-    parsing = prep.tools is not None and prep.tools.parser is not None
-    tool_streams = {idx: ToolDeltaStream(prep.tools) for idx in range(req.n)} if parsing else {}
     for idx in range(req.n):
         yield chunk(idx, {"role": "assistant", "content": ""})
         if prep.echo:
