@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
 
 from slipstream.sampling.structured import StructuredOutputsParams
 from slipstream.server.errors import bad_request
@@ -36,20 +35,6 @@ def _sources(req) -> list[str]:
     return given
 
 
-def _from_response_format(rf: dict[str, Any]) -> StructuredOutputsParams:
-    kind = rf.get("type")
-    if kind == "json_object":
-        return StructuredOutputsParams(json_object=True)
-    if kind == "json_schema":
-        spec = rf.get("json_schema")
-        if not isinstance(spec, dict) or "schema" not in spec:
-            raise bad_request("response_format json_schema needs "
-                              '{"json_schema": {"name": ..., "schema": {...}}}', "response_format")
-        return StructuredOutputsParams(json=spec["schema"])
-    raise bad_request(f"response_format type must be 'text', 'json_object' or 'json_schema', "
-                      f"got {kind!r}", "response_format")
-
-
 def structured_outputs_of(req) -> StructuredOutputsParams | None:
     """The request's constraint (None: none); a 400 names the field when it is malformed,
     does not compile, or is given twice."""
@@ -61,7 +46,7 @@ def structured_outputs_of(req) -> StructuredOutputsParams | None:
     field = given[0]
     try:
         if field == "response_format":
-            params = _from_response_format(req.response_format)
+            params = StructuredOutputsParams.from_response_format(req.response_format)
         elif field == "structured_outputs":
             params = StructuredOutputsParams.from_dict(req.structured_outputs)
         else:
