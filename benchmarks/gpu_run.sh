@@ -226,6 +226,12 @@ for stage in "$@"; do
     serve-dp) run serve-dp1 300 bash benchmarks/serve_bench.sh dp "$RES" 1
               run serve-dp2 600 bash benchmarks/serve_bench.sh dp "$RES" 2 --gpu-memory-utilization 0.45 ;;
     sampler) run sampler 240 python3 benchmarks/bench_sampler.py ${SAMPLER_OLD:+--old "$SAMPLER_OLD"} --out "$RES" ;;
+    # each workload of $WORKLOADS once, async, with the floor measured (JSON under $RES/<workload>)
+    benches) for w in ${WORKLOADS:-small-256}; do
+               run "bench-$w" "${BENCH_TIMEOUT:-300}" python3 -m slipstream.cli bench --workload "$w" --mode async --out "$RES/$w"
+             done ;;
+    # the pytest files of $TESTS, GPU tests included (kernels run on CUDA where a GPU is present)
+    pytests) run pytests "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider $TESTS ;;
     *) echo "unknown stage $stage" | tee -a "$LOG" ;;
   esac
 done
