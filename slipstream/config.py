@@ -9,6 +9,8 @@ from __future__ import annotations
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 
+from slipstream.spec.config import SpeculativeConfig
+
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -17,11 +19,13 @@ STRUCTURED_OUTPUTS_BACKENDS = ("xgrammar",)
 
 
 def option(default, help: str, *, unset: str | None = None, flag: str | None = None,
-           aliases: tuple[str, ...] = (), choices: tuple | None = None):
+           aliases: tuple[str, ...] = (), choices: tuple | None = None, cli_type: type | None = None):
     """A field of EngineConfig with what its CLI flag and doc row need. `unset` says what a
-    None default means; `flag` replaces the spelling derived from the name (--max-num-seqs)."""
+    None default means; `flag` replaces the spelling derived from the name (--max-num-seqs);
+    `cli_type` is the flag's value type where the field holds something richer that
+    __post_init__ parses from it (a JSON string)."""
     return field(default=default, metadata=dict(help=help, unset=unset, flag=flag,
-                                                aliases=aliases, choices=choices))
+                                                aliases=aliases, choices=choices, cli_type=cli_type))
 
 
 @dataclass
@@ -75,8 +79,15 @@ class EngineConfig:
     structured_outputs_backend: str = option(
         "xgrammar", "the grammar library of structured outputs (JSON schema, regex, choice, grammar), "
                     "loaded at the first request that asks for one", choices=STRUCTURED_OUTPUTS_BACKENDS)
+    # a dict or a JSON string in, a SpeculativeConfig after __post_init__ (asdict turns it back
+    # into a dict, which is how the config reaches the core's process and the workers)
+    speculative_config: SpeculativeConfig | None = option(
+        None, "speculative decoding, a JSON object: method (ngram, draft_model or eagle3), "
+              "num_speculative_tokens, prompt_lookup_min/max (ngram), model (draft_model, eagle3), "
+              "disable_by_batch_size (docs/speculative-decoding.md)", unset="off", cli_type=str)
 
     def __post_init__(self) -> None:
+        self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
         for f in fields(self):
             if f.metadata["choices"] is not None:
                 _choice(f.name, getattr(self, f.name), f.metadata["choices"])
@@ -134,6 +145,8 @@ def engine_options() -> tuple[EngineOption, ...]:
         if "help" not in f.metadata or f.default is MISSING:
             raise TypeError(f"EngineConfig.{f.name} must be declared with option(...)")
         base = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
+        if f.metadata["cli_type"] is not None:
+            base = [f.metadata["cli_type"]]
         flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
         table.append(EngineOption(
             name=f.name, type=base[0], optional=type(None) in typing.get_args(hints[f.name]),

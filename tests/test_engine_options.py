@@ -14,11 +14,16 @@ from slipstream.cli.main import build_parser
 from slipstream.cli.options import (BENCH_ENGINE_DEFAULTS, engine_args, engine_defaults,
                                     engine_kwargs, engine_options_markdown, workload_engine_kwargs)
 from slipstream.config import EngineConfig, engine_options
+from slipstream.spec.config import SpeculativeConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # each command's argv before its engine flags (run-batch has required files)
 COMMANDS = {"generate": ["generate"], "serve": ["serve"], "bench": ["bench"],
             "run-batch": ["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"]}
+
+
+# options whose string value must parse (a JSON object)
+OFF_DEFAULT_STRINGS = {"speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}'}
 
 
 def _off_default_argv() -> tuple[list[str], dict]:
@@ -30,7 +35,7 @@ def _off_default_argv() -> tuple[list[str], dict]:
             value = not opt.default  # (None: the async_scheduling default, flipped to True)
             argv.append(flag if value else "--no-" + flag[2:])
         else:
-            value = {int: 512, float: 0.5, str: "some/folder"}[opt.type]
+            value = OFF_DEFAULT_STRINGS.get(opt.name) or {int: 512, float: 0.5, str: "some/folder"}[opt.type]
             if opt.choices is not None:
                 value = opt.choices[-1]
             argv += [flag, str(value)]
@@ -58,7 +63,8 @@ def test_every_option_is_a_flag_of_every_command_and_parses_to_its_llm_keyword(c
     kwargs = engine_kwargs(build_parser().parse_args(COMMANDS[command] + argv))
     assert kwargs == expected
     config = EngineConfig.from_kwargs(**kwargs)  # the keywords LLM(...) takes
-    assert {f.name: getattr(config, f.name) for f in fields(config)} == expected
+    parsed = {**expected, "speculative_config": SpeculativeConfig(method="ngram", num_speculative_tokens=3)}
+    assert {f.name: getattr(config, f.name) for f in fields(config)} == parsed
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

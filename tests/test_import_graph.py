@@ -14,10 +14,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "slipstream"
 
 # lowest first; a module belongs to the first prefix that matches it
 LAYERS: list[tuple[str, ...]] = [
-    ("slipstream.version", "slipstream.errors", "slipstream.utils", "slipstream.config"),
+    # spec.config is EngineConfig's speculative_config: it belongs with the config
+    ("slipstream.version", "slipstream.errors", "slipstream.utils", "slipstream.config",
+     "slipstream.spec.config"),
     ("slipstream.ops",),
     ("slipstream.model",),
     ("slipstream.sampling",),
+    ("slipstream.spec",),  # drafters and acceptance: tensors in, tensors out, above sampling
     ("slipstream.sched",),
     ("slipstream.runner",),
     ("slipstream.executor",),
