@@ -50,7 +50,8 @@ def run_bench(a, workload, engine_options: dict) -> int:
     config = EngineConfig(**engine_options)
     t0 = time.perf_counter()
     constrained = sum(p.structured_outputs is not None for p in workload.params)
-    engine = EngineCore(config, grammar_tokenizer=bench_grammar_tokenizer() if constrained else None)
+    engine = EngineCore(config, grammar_tokenizer=bench_grammar_tokenizer(getattr(a, "grammar_tokenizer", None))
+                        if constrained else None)
     init_s = time.perf_counter() - t0
     ready_s = seconds_since_process_start()
     ready = f"; process start to ready {ready_s:.2f} s" if ready_s is not None else ""
@@ -108,12 +109,16 @@ def run_bench(a, workload, engine_options: dict) -> int:
     return 0
 
 
-def bench_grammar_tokenizer():
-    """The tokenizer structured outputs read their vocabulary from under dummy weights: the
-    embedded SmolLM2's (the backend pads it to the model's vocabulary with tokens never allowed)."""
+def bench_grammar_tokenizer(source: str | None = None):
+    """The tokenizer structured outputs read their vocabulary from under dummy weights: `source`'s
+    (a folder or GGUF file), by default the embedded SmolLM2's (the backend pads it to the
+    model's vocabulary with tokens never allowed)."""
     from slipstream.model.loader import resolve_model_source
     from slipstream.model.tokenizer import load_tokenizer
-    return load_tokenizer(resolve_model_source(None)).hf
+    tokenizer = load_tokenizer(resolve_model_source(source))
+    if tokenizer is None:
+        raise ValueError(f"--grammar-tokenizer {source!r} has no tokenizer files")
+    return tokenizer.hf
 
 
 def grammar_line(timeline, constrained: int, total: int) -> str:

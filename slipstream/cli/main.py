@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--mode", default="both", choices=["sync", "async", "both"])
     b.add_argument("--out", default=None, help="folder for results JSON, Chrome trace and PNG timeline")
     b.add_argument("--num-requests", type=int, default=None, help="only the first N requests")
+    b.add_argument("--grammar-tokenizer", default=None, metavar="SOURCE",
+                   help="a model folder or GGUF file whose tokenizer gives constrained workloads their "
+                        "vocabulary under dummy weights (default: the embedded SmolLM2)")
     b.add_argument("--no-measure", action="store_true",
                    help="use the recorded H200 ceilings (on another GPU, wall/floor is then against the H200's floor)")
     engine_args(b, BENCH_ENGINE_DEFAULTS)
