@@ -228,7 +228,7 @@ for stage in "$@"; do
     sampler) run sampler 240 python3 benchmarks/bench_sampler.py ${SAMPLER_OLD:+--old "$SAMPLER_OLD"} --out "$RES" ;;
     # each workload of $WORKLOADS once, async, with the floor measured (JSON under $RES/<workload>)
     benches) for w in ${WORKLOADS:-small-256}; do
-               run "bench-$w" "${BENCH_TIMEOUT:-300}" python3 -m slipstream.cli bench --workload "$w" --mode async --out "$RES/$w"
+               run "bench-$w" "${BENCH_TIMEOUT:-300}" python3 -m slipstream.cli bench --workload "$w" --mode async --out "$RES/$w" ${BENCH_ARGS:-}
              done ;;
     # the pytest files of $TESTS, GPU tests included (kernels run on CUDA where a GPU is present)
     pytests) run pytests "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider $TESTS ;;
