@@ -12,6 +12,7 @@ its RoPE can rotate interleaved pairs; we undo that to get the Hugging Face (rot
 For `gemma3` it stores every norm weight as 1 + w (ggml multiplies by the weight itself): we
 give back w, as transformers does; the metadata lacks Gemma's local RoPE base and attention
 scale, which take llama.cpp's values (10000; head_dim, or hidden / heads for the 62-layer 27B).
+Mixture-of-experts files (`qwen3moe`, Mixtral as `llama` with experts): model/gguf_moe.py.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from slipstream.model import gguf_dequant
+from slipstream.model import gguf_dequant, gguf_moe
 from slipstream.model.config import ModelConfig
 from slipstream.model.shards import Slice
 
@@ -32,6 +33,7 @@ GGUF_ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", True),
     "qwen2": ("Qwen2ForCausalLM", False),
     "qwen3": ("Qwen3ForCausalLM", False),
+    "qwen3moe": ("Qwen3MoeForCausalLM", False),  # and llama with experts: Mixtral (gguf_moe.py)
     "gemma3": ("Gemma3ForCausalLM", False),
 }
 
@@ -169,7 +171,19 @@ class GGUFFile:
         only slice `s` of it.  Q4_0 / Q4_1 / Q8_0 are dequantized here (model/gguf_dequant.py),
         of a slice only where it is whole rows or whole blocks of columns; other types by
         `gguf.quants.dequantize`, whole, then narrowed."""
+        return self._read_info(self.tensors[name], s)
+
+    def read_expert(self, name: str, expert: int, s: Slice | None = None) -> torch.Tensor:
+        """Expert `expert`'s matrix of the stacked [E, rows, cols] tensor `name` (llama.cpp's
+        `ffn_*_exps`), or slice `s` of it: only that expert's bytes are dequantized (its rows
+        are whole blocks, so its bytes are one contiguous range of the tensor's)."""
         info = self.tensors[name]
+        per_expert = info.nbytes // info.shape[0]
+        part = GGUFTensorInfo(name, tuple(info.shape[1:]), info.qtype,
+                              info.offset + expert * per_expert, per_expert)
+        return self._read_info(part, s)
+
+    def _read_info(self, info: GGUFTensorInfo, s: Slice | None) -> torch.Tensor:
         if gguf_dequant.supported(info.qtype.name) and len(info.shape) == 2:
             raw = np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes, offset=info.offset)
             rows = cols = None
@@ -179,13 +193,15 @@ class GGUFFile:
                 cols = (s.start, s.length)
             t = gguf_dequant.dequantize(raw, info.qtype.name, info.shape, rows=rows, cols=cols)
             return t if s is None or rows or cols else t.narrow(s.dim, s.start, s.length)
-        t = self.read_reference(name)
+        t = self._reference(info)
         return t if s is None else t.narrow(s.dim, s.start, s.length)
 
     def read_reference(self, name: str) -> torch.Tensor:
         """Tensor `name` dequantized whole by `gguf.quants.dequantize` (any type): what `read`
         does for the types model/gguf_dequant.py lacks, and its oracle (tests, benchmarks)."""
-        info = self.tensors[name]
+        return self._reference(self.tensors[name])
+
+    def _reference(self, info: GGUFTensorInfo) -> torch.Tensor:
         raw = np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes, offset=info.offset)
         block, type_size = self._gguf.GGML_QUANT_SIZES[info.qtype]
         cols = info.shape[-1] if info.shape else 1
@@ -208,6 +224,15 @@ class GGUFFile:
         permuted = GGUF_ARCHITECTURES.get(arch, (None, False))[1]
         for name, info in self.tensors.items():
             if name == "rope_freqs.weight":  # folded into config.rope_scaling
+                continue
+            experts = gguf_moe.expert_hf_names(name, config) if config.is_moe else None
+            if experts is not None:  # the router, or one item an expert of a stacked tensor
+                for hf_name, e in experts:
+                    if e is None:
+                        yield hf_name, info.shape, lambda s=None, name=name: self.read(name, s)
+                    else:
+                        yield (hf_name, info.shape[1:],
+                               lambda s=None, name=name, e=e: self.read_expert(name, e, s))
                 continue
             hf_name = gguf_to_hf_name(name, arch)
             if hf_name is None:
@@ -305,8 +330,9 @@ def config_from_gguf_metadata(md: dict[str, Any], tensor_names, gguf_file: GGUFF
                            "tokenizer.ggml.eom_token_id") if k in md]
     eos = list(dict.fromkeys(eos))
     window = get("attention.sliding_window", None)
+    moe = gguf_moe.moe_fields(arch, get, tensor_names)
     return ModelConfig(
-        architecture=GGUF_ARCHITECTURES[arch][0],
+        architecture=moe.pop("architecture", GGUF_ARCHITECTURES[arch][0]),
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=get("feed_forward_length"),
@@ -326,6 +352,7 @@ def config_from_gguf_metadata(md: dict[str, Any], tensor_names, gguf_file: GGUFF
         bos_token_id=md.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=(eos[0] if len(eos) == 1 else eos) if eos else None,
         sliding_window=int(window) if window else None,
+        **moe,
         **(_gemma3_fields(get, hidden, heads, head_dim) if arch == "gemma3" else {}),
     ).validate()
 
