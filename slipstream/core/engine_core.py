@@ -30,6 +30,7 @@ from slipstream.runner.buffer_budget import check_buffer_budget
 from slipstream.runner.kv_memory import gpu_memory_in_use
 from slipstream.sampling.params import SamplingParams
 from slipstream.sched.scheduler import Scheduler
+from slipstream.sched.speculative import SpecScheduling
 from slipstream.sched.structured_outputs import StructuredOutputs
 from slipstream.model.tokenizer import load_tokenizer
 
@@ -109,6 +110,10 @@ class EngineCore:
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids if tokenizer else self.model_config.eos_token_ids)
         hf_tokenizer = grammar_tokenizer if grammar_tokenizer is not None else getattr(tokenizer, "hf", None)
         self.scheduler.structured_outputs = StructuredOutputs(lambda: self._grammar_backend(hf_tokenizer))
+        if config.speculative_config is not None:
+            if tp > 1:
+                raise ValueError("speculative_config needs tensor_parallel_size=1 for now")
+            self.scheduler.speculative = SpecScheduling(config.speculative_config, self.max_model_len)
         self.timeline = Timeline() if config.trace else None
         self.loop = StepLoop(self.scheduler, self.runner, 2 if async_mode else 1, self.timeline)
         self.requests: dict[str, Request] = {}
@@ -285,7 +290,8 @@ class EngineCore:
                     num_preemptions=s.num_preemptions, prefix_cache_queries=queries,
                     prefix_cache_hits=pool.num_hits,
                     prefix_cache_hit_rate=pool.num_hits / queries if queries else 0.0,
-                    **dataclasses.asdict(self.scheduler.structured_outputs.stats()))
+                    **dataclasses.asdict(self.scheduler.structured_outputs.stats()),
+                    **(s.speculative.stats.as_dict() if s.speculative is not None else {}))
 
     def set_async_scheduling(self, enabled: bool) -> None:
         """Switch between the overlap loop (depth 2) and the sync baseline (depth 1)."""

@@ -54,8 +54,20 @@ class StepLoop:
                 tl.cpu("launch", t1, time.perf_counter(), batch.batch_id)
             self._sample_deferred()
         self.stuck = batch is None and not self.in_flight and self.scheduler.has_unfinished()
+        if self.scheduler.drafting:
+            # speculative decoding: the next batch's inputs depend on this one's accepted
+            # drafts, so the step completes every batch in flight (the synchronous loop)
+            touched = []
+            while self.in_flight:
+                touched += self._complete_oldest()
+            return touched
         if not self.in_flight or (batch is not None and len(self.in_flight) < self.depth):
             return []
+        return self._complete_oldest()
+
+    def _complete_oldest(self) -> list[Request]:
+        """Block on the oldest batch in flight and hand its tokens to the scheduler."""
+        tl = self.timeline
         done = self.in_flight.oldest()
         t2 = time.perf_counter()
         result = self.runner.wait(done)

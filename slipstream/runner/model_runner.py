@@ -28,6 +28,7 @@ from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
+from slipstream.runner.speculative import launch_speculative
 from slipstream.sampling.sampler import PenaltyState, SamplingTensors, sample
 from slipstream.sampling.columns import ALL_COLUMNS
 from slipstream.sched.scheduler import BatchResult, ScheduledBatch
@@ -45,6 +46,8 @@ class Launched:
     # token bitmask (`finish_launch`); these are what the sampling needs meanwhile
     pending_logits: torch.Tensor | None = None
     pending_shape: StepShape | None = None
+    # a batch with drafts: pinned host (emitted tokens [S, k + 1], counts [S]) (runner/speculative.py)
+    spec_out: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def needs_mask(self) -> bool:
@@ -229,6 +232,8 @@ class ModelRunner:
 
     # -- the pipeline -----------------------------------------------------------------
     def launch(self, batch: ScheduledBatch) -> Launched:
+        if batch.spec is not None:  # drafts to verify: an eager step of its own
+            return launch_speculative(self, batch, Launched)
         slot = self.slots[batch.batch_id % 2]
         slot.h2d_done.synchronize()  # the slot's last upload is done: its host side is free
         pad = None
@@ -336,6 +341,9 @@ class ModelRunner:
         if k:
             result.logprobs = slot.host.logprobs[:S, :1 + k].numpy().copy()
             result.logprob_ids = slot.host.logprob_ids[:S, :k].numpy().copy()
+        if launched.spec_out is not None:
+            result.spec_tokens = launched.spec_out[0].numpy().copy()
+            result.num_emitted = launched.spec_out[1].numpy().copy()
         if launched.prompt_logprobs is not None:  # (its compute finished before d2h_done)
             result.prompt_logprobs = [(lp.cpu().numpy(), ids.cpu().numpy()) for lp, ids in launched.prompt_logprobs]
         if self.trace_origin is not None and self.streams.cuda:

@@ -73,6 +73,7 @@ __all__ = [
     "sample_triton",
     "apply_penalties",
     "masked_logits",
+    "processed_logits",
     "random_bits_ref",
     "gumbel_noise_ref",
     "GREEDY_EPS",
@@ -263,6 +264,25 @@ def _prepare(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
             raise ValueError("flags.use_penalties needs a PenaltyState")
         return raw, apply_penalties(raw, t, state)
     return raw, raw
+
+
+def processed_logits(logits: torch.Tensor, t: SamplingTensors, flags: SamplerFlags,
+                     state: PenaltyState | None = None) -> torch.Tensor:
+    """float32 [B, V]: the distribution step 4 draws from, as logits (softmax gives it):
+    the (masked, penalised) logits scaled by inv_t, the tokens below the row's top-k /
+    top-p / min-p cutoff at -inf.  Greedy rows keep their penalised logits (inv_t = 1, no
+    cutoff): their argmax is the token step 3 picks.  Speculative decoding verifies drafts
+    against it (rejection sampling needs the probabilities, not one draw)."""
+    _, logits = _prepare(logits, t, flags, state)
+    temp, inv_t, log_min_p = _row_scalars(t)
+    greedy = temp < GREEDY_EPS
+    scaled = logits * inv_t[:, None]
+    smax = scaled.amax(dim=-1)
+    cutoff = smax + log_min_p
+    if flags.use_top_k_top_p:
+        cutoff = torch.maximum(cutoff, _top_k_top_p_cutoff(scaled, t.top_k, t.top_p))
+    cutoff = torch.where(greedy, torch.full_like(smax, float("-inf")), torch.minimum(cutoff, smax))
+    return scaled.masked_fill(scaled < cutoff[:, None], float("-inf"))
 
 
 def _finish(raw: torch.Tensor, tokens: torch.Tensor, flags: SamplerFlags,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import chain
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +31,7 @@ from slipstream.sched.block_pool import BlockPool
 from slipstream.sched.in_flight import InFlight
 from slipstream.sched.request import Request, Status
 from slipstream.sched.request_table import RequestTable
+from slipstream.sched.speculative import SpecBatch, SpecScheduling
 from slipstream.sched.structured_outputs import StructuredOutputs
 
 
@@ -55,6 +57,8 @@ class ScheduledBatch:
     blocks: frozenset[int] = frozenset()  # every block it touches (debug_kv only)
     # sampling rows with structured outputs: the batch's sampling waits for their token bitmask
     num_constrained: int = 0
+    # speculative decoding: the drafts its sampling rows verify (None: no row drafts)
+    spec: SpecBatch | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -77,6 +81,10 @@ class BatchResult:
     logprob_ids: np.ndarray | None = None  # int32 [S, k]
     # per ScheduledBatch.prompt_logprobs entry: (float32 [m, 1 + k] target then top-k, int32 [m, k])
     prompt_logprobs: list[tuple[np.ndarray, np.ndarray]] | None = None
+    # a batch with drafts (ScheduledBatch.spec): each sampling row's emitted tokens, int32
+    # [S, k + 1] (-1 past them), and their count [S]; `tokens` holds the last of them
+    spec_tokens: np.ndarray | None = None
+    num_emitted: np.ndarray | None = None
 
 
 class _BatchBuilder:
@@ -91,6 +99,7 @@ class _BatchBuilder:
         self.sampled: list[Request] = []
         self.penalty_resets: list[tuple[int, list[int], list[int]]] = []
         self.prompt_logprobs: list[tuple[int, int, int, int]] = []
+        self.drafts: list[np.ndarray] | None = None  # per sampling row, when speculation is on
 
 
 class Scheduler:
@@ -109,6 +118,11 @@ class Scheduler:
         self.num_preemptions = 0
         # the grammars of constrained requests (the engine core sets it up)
         self.structured_outputs: StructuredOutputs | None = None
+        # speculative decoding's drafter and counters (the engine core sets it up when asked)
+        self.speculative: SpecScheduling | None = None
+        # the last schedule() let rows draft: its batch's successor waits for its accepted
+        # counts (StepLoop runs it synchronously)
+        self.drafting = False
 
     # -- requests ---------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -150,6 +164,12 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         preempted = self.num_preemptions
         stalled = False
+        spec = self.speculative
+        drafting = False
+        if spec is not None:
+            b.drafts = []
+            drafting = spec.enabled_for(len(self.running), chain(self.running, self.waiting))
+        self.drafting = drafting
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -157,17 +177,28 @@ class Scheduler:
                 i += 1
                 continue
             n = min(req.num_tokens_with_pending - req.num_computed, budget)
-            if not self._reserve(req, req.num_computed + n):
+            drafts = self._drafts(req, budget - n) if drafting and n == 1 else None
+            m = 0 if drafts is None else len(drafts)
+            if not self._reserve(req, req.num_computed + n + m):
                 stalled = req.status is Status.RUNNING
                 break
-            self._add(b, req, n)
-            budget -= n
+            if m:  # the step's inputs past the known tokens (rewritten as tokens arrive)
+                self.table.token_ids[req.row, req.num_tokens:req.num_tokens + m] = drafts
+            self._add(b, req, n + m, drafts)
+            budget -= n + m
             i += 1
         if not stalled and self.num_preemptions == preempted:
             budget = self._admit(b, budget)
         if not b.requests:
             return None
         return self._finalize(b)
+
+    def _drafts(self, req: Request, budget: int) -> np.ndarray | None:
+        limit = min(self.speculative.max_drafts(req), budget)
+        if limit <= 0:
+            return None
+        drafts = self.speculative.propose(req, self.table.token_ids[req.row, :req.num_tokens], limit)
+        return drafts if len(drafts) else None
 
     def _reserve(self, req: Request, num_tokens: int) -> bool:
         """Give `req` blocks for `num_tokens`, preempting the newest running requests.
@@ -227,7 +258,8 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _add(self, b: _BatchBuilder, req: Request, n: int) -> None:
+    def _add(self, b: _BatchBuilder, req: Request, n: int, drafts: np.ndarray | None = None) -> None:
+        """Schedule `n` tokens of `req` (its last `len(drafts)` are drafts, when given)."""
         start = req.num_computed
         carry = -1
         if start >= req.num_tokens:  # its input is the token batch N-1 is still drawing
@@ -243,12 +275,15 @@ class Scheduler:
         b.carry.append(carry)
         req.num_computed = start + n
         self._register_blocks(req)
-        if req.num_computed == req.num_tokens_with_pending:
+        m = 0 if drafts is None else len(drafts)
+        if req.num_computed - m == req.num_tokens_with_pending:
             b.sample_seq.append(len(b.requests) - 1)
             b.token_index.append(req.num_scheduled_outputs)
             req.last_sample = (b.batch_id, len(b.sampled))
             b.sampled.append(req)
             req.num_pending += 1
+            if b.drafts is not None:
+                b.drafts.append(_NO_DRAFTS if drafts is None else drafts)
 
     def _free_behind_window(self, req: Request, start: int) -> None:
         """Free the blocks below the oldest key of the query at `start` (this step's first;
@@ -298,6 +333,8 @@ class Scheduler:
                     batch.suppress.append((j, sorted(stop_ids)))
         batch.penalty_resets = b.penalty_resets
         batch.prompt_logprobs = b.prompt_logprobs
+        if b.drafts is not None:
+            batch.spec = self.speculative.batch(b.drafts)
         if self.pool.debug:
             batch.blocks = frozenset(x for r in b.requests for x in r.block_ids[r.num_freed_blocks:])
         return batch
@@ -309,25 +346,48 @@ class Scheduler:
         if result.prompt_logprobs:
             touched += self._take_prompt_logprobs(batch, result)
         tokens = result.tokens.tolist()
+        spec = batch.spec
         for j, req in enumerate(batch.sampled):
             req.num_pending -= 1
+            if spec is not None and spec.num_drafts[j]:
+                self._take_verified(req, spec, result, j)
+                touched.append(req)
+                continue
             if req.finished:  # ended while this batch was in flight: drop the token
                 continue
-            token = tokens[j]
-            req.output_token_ids.append(token)
-            if req.row >= 0:
-                self.table.token_ids[req.row, req.num_tokens - 1] = token
-            if result.logprobs is not None and req.params.logprobs is not None:
-                self._append_logprobs(req, token, result, j)
-            reason = self._stop_reason(req, token)
-            if req.matcher is not None:
-                reason = self._grammar_reason(req, token, reason)
-            if reason is not None:
-                if reason == "stop":
-                    req.stop_token = token
-                self.finish(req, reason, req.error)
+            self._append_token(req, tokens[j], result, j)
             touched.append(req)
         return touched
+
+    def _append_token(self, req: Request, token: int, result: BatchResult, j: int) -> bool:
+        """Append one output token, then end the request if it stops it; True if it ended."""
+        req.output_token_ids.append(token)
+        if req.row >= 0:
+            self.table.token_ids[req.row, req.num_tokens - 1] = token
+        if result.logprobs is not None and req.params.logprobs is not None:
+            self._append_logprobs(req, token, result, j)
+        reason = self._stop_reason(req, token)
+        if req.matcher is not None:
+            reason = self._grammar_reason(req, token, reason)
+        if reason is not None:
+            if reason == "stop":
+                req.stop_token = token
+            self.finish(req, reason, req.error)
+            return True
+        return False
+
+    def _take_verified(self, req: Request, spec: SpecBatch, result: BatchResult, j: int) -> None:
+        """A drafting row's emitted tokens (the accepted drafts, then the target's own), cut at
+        the first that ends the request; then its KV is trusted up to its last known token
+        only: the rejected drafts' entries past it are rewritten before any query reads them."""
+        emitted = int(result.num_emitted[j])
+        self.speculative.record(int(spec.num_drafts[j]), emitted)
+        if req.finished:
+            return
+        for token in result.spec_tokens[j, :emitted].tolist():
+            if self._append_token(req, token, result, j):
+                return
+        req.num_computed = req.num_tokens - 1
 
     @staticmethod
     def _grammar_reason(req: Request, token: int, reason: str | None) -> str | None:
@@ -371,6 +431,9 @@ class Scheduler:
         if req.logprobs is None:
             req.logprobs = []
         req.logprobs.append(entry)
+
+
+_NO_DRAFTS = np.zeros(0, np.int32)
 
 
 def _logprob_entry(token: int, lps: list[float], top_ids: list[int], k: int) -> dict[int, float]:

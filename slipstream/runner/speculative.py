@@ -1,0 +1,139 @@
+"""Speculative decoding's device half: the verification step of a batch with drafts.
+
+A batch whose sampling rows carry drafts (ScheduledBatch.spec) runs as an eager mixed step:
+a drafting row has 1 + m query tokens (its last token, then its m drafts), which the
+prefill attention handles with its causal mask, so the decode kernels and the CUDA graphs
+of plain steps are untouched.  After the forward pass:
+
+1. every sampling row draws its token as in a plain step (`ModelRunner.sample`, from the
+   logits of its last query token): the token of the rows without drafts, and the
+   sampler's state (penalty counts) as usual;
+2. the drafting rows' logits at all their k + 1 query positions (positions past a row's
+   m + 1 repeat its last one and are never read) become the target distribution of each
+   position (`processed_logits`: temperature, top-k, top-p, min-p, exactly what the
+   sampler draws from), and `spec.rejection.rejection_sample` accepts a prefix of the
+   drafts and draws the token after it (greedy rows: the drafts equal to the argmax);
+3. the slot's `tokens` row of a drafting row becomes its last emitted token, and the
+   emitted tokens [S, k + 1] and their counts [S] are copied out beside the tokens.
+
+A draw at output index i of a request uses the noise of (its seed, i), as every draw does,
+so seeded runs are reproducible and do not depend on the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from slipstream.runner.inputs import fill_inputs
+from slipstream.sampling.columns import ALL_COLUMNS
+from slipstream.sampling.sampler import GREEDY_EPS, SamplingTensors, processed_logits
+
+
+@dataclass
+class SpecBuffers:
+    """One slot's verification outputs: emitted tokens and their counts, device and host."""
+    tokens: torch.Tensor  # int32 [max_seqs, k + 1]
+    num_emitted: torch.Tensor  # int32 [max_seqs]
+    host_tokens: torch.Tensor
+    host_num_emitted: torch.Tensor
+
+    @classmethod
+    def new(cls, max_seqs: int, k: int, device: torch.device) -> "SpecBuffers":
+        pin = device.type == "cuda"
+        tokens = torch.full((max_seqs, k + 1), -1, dtype=torch.int32, device=device)
+        num = torch.zeros(max_seqs, dtype=torch.int32, device=device)
+        return cls(tokens, num, torch.zeros(tokens.shape, dtype=torch.int32, pin_memory=pin),
+                   torch.zeros(num.shape, dtype=torch.int32, pin_memory=pin))
+
+
+def spec_buffers(runner, slot_index: int, k: int) -> SpecBuffers:
+    """The slot's buffers, made at the first batch with drafts (none for plain engines)."""
+    bufs = getattr(runner, "spec_buffers", None)
+    if bufs is None or bufs[0].tokens.shape[1] != k + 1:
+        bufs = [SpecBuffers.new(runner.opts.max_num_seqs, k, runner.device) for _ in runner.slots]
+        runner.spec_buffers = bufs
+    return bufs[slot_index]
+
+
+def launch_speculative(runner, batch, launched_cls):
+    """`ModelRunner.launch` for a batch with drafts: upload, the eager verification step,
+    download, on the runner's three streams like any step; returns a `launched_cls`."""
+    slot = runner.slots[batch.batch_id % 2]
+    slot.h2d_done.synchronize()
+    shape = fill_inputs(batch, slot.host, runner.block_size, None, runner.max_model_len)
+    spans = runner._prompt_spans(batch, slot) if batch.prompt_logprobs else None
+    S, spec = len(batch.sampled), batch.spec
+    bufs = spec_buffers(runner, slot.index, spec.k)
+    rows = np.flatnonzero(spec.num_drafts > 0)
+    # the drafting rows' query tokens in the step, k + 1 a row (the last one repeated)
+    last = slot.host.logits_indices[:S][rows].astype(np.int64)
+    nd = spec.num_drafts[rows].astype(np.int64)
+    cols = np.minimum(np.arange(spec.k + 1)[None, :], nd[:, None])
+    positions = last[:, None] - nd[:, None] + cols
+    launched = launched_cls(batch, slot, S, shape.flags.num_logprobs)
+    s = runner.streams
+    with s.on(s.h2d):
+        s.wait(s.h2d, slot.compute_done)
+        slot.h2d_start.record()
+        slot.upload(batch.num_seqs)
+        dev = runner.device
+        verify_in = (torch.as_tensor(rows, dtype=torch.long).to(dev, non_blocking=True),
+                     torch.as_tensor(positions.ravel()).to(dev, non_blocking=True),
+                     torch.as_tensor(spec.draft_tokens[rows]).to(dev, non_blocking=True),
+                     torch.as_tensor(spec.num_drafts[rows]).to(dev, non_blocking=True))
+        slot.h2d_done.record()
+    with s.on(s.compute):
+        s.wait(s.compute, slot.h2d_done)
+        s.wait(s.compute, slot.d2h_done)
+        slot.compute_start.record()
+        for row, prompt, outputs in batch.penalty_resets:
+            runner.penalties.reset_row(row, prompt, outputs)
+        hidden = runner.forward_hidden(slot, shape)
+        launched.prompt_logprobs = runner.prompt_logprobs(hidden, spans) if spans else None
+        logits = runner.logits(slot, shape, hidden)
+        if batch.suppress:
+            r = [j for j, ids in batch.suppress for _ in ids]
+            c = [t for _, ids in batch.suppress for t in ids]
+            logits[torch.tensor(r, device=dev), torch.tensor(c, device=dev)] = float("-inf")
+        runner.sample(slot, shape, logits)
+        verify(runner, slot, shape, hidden, bufs, S, *verify_in)
+        slot.compute_done.record()
+    with s.on(s.d2h):
+        s.wait(s.d2h, slot.compute_done)
+        slot.d2h_start.record()
+        slot.download(S, launched.num_logprobs)
+        bufs.host_tokens[:S].copy_(bufs.tokens[:S], non_blocking=True)
+        bufs.host_num_emitted[:S].copy_(bufs.num_emitted[:S], non_blocking=True)
+        slot.d2h_done.record()
+    launched.spec_out = (bufs.host_tokens[:S], bufs.host_num_emitted[:S])
+    return launched
+
+
+def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int, rows: torch.Tensor,
+           positions: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> None:
+    """Rejection-sample the drafting rows (`rows`, sampling-row indices) and write every
+    sampling row's emitted tokens into `bufs` (a row without drafts: the token it drew)."""
+    from slipstream.spec.rejection import rejection_sample
+
+    d = slot.dev
+    R, K1 = drafts.shape[0], drafts.shape[1] + 1
+    bufs.tokens[:S].fill_(-1)
+    bufs.tokens[:S, 0].copy_(d.tokens[:S])
+    bufs.num_emitted[:S].fill_(1)
+    logits = runner.model.compute_logits(hidden.index_select(0, positions))
+    cols = {c.name: getattr(d, c.name)[:S].index_select(0, rows).repeat_interleave(K1) for c in ALL_COLUMNS}
+    token_index = (d.token_index[:S].index_select(0, rows)[:, None]
+                   + torch.arange(K1, device=rows.device, dtype=torch.int32)[None, :]).reshape(-1)
+    t = SamplingTensors(token_index=token_index, state_row=d.state_row[:S].index_select(0, rows).repeat_interleave(K1),
+                        **cols)
+    target = processed_logits(logits, t, shape.flags, runner.penalties).view(R, K1, -1)
+    greedy = cols["temperature"].view(R, K1)[:, 0] < GREEDY_EPS
+    out, num = rejection_sample(target, drafts, num_drafts, None, greedy,
+                                seed=cols["seed"].view(R, K1)[:, 0],
+                                token_index=token_index.view(R, K1)[:, 0])
+    out, num = out.to(torch.int32), num.to(torch.int32)
+    bufs.tokens[:S].index_copy_(0, rows, out)
+    bufs.num_emitted[:S].index_copy_(0, rows, num)
+    d.tokens[:S].index_copy_(0, rows, out.gather(1, (num.long() - 1)[:, None]).squeeze(1))

@@ -1,0 +1,124 @@
+"""Speculative decoding's scheduling half: which rows draft, how many tokens, and what the
+accepted counts do to a request's state.
+
+A decode row that drafts m tokens (1 <= m <= k) computes 1 + m query tokens this step: its
+last token and the drafts, at positions L-1 .. L-1+m (L = its known tokens).  The drafts are
+written into the request table past the known tokens, where the batch's inputs are gathered
+from, and KV slots are reserved for all of them.  The step's verification emits 1 .. m+1
+tokens; `Scheduler.update` appends them (stop tokens and max_tokens cut the list) and trims
+`num_computed` back to the tokens whose KV holds accepted inputs (L - 1 + emitted), so the
+rejected drafts' KV entries are rewritten by later steps and never read: every later query
+is at a position at or below the next written one.
+
+Rows that draft nothing this step run as plain decode rows.  A row never drafts when the
+draws need state that the accepted prefix changes (penalties), when its outputs carry
+logprobs, while min_tokens still masks its stop tokens, or while any request has a grammar
+(a constrained batch samples late, `StepLoop._sample_deferred`): such rows keep their exact
+meaning and are just not sped up.  Above `disable_by_batch_size` running rows no row drafts.
+
+Asynchronous scheduling: a drafting row's next input depends on how many drafts the step
+accepts, so the engine's loop waits for a batch with drafts before it schedules the next
+(`StepLoop`); batches without drafts keep the one-step-ahead overlap.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slipstream.sched.request import Request
+from slipstream.spec.config import SpeculativeConfig
+
+
+@dataclass
+class SpecBatch:
+    """The drafts of a batch's sampling rows (rows that draft nothing have 0)."""
+    k: int  # columns of draft_tokens: the configured num_speculative_tokens
+    draft_tokens: np.ndarray  # int32 [S, k], -1 past a row's drafts
+    num_drafts: np.ndarray  # int32 [S]
+
+
+@dataclass
+class SpecStats:
+    """Counters since the engine started (the engine's stats, /metrics, `slipstream bench`)."""
+    num_spec_steps: int = 0  # verification steps: batches with at least one draft
+    num_drafting_rows: int = 0  # row-steps that carried drafts
+    num_draft_tokens: int = 0  # drafts verified
+    num_accepted_tokens: int = 0  # drafts accepted (the emitted tokens past the first)
+    num_emitted_tokens: int = 0  # tokens the drafting rows emitted (accepted + 1 each)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a drafting row emits per step (1 = no draft ever accepted)."""
+        return self.num_emitted_tokens / self.num_drafting_rows if self.num_drafting_rows else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        return dict(spec_num_steps=self.num_spec_steps, spec_num_drafting_rows=self.num_drafting_rows,
+                    spec_num_draft_tokens=self.num_draft_tokens,
+                    spec_num_accepted_tokens=self.num_accepted_tokens,
+                    spec_num_emitted_tokens=self.num_emitted_tokens,
+                    spec_mean_accepted_length=self.mean_accepted_length,
+                    spec_acceptance_rate=self.acceptance_rate)
+
+
+class SpecScheduling:
+    """The drafter (n-gram prompt lookup over the request's own tokens, on the host) and the
+    per-request rules of who drafts how many."""
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        if config.method != "ngram":
+            raise ValueError(f"speculative_config.method {config.method!r} is not supported by the "
+                             "engine yet; use 'ngram'")
+        self.config = config
+        self.k = config.num_speculative_tokens
+        self.max_model_len = max_model_len
+        self.stats = SpecStats()
+
+    def enabled_for(self, num_running: int, requests) -> bool:
+        """Whether this step drafts at all: within disable_by_batch_size, and no grammar."""
+        limit = self.config.disable_by_batch_size
+        if limit is not None and num_running > limit:
+            return False
+        return not any(r.grammar is not None for r in requests)
+
+    def max_drafts(self, req: Request) -> int:
+        """How many drafts `req` may carry this step: 0 unless it is a synchronous decode
+        row whose draws keep their meaning with drafts, and never past max_tokens (every
+        emitted token counts) or the context."""
+        p = req.params
+        if (req.num_pending or req.num_computed != req.num_tokens - 1 or p.uses_penalties
+                or p.logprobs is not None or req.num_scheduled_outputs < p.min_tokens):
+            return 0
+        return max(0, min(self.k, p.max_tokens - req.num_scheduled_outputs - 1,
+                          self.max_model_len - req.num_tokens))
+
+    def propose(self, req: Request, tokens: np.ndarray, limit: int) -> np.ndarray:
+        """Up to `limit` drafts continuing `tokens` (the request's known tokens)."""
+        from slipstream.spec.ngram import propose_ngram
+        c = self.config
+        drafts = propose_ngram(tokens, self.k, c.prompt_lookup_min, c.prompt_lookup_max)
+        return np.asarray(drafts, np.int32)[:limit]
+
+    def batch(self, drafts: list[np.ndarray]) -> SpecBatch | None:
+        """The batch's SpecBatch from each sampling row's drafts; None when none drafted."""
+        if not any(len(d) for d in drafts):
+            return None
+        S = len(drafts)
+        tokens = np.full((S, self.k), -1, np.int32)
+        num = np.zeros(S, np.int32)
+        for j, d in enumerate(drafts):
+            tokens[j, :len(d)] = d
+            num[j] = len(d)
+        self.stats.num_spec_steps += 1
+        return SpecBatch(self.k, tokens, num)
+
+    def record(self, num_drafts: int, num_emitted: int) -> None:
+        s = self.stats
+        s.num_drafting_rows += 1
+        s.num_draft_tokens += num_drafts
+        s.num_accepted_tokens += num_emitted - 1
+        s.num_emitted_tokens += num_emitted

@@ -1,0 +1,89 @@
+"""Speculative decoding inside the engine (n-gram drafts): greedy output token-identical to
+speculation off, sync and async, with drafts actually accepted; stop tokens, max_tokens and
+rows that may not draft keep their meaning; the stats count drafts."""
+import pytest
+import spec_stand_ins
+
+from slipstream import LLM, SamplingParams
+
+spec_stand_ins.install()
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+def _prompts():
+    """Prompts that repeat themselves, so the n-gram lookup finds continuations."""
+    return [[5, 6, 7, 8, 9, 10] * 5, [40, 41, 42] * 7 + [40], [3, 1, 4, 1, 5, 9, 2, 6] * 3, [100, 101, 102, 103]]
+
+
+def _run(folder, prompts, params, **kw):
+    llm = LLM(folder, device="cpu", max_model_len=256, max_num_seqs=8, debug_kv=True, **kw)
+    outs = llm.generate(prompts, params)
+    return llm, [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_greedy_ngram_equals_plain_decoding(tiny_model, async_scheduling):
+    folder, _ = tiny_model("llama")
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    _, plain = _run(folder, _prompts(), params, async_scheduling=async_scheduling)
+    llm, spec = _run(folder, _prompts(), params, async_scheduling=async_scheduling, speculative_config=NGRAM)
+    assert spec == plain
+    stats = llm.engine.stats() if hasattr(llm.engine, "stats") else llm.engine.core.stats()
+    assert stats["spec_num_draft_tokens"] > 0
+    assert stats["spec_num_accepted_tokens"] > 0, stats  # not vacuous: some drafts were accepted
+    assert 1.0 < stats["spec_mean_accepted_length"] <= 4.0
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks  # nothing leaked
+
+
+def test_stops_and_max_tokens_cut_the_accepted_drafts(tiny_model):
+    """A stop token or max_tokens inside an accepted run of drafts ends the request there."""
+    folder, _ = tiny_model("llama")
+    prompts = _prompts()
+    _, full = _run(folder, prompts, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    for i, (tokens, _) in enumerate(full):
+        stop = tokens[7]
+        params = [SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[stop]),
+                  SamplingParams(max_tokens=5 + i, temperature=0, ignore_eos=True)]
+        for p in params:
+            _, plain = _run(folder, [prompts[i]], p)
+            llm, spec = _run(folder, [prompts[i]], p, speculative_config=NGRAM)
+            assert spec == plain
+            assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+def test_rows_that_may_not_draft_keep_their_meaning(tiny_model):
+    """Penalties, logprobs and min_tokens rows run without drafts beside drafting rows."""
+    folder, _ = tiny_model("llama")
+    prompts = _prompts()
+    params = [SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, repetition_penalty=1.3),
+              SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=2),
+              SamplingParams(max_tokens=20, temperature=0, min_tokens=10, stop_token_ids=[7]),
+              SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)]
+    common = dict(device="cpu", max_model_len=256, max_num_seqs=8)
+    plain = LLM(folder, **common).generate(prompts, params)
+    llm = LLM(folder, speculative_config=NGRAM, **common)
+    spec = llm.generate(prompts, params)
+    for a, b in zip(plain, spec):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    assert [round(lp[t], 4) for lp, t in zip(spec[1].outputs[0].logprobs, spec[1].outputs[0].token_ids)] == \
+        [round(lp[t], 4) for lp, t in zip(plain[1].outputs[0].logprobs, plain[1].outputs[0].token_ids)]
+    assert llm.engine.stats()["spec_num_draft_tokens"] > 0
+
+
+def test_disable_by_batch_size(tiny_model):
+    folder, _ = tiny_model("llama")
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    cfg = dict(NGRAM, disable_by_batch_size=2)
+    llm, spec = _run(folder, _prompts(), params, speculative_config=cfg)
+    _, plain = _run(folder, _prompts(), params)
+    assert spec == plain
+    assert llm.engine.stats()["spec_num_draft_tokens"] == 0  # four rows: never drafted
+    llm, _ = _run(folder, _prompts()[:2], params, speculative_config=cfg)
+    assert llm.engine.stats()["spec_num_draft_tokens"] > 0
+
+
+def test_speculation_off_adds_no_stats(tiny_model):
+    folder, _ = tiny_model("llama")
+    llm, _ = _run(folder, _prompts()[:1], SamplingParams(max_tokens=4, temperature=0))
+    assert not any(k.startswith("spec_") for k in llm.engine.stats())
