@@ -1,6 +1,10 @@
 """The benchmark arithmetic: GPU active time (union of spans), the floor, the step breakdown."""
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
 
@@ -32,6 +36,54 @@ def test_step_floor_counts_weights_kv_and_flops():
     assert floor == pytest.approx((weights + kv) / bw)  # memory bound at these rates
     (compute_bound,) = step_floors(tl, CFG, torch.bfloat16, 1e18, 1e6)
     flops = 2 * 2 * layer * 3 + 2 * 1000 * 64 * 3 + 4 * 2 * 64 * 30.0
+    assert compute_bound == pytest.approx(flops / 1e6)
+
+
+def _brute_force_window(starts, num_new, window):
+    """(keys read, attention pairs) by enumerating each query's window (p - W, p]."""
+    read = pairs = 0
+    for s, n in zip(starts, num_new):
+        keys = set()
+        for p in range(s, s + n):
+            seen = range(max(0, p - window + 1), p + 1)
+            keys.update(seen)
+            pairs += len(seen)
+        read += len(keys)
+    return read, pairs
+
+
+@pytest.mark.parametrize("starts,num_new", [([9, 2], [1, 1]), ([0, 5, 30], [6, 3, 1]), ([0], [17])])
+def test_windowed_batch_stats_count_the_keys_a_sliding_layer_reads(starts, num_new):
+    tl = Timeline()
+    tl.batch(SimpleNamespace(batch_id=0, start=np.array(starts), num_new=np.array(num_new),
+                             sampled=[0] * len(starts)))
+    (b,) = tl.batches
+    for window in (1, 4, 7, 100):
+        assert b.windowed(window) == _brute_force_window(starts, num_new, window)
+    assert b.windowed(100) == (b.context_tokens, b.attention_pairs)  # a window past every context
+
+
+def test_step_floor_of_a_model_with_sliding_layers_counts_their_window():
+    """Two of three layers slide with a 4-key window: their KV reads and attention pairs are
+    the window's, the full layer's the whole context."""
+    cfg = replace(CFG, architecture="MistralForCausalLM", num_layers=3, sliding_window=4,
+                  layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    tl = Timeline()
+    tl.batch(SimpleNamespace(batch_id=0, start=np.array([9, 2, 0]), num_new=np.array([1, 1, 6]),
+                             sampled=[0, 1, 2]))
+    (b,) = tl.batches
+    read_w, pairs_w = 4 + 3 + 6, 4 + 3 + (1 + 2 + 3 + 4 + 4 + 4)
+    assert b.windowed(4) == (read_w, pairs_w)
+    layer = 64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128
+    weights = (3 * layer + 1000 * 64) * 2
+    per_layer_token = 2 * 32 * 2  # K and V of a token in one layer, bf16
+    kv = per_layer_token * (2 * read_w + b.context_tokens + 3 * b.num_tokens)
+    (floor,) = step_floors(tl, cfg, torch.bfloat16, 1e9, 1e12)
+    assert floor == pytest.approx((weights + kv) / 1e9)
+    (unwindowed,) = step_floors(tl, replace(cfg, sliding_window=None), torch.bfloat16, 1e9, 1e12)
+    assert unwindowed == pytest.approx((weights + per_layer_token * 3 * (b.context_tokens + b.num_tokens)) / 1e9)
+    (compute_bound,) = step_floors(tl, cfg, torch.bfloat16, 1e18, 1e6)
+    flops = 2 * 3 * layer * 8 + 2 * 1000 * 64 * 3 + 4 * 64 * (2 * pairs_w + b.attention_pairs)
     assert compute_bound == pytest.approx(flops / 1e6)
 
 

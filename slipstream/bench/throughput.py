@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -92,7 +93,11 @@ class StepCosts:
     A MoE model's experts count apart: a step reads the weights of the experts its tokens
     route to, not all of them. The floor takes the expected number of distinct experts a
     layer's T tokens touch under uniform, independent routing, E (1 - (1 - k/E)^T) (8 of 128
-    at one row, 51.6 at 8, 125.9 at 64), since the routing itself is not recorded."""
+    at one row, 51.6 at 8, 125.9 at 64), since the routing itself is not recorded.
+
+    A sliding-window layer reads only the last W keys of a query's context: its KV and
+    attention count apart, through the batch's rows (`BatchStats.windowed`): min(context,
+    W) keys a decode row, not its whole context."""
     weight_bytes: int  # every dense matmul weight (router included) and the LM head, read once a step
     kv_bytes_per_token: int  # K and V of one token over all layers
     matmul_params: int  # per token: 2 x this many flops (a MoE token's k experts included)
@@ -101,9 +106,18 @@ class StepCosts:
     expert_bytes: int = 0  # one expert's weights in every layer: read once a step if touched
     num_experts: int = 0
     experts_per_token: int = 0
+    windows: tuple[int | None, ...] = ()  # each layer's sliding window (None: full attention)
 
     @classmethod
     def of(cls, c, dtype: torch.dtype) -> "StepCosts":
+        costs = cls._dense_or_moe(c, dtype)
+        windows = tuple(getattr(c, "layer_windows", None) or ())
+        if any(windows):
+            costs = replace(costs, windows=windows)
+        return costs
+
+    @classmethod
+    def _dense_or_moe(cls, c, dtype: torch.dtype) -> "StepCosts":
         elem = torch.empty((), dtype=dtype).element_size()
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         attention_params = c.hidden_size * (q + 2 * kv) + q * c.hidden_size
@@ -129,9 +143,25 @@ class StepCosts:
         """Weights read by batch `b` (a BatchStats): all dense ones, the touched experts'."""
         return self.weight_bytes + self.expert_bytes * self.experts_touched(b.num_tokens)
 
-    def kv_bytes(self, b) -> int:
-        """KV read and written by batch `b` (a BatchStats)."""
-        return self.kv_bytes_per_token * (b.context_tokens + b.num_tokens)
+    def kv_bytes(self, b) -> float:
+        """KV read and written by batch `b` (a BatchStats); a windowed layer reads its window."""
+        if not self.windows:
+            return self.kv_bytes_per_token * (b.context_tokens + b.num_tokens)
+        read, _ = self._summed_over_layers(b)
+        return self.kv_bytes_per_token / len(self.windows) * (read + len(self.windows) * b.num_tokens)
+
+    def attention_flops(self, b) -> float:
+        if not self.windows:
+            return self.attention_flops_per_pair * b.attention_pairs
+        return self.attention_flops_per_pair / len(self.windows) * self._summed_over_layers(b)[1]
+
+    def _summed_over_layers(self, b) -> tuple[float, float]:
+        """(KV positions read, attention pairs) of batch `b` summed over the layers."""
+        read = pairs = 0.0
+        for window, layers in Counter(self.windows).items():
+            r, p = (b.context_tokens, b.attention_pairs) if window is None else b.windowed(window)
+            read, pairs = read + layers * r, pairs + layers * p
+        return read, pairs
 
     def matmul_flops(self, b) -> int:
         return 2 * self.matmul_params * b.num_tokens + 2 * self.head_params * b.num_samples
@@ -144,7 +174,7 @@ def step_floors(timeline: Timeline, model_config, dtype: torch.dtype,
     floors = []
     for b in timeline.batches:
         bytes_moved = costs.step_weight_bytes(b) + costs.kv_bytes(b)
-        flops = costs.matmul_flops(b) + costs.attention_flops_per_pair * b.attention_pairs
+        flops = costs.matmul_flops(b) + costs.attention_flops(b)
         floors.append(max(bytes_moved / bandwidth, flops / rate))
     return floors
 

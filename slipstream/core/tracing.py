@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
+
 LANES = ("cpu", "h2d", "compute", "d2h")
 
 
@@ -27,6 +29,24 @@ class BatchStats:
     num_samples: int
     context_tokens: int  # sum of seq_lens: KV read
     attention_pairs: float  # sum over tokens of the context they attend to
+    # each row's cached tokens and new tokens: what a sliding-window layer reads (`windowed`)
+    starts: np.ndarray | None = None
+    num_new: np.ndarray | None = None
+
+    def windowed(self, window: int) -> tuple[int, float]:
+        """(KV positions read, attention pairs) of a layer whose queries attend to the last
+        `window` keys: a row of `n` new tokens after `s` cached ones reads min(s + n, window - 1
+        + n) keys (the first query's window and the new tokens), and its query at position p
+        attends to min(p + 1, window)."""
+        if self.starts is None:
+            raise ValueError("batch stats without per-row starts cannot be windowed")
+        s, n = self.starts.astype(np.float64), self.num_new.astype(np.float64)
+        read = np.minimum(s + n, window - 1 + n)
+
+        def pairs_up_to(m):  # sum over j = 1..m of min(j, window)
+            inside = np.minimum(m, window)
+            return inside * (inside + 1) / 2 + np.maximum(m - window, 0) * window
+        return int(read.sum()), float((pairs_up_to(s + n) - pairs_up_to(s)).sum())
 
 
 @dataclass
@@ -45,7 +65,7 @@ class Timeline:
         start, n = batch.start.astype("float64"), batch.num_new.astype("float64")
         self.batches.append(BatchStats(
             batch.batch_id, int(n.sum()), len(batch.sampled), int((start + n).sum()),
-            float((n * (start + (n + 1) / 2)).sum())))
+            float((n * (start + (n + 1) / 2)).sum()), batch.start.copy(), batch.num_new.copy()))
 
     def middle(self, num_batches: int) -> "Timeline":
         """The spans of `num_batches` batches from the middle of the run (small traces)."""
