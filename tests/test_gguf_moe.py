@@ -119,7 +119,7 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 def test_config_from_gguf_metadata(moe_files):
-    kind, folder, path, _, _ = moe_files
+    _, folder, path, _, _ = moe_files
     from_gguf, from_hf = load_model(path)[1], load_model(folder)[1]
     for field in ("architecture", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                   "norm_topk_prob", "qk_norm", "num_heads", "num_kv_heads", "head_dim"):
@@ -127,7 +127,7 @@ def test_config_from_gguf_metadata(moe_files):
 
 
 def test_logits_equal_the_safetensors_load(moe_files):
-    kind, folder, path, _, _ = moe_files
+    _, folder, path, _, _ = moe_files
     prompt, other = _prompt(33, 1), _prompt(9, 2)
     logits = []
     for source in (folder, path):
@@ -138,7 +138,7 @@ def test_logits_equal_the_safetensors_load(moe_files):
 
 
 def test_greedy_tokens_of_the_gguf_load_equal_transformers(moe_files):
-    kind, folder, path, _, hf = moe_files
+    _, _, path, _, hf = moe_files
     prompt = _prompt(33, 1)
     runner, tokens = PagedModelRunner(load_model(path)[0]), []
     last = runner.step([(0, prompt)])[-1]

@@ -65,6 +65,28 @@ def test_llama3_rope_scaling_changes_frequencies(family):
         torch.testing.assert_close(inv.double(), plain)
 
 
+def test_mistral_window_shorter_than_the_prompt_is_applied(tiny_model):
+    """transformers' Mistral applies its 16-key window to a 40-token prompt (the logits differ
+    from the same weights with the window off), and ours follow the windowed ones, over a
+    prefill and over decode steps far past the window."""
+    folder, hf = tiny_model("mistral")
+    model, config = load_model(folder)
+    assert config.layer_windows == [16] * config.num_layers
+    prompt = _prompt(40, 3)
+    windowed = hf_logits(hf, prompt)
+    hf.config.sliding_window = None
+    try:
+        unwindowed = hf_logits(hf, prompt)
+    finally:
+        hf.config.sliding_window = 16
+    assert (windowed[16:] - unwindowed[16:]).abs().max() > 1e-2  # the window changes them
+    assert_logits_close(windowed[:16], unwindowed[:16])  # not before it fills
+    runner = PagedModelRunner(model, block_size=4)
+    ours = [runner.step([(0, prompt[:30])])]
+    ours += [runner.step([(0, [t])]) for t in prompt[30:]]  # decode rows at contexts 31..40
+    assert_logits_close(torch.cat(ours), windowed)
+
+
 @pytest.mark.slow
 def test_smollm2_gguf_logits_match_hf(smollm2_transformers):
     model, _, tokenizer = smollm2()
