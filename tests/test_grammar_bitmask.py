@@ -10,6 +10,7 @@ from slipstream.sampling.grammar.bitmask import (
     bitmask_width,
     fill_all_allowed,
     fill_only_allowed,
+    forbid_tokens,
 )
 
 
@@ -31,6 +32,20 @@ def test_bitmask_helpers():
     assert (bitmask == -1).all()
     with pytest.raises(ValueError, match="max_rows >= 1"):
         allocate_bitmask(0, 70)
+
+
+def test_forbid_tokens_and_the_row_that_can_only_stop():
+    bitmask = allocate_bitmask(3, 70)
+    assert forbid_tokens(bitmask, 0, [2, 31, 69])  # bit 31 is the int32 word's sign bit
+    assert allowed_token_ids(bitmask, 0, 70).tolist() == [i for i in range(70) if i not in (2, 31, 69)]
+    fill_only_allowed(bitmask, 1, [2, 31])
+    assert not forbid_tokens(bitmask, 1, [2, 31], keep_if_only=True)  # nothing else: kept
+    assert allowed_token_ids(bitmask, 1, 70).tolist() == [2, 31]
+    fill_only_allowed(bitmask, 2, [2, 40])
+    assert forbid_tokens(bitmask, 2, [2, 31], keep_if_only=True)  # 40 remains
+    assert allowed_token_ids(bitmask, 2, 70).tolist() == [40]
+    assert forbid_tokens(bitmask, 1, [2, 31])  # without keep_if_only: an empty row
+    assert allowed_token_ids(bitmask, 1, 70).tolist() == []
 
 
 def test_apply_bitmask_ref():

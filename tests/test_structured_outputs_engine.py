@@ -218,3 +218,52 @@ def test_a_constrained_row_forbids_the_ids_past_the_tokenizer(tokenized_tiny):
     assert len(allowed) > 1000 and int(allowed.max()) < len(hf)
     assert so.stats().constrained_requests == 1 and so.stats().grammar_cpu_seconds > 0
     so.close()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_grammar_wins_over_min_tokens(tokenized_tiny, async_scheduling):
+    """min_tokens keeps a constrained row from stopping while its grammar allows anything
+    else; once the grammar allows only its stop token, the request ends "stop" there."""
+    llm = LLM(tokenized_tiny, async_scheduling=async_scheduling, **COMMON)
+    done = SamplingParams(max_tokens=20, min_tokens=10, temperature=0,
+                          structured_outputs=StructuredOutputsParams(choice=["yes"]))
+    longer = SamplingParams(max_tokens=20, min_tokens=6, temperature=0.8, seed=1,
+                            structured_outputs=StructuredOutputsParams(regex=r"a{1,3}( a{1,3})*"))
+    free = SamplingParams(max_tokens=8, min_tokens=8, temperature=0)
+    outs = llm.generate(["one", "two", "three"], [done, longer, free])
+    first = outs[0].outputs[0]
+    assert (first.text, first.finish_reason) == ("yes", "stop") and outs[0].error is None
+    second = outs[1].outputs[0]
+    assert len(second.token_ids) >= 6 and second.finish_reason in ("stop", "length")
+    assert_follows(llm, longer.structured_outputs, second.token_ids, second.finish_reason)
+    assert len(outs[2].outputs[0].token_ids) == 8
+
+
+def test_min_tokens_in_a_constrained_batch_is_in_the_bitmask(tokenized_tiny):
+    """A constrained batch's min_tokens rows are masked in its bitmask (its logits are not
+    touched): a free row loses its stop tokens, a constrained row too unless they are all its
+    grammar allows."""
+    from slipstream.model.tokenizer import load_tokenizer
+    from slipstream.sampling.grammar.backend import create_grammar_backend
+    from slipstream.sampling.grammar.bitmask import allocate_bitmask, allowed_token_ids
+    from slipstream.sched.request import Request
+    from slipstream.sched.structured_outputs import StructuredOutputs
+    hf = load_tokenizer(tokenized_tiny).hf
+    vocab, eos = len(hf), 2
+    so = StructuredOutputs(lambda: create_grammar_backend("xgrammar", hf, vocab, [eos]))
+    free = Request("free", [1], SamplingParams(), 0)
+    ended = Request("ended", [1], SamplingParams(structured_outputs={"choice": ["yes"]}), 0)
+    going = Request("going", [1], SamplingParams(structured_outputs={"regex": "(yes)+"}), 0)
+    for req in (ended, going):
+        assert so.submit(req) is None
+        req.grammar.result()
+    assert so.poll() == []
+    yes = hf.encode("yes", add_special_tokens=False)
+    assert ended.matcher.accept_many(yes) == len(yes) and going.matcher.accept_many(yes) == len(yes)
+    bitmask = allocate_bitmask(3, vocab)
+    so.fill_token_bitmask([free, ended, going], bitmask, [(0, [eos, 7]), (1, [eos]), (2, [eos])])
+    assert allowed_token_ids(bitmask, 0, vocab).tolist() == [t for t in range(vocab) if t not in (eos, 7)]
+    assert allowed_token_ids(bitmask, 1, vocab).tolist() == [eos]  # the grammar can only stop
+    going_ids = allowed_token_ids(bitmask, 2, vocab).tolist()
+    assert eos not in going_ids and going_ids
+    so.close()

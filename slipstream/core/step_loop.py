@@ -90,7 +90,8 @@ class StepLoop:
         launched, self.deferred = self.deferred, None
         t0 = time.perf_counter()
         bitmask = self.runner.token_bitmask(launched)
-        self.scheduler.structured_outputs.fill_token_bitmask(launched.batch.sampled, bitmask)
+        self.scheduler.structured_outputs.fill_token_bitmask(launched.batch.sampled, bitmask,
+                                                             launched.batch.suppress)
         self.runner.finish_launch(launched)
         if self.timeline:
             self.timeline.cpu("grammar", t0, time.perf_counter(), launched.batch.batch_id)

@@ -219,6 +219,10 @@ class SlotGraphCloner:
         self.unsupported: str | None = None  # why cloning stopped, if it did
         self.cloned = 0
 
+    def remap(self, slots) -> None:
+        """Map the slots' buffers again (buffers allocated after start: structured outputs')."""
+        self.map = AddressMap.swap(slots[0].device_buffers(), slots[1].device_buffers())
+
     def clone(self, graph: torch.cuda.CUDAGraph) -> ClonedGraph | None:
         """The other slot's graph of `graph`'s step (captured with keep_graph=True), or None."""
         if self.unsupported is not None:

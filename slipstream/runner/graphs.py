@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -142,6 +143,11 @@ class StepGraphs:
         self.capture_s += time.perf_counter() - start
         return True
 
+    def kernels_warm(self, shape: StepShape) -> bool:
+        """Whether a step of `shape`'s sizes ran once with the startup sampler variant: its
+        forward's kernels are compiled and cuBLAS set up, so it may be captured at once."""
+        return _warmup_group(replace(shape, flags=self.STARTUP_VARIANTS[0])) in self.warmed
+
     def capture_all(self, runner, slots=None) -> None:
         """Capture every graph, the largest first so smaller ones reuse its pool memory; a
         graph per slot of `slots` (default both)."""
@@ -185,28 +191,39 @@ class StepGraphs:
     def _capture_one(self, runner, slot, shape: StepShape, keep: bool = False) -> torch.cuda.CUDAGraph:
         """A graph of the step on `slot`; `keep`: torch keeps the captured graph too, to be
         cloned for the other slot."""
+        graph = self.capture_work(runner, lambda: runner.compute_step(slot, shape), keep)
+        self.graphs[self.key(slot.index, shape)] = graph
+        return graph
+
+    def capture_work(self, runner, work: Callable[[], None], keep: bool = False) -> torch.cuda.CUDAGraph:
+        """A graph of `work` (device work on the compute stream) in the shared pool; `keep`:
+        torch keeps the captured graph too, to be cloned for the other slot."""
         graph = torch.cuda.CUDAGraph(keep_graph=keep)
         with torch.cuda.graph(graph, pool=self.pool, stream=runner.streams.compute):
-            runner.compute_step(slot, shape)
+            work()
         if keep:
             graph.instantiate()
-        self.graphs[self.key(slot.index, shape)] = graph
         return graph
 
     def _clone(self, runner, graph, slot, shape: StepShape) -> bool:
         """`slot`'s graph of the step, cloned from the other slot's `graph` (a torch graph
         captured with keep_graph=True); whether that worked."""
-        if self.cloner is None or not isinstance(graph, torch.cuda.CUDAGraph):
-            return False
-        try:
-            graph.raw_cuda_graph()
-        except RuntimeError:  # (captured without keep_graph)
-            return False
-        cloned = self.cloner.clone(graph)
+        cloned = self.clone_for_other_slot(graph)
         if cloned is None:
             return False
         self.graphs[self.key(slot.index, shape)] = cloned
         return True
+
+    def clone_for_other_slot(self, graph) -> ClonedGraph | None:
+        """The other slot's copy of `graph` (a torch graph captured with keep_graph=True), or
+        None (no cloner, a graph not kept, or a node the cloner cannot re-point)."""
+        if self.cloner is None or not isinstance(graph, torch.cuda.CUDAGraph):
+            return None
+        try:
+            graph.raw_cuda_graph()
+        except RuntimeError:  # (captured without keep_graph)
+            return None
+        return self.cloner.clone(graph)
 
 
 def _warmup_group(shape: StepShape) -> tuple:

@@ -28,6 +28,7 @@ from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
+from slipstream.runner.split_graphs import SplitGraphs
 from slipstream.runner.speculative import launch_speculative
 from slipstream.sampling.sampler import PenaltyState, SamplingTensors, sample
 from slipstream.sampling.columns import ALL_COLUMNS
@@ -42,16 +43,16 @@ class Launched:
     num_logprobs: int
     gpu_times: dict | None = None  # filled by wait() when tracing
     prompt_logprobs: list | None = None  # device (logprobs, ids) per batch.prompt_logprobs entry
-    # a batch with structured-output rows: its forward is queued, its sampling waits for its
-    # token bitmask (`finish_launch`); these are what the sampling needs meanwhile
-    pending_logits: torch.Tensor | None = None
+    # a batch with structured-output rows: its forward is queued (its sampled rows' hidden
+    # states wait in the slot's `sample_hidden`), its sampling waits for its token bitmask
+    # (`finish_launch`); the step's shape until then
     pending_shape: StepShape | None = None
     # a batch with drafts: pinned host (emitted tokens [S, k + 1], counts [S]) (runner/speculative.py)
     spec_out: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def needs_mask(self) -> bool:
-        return self.pending_logits is not None
+        return self.pending_shape is not None
 
 
 @dataclass
@@ -94,6 +95,8 @@ class ModelRunner:
                                           dtype=torch.int32, device=device)
         self.split_policy = self._split_policy()
         self.graphs = step_graphs(opts, device, self.split_policy)
+        # constrained steps' forward and sampling graphs (runner/split_graphs.py)
+        self.split_graphs = SplitGraphs(self.graphs) if self.graphs is not None else None
         self.graph_replays = {"decode": [0, 0], "mixed": [0, 0]}  # per slot
         self.trace_origin = None
         if setup:
@@ -147,11 +150,9 @@ class ModelRunner:
         return self.split_policy.pick(host.seq_lens[:num_rows], num_seqs)
 
     # -- the step on the compute stream (eager, or captured into a graph) ---------------
-    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None, prompt_spans=None,
-                     deferred: Launched | None = None) -> list | None:
+    def compute_step(self, slot: IOSlot, shape: StepShape, suppress=None, prompt_spans=None) -> list | None:
         """The step's work on the compute stream; with `prompt_spans` (eager only) also the
-        prompt logprobs of those spans, returned as device tensors. With `deferred` the
-        sampling is left out: the logits wait in it for their bitmask (`finish_launch`)."""
+        prompt logprobs of those spans, returned as device tensors."""
         hidden = self.forward_hidden(slot, shape)
         prompt_lps = self.prompt_logprobs(hidden, prompt_spans) if prompt_spans else None
         logits = self.logits(slot, shape, hidden)
@@ -159,11 +160,28 @@ class ModelRunner:
             rows = [r for r, ids in suppress for _ in ids]
             cols = [t for _, ids in suppress for t in ids]
             logits[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = float("-inf")
-        if deferred is not None:
-            deferred.pending_logits, deferred.pending_shape = logits, shape
-        else:
-            self.sample(slot, shape, logits)
+        self.sample(slot, shape, logits)
         return prompt_lps
+
+    def forward_to_hidden(self, slot: IOSlot, shape: StepShape, prompt_spans=None) -> list | None:
+        """A constrained step's forward (eager, or captured by SplitGraphs): the hidden states
+        of its sampled rows into `slot.sample_hidden`, where they wait for the token bitmask
+        (`finish_launch`); with `prompt_spans` (eager only) also their prompt logprobs."""
+        hidden = self.forward_hidden(slot, shape)
+        prompt_lps = self.prompt_logprobs(hidden, prompt_spans) if prompt_spans else None
+        S = shape.num_samples
+        if shape.samples_every_token:
+            slot.sample_hidden[:S].copy_(hidden[:S])
+        else:
+            torch.index_select(hidden, 0, slot.dev.logits_indices[:S], out=slot.sample_hidden[:S])
+        return prompt_lps
+
+    def sample_deferred(self, slot: IOSlot, shape: StepShape) -> None:
+        """A constrained step's sampling (eager, or captured by SplitGraphs): the logits of
+        `slot.sample_hidden`, sampled under the slot's device token bitmask. (Its min_tokens
+        suppression is in the bitmask: sched/structured_outputs.py.)"""
+        logits = self.model.compute_logits(slot.sample_hidden[:shape.num_samples])
+        self.sample(slot, shape, logits, slot.token_bitmask(self.model_config.vocab_size)[1])
 
     def forward(self, slot: IOSlot, shape: StepShape) -> torch.Tensor:
         """The logits of the step's sampled rows."""
@@ -237,7 +255,7 @@ class ModelRunner:
         slot = self.slots[batch.batch_id % 2]
         slot.h2d_done.synchronize()  # the slot's last upload is done: its host side is free
         pad = None
-        if self.graphs is not None and not batch.num_constrained:  # (constrained: eager)
+        if self.graphs is not None:
             pad = self.graphs.padding(batch.num_tokens, batch.num_seqs, batch.is_decode_only)
         shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
         spans = self._prompt_spans(batch, slot) if batch.prompt_logprobs else None
@@ -249,11 +267,14 @@ class ModelRunner:
               defer_sampling: bool = False) -> Launched:
         """The device work of a step whose host inputs are in `slot` (`num_rows` real rows,
         `num_samples` real sampling rows): upload, compute, download on their streams. With
-        `defer_sampling` only the upload and the forward (eager): `finish_launch` queues the
+        `defer_sampling` only the upload and the forward (`forward_to_hidden`, a SplitGraphs
+        graph where one fits; `suppress` is left to the bitmask): `finish_launch` queues the
         rest once the batch's token bitmask is known."""
         if shape.is_decode:
             shape = replace(shape, decode_splits=self.decode_splits(slot.host, num_rows, shape.num_seqs))
         launched = Launched(batch, slot, num_samples, shape.flags.num_logprobs)
+        if defer_sampling:
+            self._deferred_buffers()
         use_graph = (self.graphs is not None and not suppress and not penalty_resets and not defer_sampling
                      and not spans and self.graphs.can_replay(slot.index, shape))
         prompt_lps = None
@@ -276,8 +297,10 @@ class ModelRunner:
             else:
                 for row, prompt, outputs in penalty_resets:
                     self.penalties.reset_row(row, prompt, outputs)
-                prompt_lps = self.compute_step(slot, shape, suppress, spans,
-                                               deferred=launched if defer_sampling else None)
+                if defer_sampling:
+                    prompt_lps = self._forward_deferred(launched, slot, shape, spans)
+                else:
+                    prompt_lps = self.compute_step(slot, shape, suppress, spans)
             launched.prompt_logprobs = prompt_lps
             if defer_sampling:
                 return launched
@@ -292,6 +315,26 @@ class ModelRunner:
             slot.d2h_start.record()
             slot.download(launched.num_samples, launched.num_logprobs)
             slot.d2h_done.record()
+
+    def _forward_deferred(self, launched: Launched, slot: IOSlot, shape: StepShape,
+                          spans: list | None) -> list | None:
+        """A constrained step's forward on the compute stream: its graph where one fits."""
+        launched.pending_shape = shape
+        if not spans and self.split_graphs is not None and self.split_graphs.forward(self, slot, shape):
+            return None
+        return self.forward_to_hidden(slot, shape, spans)
+
+    def _deferred_buffers(self) -> None:
+        """Both slots' bitmasks and hidden-state buffers, at the first constrained step (the
+        second slot's graphs are cloned from the first's: the cloner maps these too).  On the
+        default stream, finished before any stream uses them."""
+        if self.slots[0].sample_hidden is not None:
+            return
+        for slot in self.slots:
+            slot.deferred_sampling_buffers(self.model_config.vocab_size, self.model_config.hidden_size, self.dtype)
+        self.streams.synchronize()
+        if self.graphs is not None and self.graphs.cloner is not None:
+            self.graphs.cloner.remap(self.slots)
 
     def token_bitmask(self, launched: Launched) -> torch.Tensor:
         """The pinned host bitmask of a launched batch's slot, all rows allowed, for the
@@ -313,9 +356,10 @@ class ModelRunner:
             slot.mask_done.record()
         with s.on(s.compute):
             s.wait(s.compute, slot.mask_done)
-            self.sample(slot, shape, launched.pending_logits, dev)
+            if self.split_graphs is None or not self.split_graphs.sample(self, slot, shape):
+                self.sample_deferred(slot, shape)
             slot.compute_done.record()
-        launched.pending_logits = None
+        launched.pending_shape = None
         self._download(launched)
 
     @staticmethod

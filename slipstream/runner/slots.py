@@ -74,6 +74,9 @@ class IOSlot:
         self.mask_done = streams.event()  # the token bitmask's upload (structured outputs)
         self._pin, self._device, self._max_seqs = pin, device, S
         self._bitmask: tuple[torch.Tensor, torch.Tensor] | None = None
+        # the hidden states of a constrained step's sampled rows, between its forward and its
+        # sampling (ModelRunner.finish_launch): [max_seqs, hidden], allocated with the bitmask
+        self.sample_hidden: torch.Tensor | None = None
 
     def token_bitmask(self, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(pinned host, device) int32 [max_seqs, ceil(vocab_size / 32)] token bitmasks of the
@@ -83,6 +86,13 @@ class IOSlot:
             host = torch.full((self._max_seqs, words), -1, dtype=torch.int32, pin_memory=self._pin)
             self._bitmask = host, torch.full_like(host, -1, device=self._device)
         return self._bitmask
+
+    def deferred_sampling_buffers(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
+        """Allocate what a constrained step keeps between its forward and its sampling: the
+        token bitmasks and `sample_hidden` (fixed addresses, for CUDA graphs)."""
+        self.token_bitmask(vocab_size)
+        if self.sample_hidden is None:
+            self.sample_hidden = torch.zeros(self._max_seqs, hidden_size, dtype=dtype, device=self._device)
 
     def _views(self, ints, floats, lib) -> dict:
         v = {}
@@ -100,8 +110,12 @@ class IOSlot:
         """(address, bytes) of every device buffer a step reads or writes, in a fixed order:
         what differs between two slots' CUDA graphs of one step (runner/graph_clone.py)."""
         d = self.dev
-        return [(t.data_ptr(), t.numel() * t.element_size())
-                for t in (self.dev_int, d.tokens, d.logprobs, d.logprob_ids)]
+        buffers = [self.dev_int, d.tokens, d.logprobs, d.logprob_ids]
+        if self._bitmask is not None:  # (structured outputs: from the first constrained batch)
+            buffers.append(self._bitmask[1])
+        if self.sample_hidden is not None:
+            buffers.append(self.sample_hidden)
+        return [(t.data_ptr(), t.numel() * t.element_size()) for t in buffers]
 
     def upload(self, num_seqs: int) -> None:
         """Copy the inputs of a batch of `num_seqs` rows (host -> device, current stream)."""

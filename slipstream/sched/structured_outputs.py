@@ -13,12 +13,13 @@ engines that never see one load no grammar library.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from slipstream.sampling.grammar.backend import GrammarBackend
+from slipstream.sampling.grammar.bitmask import forbid_tokens
 from slipstream.sampling.grammar.compiler import GrammarCompiler
 from slipstream.sampling.grammar.matcher import fill_bitmasks
 from slipstream.sched.request import Request
@@ -83,13 +84,20 @@ class StructuredOutputs:
         self.compiling = still
         return failed
 
-    def fill_token_bitmask(self, sampled: list[Request], bitmask: torch.Tensor) -> None:
+    def fill_token_bitmask(self, sampled: list[Request], bitmask: torch.Tensor,
+                           suppress: Sequence[tuple[int, Sequence[int]]] = ()) -> None:
         """Row j of `bitmask` (all allowed on entry) from the matcher of `sampled[j]`, for the
-        constrained requests still running."""
+        constrained requests still running; then the batch's min_tokens suppression (`suppress`:
+        (row, stop token ids), ScheduledBatch.suppress), which a constrained batch applies here
+        rather than on its logits.  The grammar wins over min_tokens: a constrained row whose
+        grammar allows nothing but stop tokens keeps them, so the request ends "stop" instead
+        of drawing from an empty distribution."""
         start = time.perf_counter()
         rows = [j for j, req in enumerate(sampled) if req.matcher is not None and not req.finished]
         if rows:
             fill_bitmasks([sampled[j].matcher for j in rows], bitmask, rows)
+        for j, stop_ids in suppress:
+            forbid_tokens(bitmask, j, stop_ids, keep_if_only=sampled[j].matcher is not None)
         self.grammar_cpu_s += time.perf_counter() - start
 
     def stats(self) -> StructuredOutputsStats:

@@ -17,6 +17,7 @@ __all__ = [
     "bitmask_width",
     "fill_all_allowed",
     "fill_only_allowed",
+    "forbid_tokens",
 ]
 
 _ALL_ALLOWED = -1  # an int32 word with all 32 bits set
@@ -55,6 +56,21 @@ def fill_only_allowed(bitmask: torch.Tensor, row: int, token_ids: Sequence[int])
         words[token_id // 32] |= 1 << (token_id % 32)
     # the words as unsigned 32-bit values, stored as int32 (bit 31 is the sign)
     bitmask[row] = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def forbid_tokens(bitmask: torch.Tensor, row: int, token_ids: Sequence[int], keep_if_only: bool = False) -> bool:
+    """Clears the bits of `token_ids` in row `row` of a CPU bitmask; with `keep_if_only` the row
+    is left as it is when those tokens are all it allows (a grammar that can only stop).
+    Returns whether the bits were cleared."""
+    words = bitmask[row].numpy().view(np.uint32)
+    ids = np.asarray(token_ids, dtype=np.int64)
+    ids = ids[(ids >= 0) & (ids < 32 * words.size)]
+    cleared = words.copy()
+    np.bitwise_and.at(cleared, ids // 32, ~np.left_shift(np.uint32(1), (ids % 32).astype(np.uint32)))
+    if keep_if_only and not cleared.any():
+        return False
+    words[:] = cleared
+    return True
 
 
 def _bits(bitmask: torch.Tensor, width: int) -> torch.Tensor:
