@@ -87,3 +87,21 @@ def test_speculation_off_adds_no_stats(tiny_model):
     folder, _ = tiny_model("llama")
     llm, _ = _run(folder, _prompts()[:1], SamplingParams(max_tokens=4, temperature=0))
     assert not any(k.startswith("spec_") for k in llm.engine.stats())
+
+
+def test_smollm2_greedy_ngram_equals_plain_and_accepts_drafts():
+    """The real SmolLM2 (embedded GGUF) copying lists it was given: prompt lookup drafts the
+    copies, many drafts are accepted, the tokens are those of plain decoding."""
+    prompt = ("Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape.\n"
+              "Copy: apple, banana, cherry, date, elderberry, fig, grape.\nList: red, green, blue, "
+              "yellow, purple.\nCopy:")
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    common = dict(device="cpu", max_model_len=512, max_num_seqs=4)
+    plain = LLM(None, **common).generate([prompt], params)[0].outputs[0]
+    llm = LLM(None, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                        "prompt_lookup_max": 4, "prompt_lookup_min": 2}, **common)
+    spec = llm.generate([prompt], params)[0].outputs[0]
+    assert spec.token_ids == plain.token_ids and spec.text == plain.text
+    stats = llm.engine.stats()
+    assert stats["spec_num_accepted_tokens"] >= 12, stats
+    assert stats["spec_mean_accepted_length"] > 2.0, stats
