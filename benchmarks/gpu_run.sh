@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine gputests-clone kernels engine smollm2 attn gemm step profile profile-small
-#         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer
+#         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer
 #         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 #         prefill-long prefill-tiles boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
@@ -111,6 +111,10 @@ for stage in "$@"; do
     invariant) run invariant-short 300 python3 -m slipstream.cli bench --workload seed-8b-short --mode async --batch-invariant
                run invariant-small 300 python3 -m slipstream.cli bench --workload small-256 --mode async --batch-invariant ;;
     peer) run peer 420 bash benchmarks/peer_transformers.sh "$RES" async,sync ;;
+    # the Qwen3-30B-A3B shape (dummy weights, one GPU in bf16): ours, then transformers' continuous
+    # batching with grouped_mm experts (no CUDA graphs) on the same requests
+    moe) run moe 580 python3 -m slipstream.cli bench --workload moe-30b-a3b --out "$RES/moe" ;;
+    moe-peer) run moe-peer 580 bash benchmarks/peer_transformers.sh "$RES/moe-peer" async --workload moe-30b-a3b ;;
     # A/B in one call: the same benchmark from a baseline tree ($BASELINE, e.g. `git archive
     # <commit> | tar -x -C .baseline`, carried) and from this tree, alternately, twice
     ab-small) for i in 1 2; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""The peer: Hugging Face transformers' continuous batching on slipstream's seed-8b-short.
+"""The peer: Hugging Face transformers' continuous batching on slipstream's seed-8b-short or moe-30b-a3b.
 
     python benchmarks/peer_transformers.py --out DIR [--modes async,sync] [--workload seed-8b-short]
+    python benchmarks/peer_transformers.py --out DIR --workload moe-30b-a3b   (Qwen3-30B-A3B shape)
 
 Run it through benchmarks/peer_transformers.sh, which installs flash-attn-4 (.fa4a/.fa4b) and
 puts it on PYTHONPATH.  The Llama-3.1-8B shape is built from slipstream's config.json with
@@ -23,6 +24,12 @@ tokens on 32 prompts at a few lengths so the decode graphs of the timed run alre
 one timed `generate_batch` of the whole workload on the same manager, with NVML utilisation
 sampled every 100 ms.  Prints a table and writes OUT/peer_transformers.json (after each mode).
 --smoke runs the same flow on the CPU with a tiny model (paged|sdpa, sync): a check of the script.
+
+MoE (`--workload moe-30b-a3b`): the model class comes from the workload's config.json
+(Qwen3MoeForCausalLM), built with `experts_implementation="grouped_mm"` (transformers' grouped
+GEMM over the experts; continuous batching keeps it for decode too) and random bf16 weights made
+on the GPU. Its continuous batching runs without CUDA graphs by default (the grouped_mm experts do
+not run under them; `--cuda-graph on` tries), with room for all 256 requests at once.
 """
 from __future__ import annotations
 
@@ -135,16 +142,29 @@ def check_adapter_loaded(adapter, notes):
     print(note, flush=True)
 
 
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, vocab_size=1024)
+_TINY_MOE = dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
+
+
 def build_model(config_path: str, attn: str, device: str, tiny: bool = False):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig.from_json_file(config_path)
+    """The workload's architecture (config.json `architectures`) with random bf16 weights made
+    on `device`; a MoE model with its experts in grouped_mm."""
+    import transformers
+    with open(config_path) as f:
+        arch = json.load(f)["architectures"][0]
+    model_cls = getattr(transformers, arch)
+    config = model_cls.config_class.from_json_file(config_path)
+    moe = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
     if tiny:
-        config.update(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=16, vocab_size=1024))
+        config.update({**_TINY, **(_TINY_MOE if moe else {})})
     config.eos_token_id = None  # EOS is ignored: no request may stop early
+    kwargs = dict(dtype=torch.bfloat16, attn_implementation=attn)
+    if moe:
+        kwargs["experts_implementation"] = "grouped_mm"
     t = time.perf_counter()
     with torch.device(device):
-        model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16, attn_implementation=attn)
+        model = model_cls._from_config(config, **kwargs)
     with torch.no_grad():  # our own quick init, on the device: N(0, 0.02), norms 1
         for p in model.parameters():
             if p.dim() == 1:
@@ -155,9 +175,23 @@ def build_model(config_path: str, attn: str, device: str, tiny: bool = False):
     if device == "cuda":
         torch.cuda.synchronize()
     n = sum(p.numel() for p in model.parameters())
-    print(f"model: {n / 1e9:.2f} B params, {model.dtype}, {model.device}, attn {model.config._attn_implementation}, "
-          f"built in {time.perf_counter() - t:.1f} s", flush=True)
+    experts = getattr(model.config, "_experts_implementation", None) if moe else None
+    if moe and experts != "grouped_mm":
+        raise SystemExit(f"the experts run as {experts!r}, not grouped_mm")
+    print(f"model: {arch}, {n / 1e9:.2f} B params, {model.dtype}, {model.device}, attn "
+          f"{model.config._attn_implementation}" + (f", experts {experts}" if moe else "") +
+          f", built in {time.perf_counter() - t:.1f} s", flush=True)
     return model
+
+
+def workload_defaults(wl, prompts, new_tokens) -> dict:
+    """Continuous-batching sizes of a workload: every request at once, KV for all of them."""
+    if wl.name.startswith("moe-"):
+        tokens = len(prompts) * (len(prompts[0]) + new_tokens)
+        return dict(max_batch_tokens=8192, num_blocks=-(-tokens // 256) + 8, max_requests=len(prompts),
+                    warmup_lens="256", cuda_graph="off")
+    return dict(max_batch_tokens=8192, num_blocks=256, max_requests=32, warmup_lens="256,800,1200",
+                cuda_graph="on")
 
 
 class NvmlSampler:
@@ -203,7 +237,7 @@ def cb_config(mode: str, args, on_gpu: bool):
     from transformers import ContinuousBatchingConfig
     return ContinuousBatchingConfig(
         use_async_batching=(mode == "async"),  # the option async/sync switches
-        use_cuda_graph=on_gpu,  # both paths (varlen, decode); captured by generate_batch(warmup=True)
+        use_cuda_graph=on_gpu and args.cuda_graph == "on",  # both paths (varlen, decode); captured by warmup=True
         max_batch_tokens=args.max_batch_tokens,  # 8192 = the 32 prompts' 256 tokens in one prefill step
         num_blocks=args.num_blocks,  # x block_size 256 tokens of KV cache; 32 x 1280 needs 160
         max_requests_per_batch=args.max_requests,  # all 32 requests in every step (also fixes the warm-up's sizing)
@@ -282,23 +316,28 @@ def main():
     ap.add_argument("--modes", default="async", help="comma-separated: async, sync")
     ap.add_argument("--workload", default="seed-8b-short")
     ap.add_argument("--attn", default=FA4, choices=[FA4, SDPA])
-    ap.add_argument("--max-batch-tokens", type=int, default=8192)
-    ap.add_argument("--num-blocks", type=int, default=256)
-    ap.add_argument("--max-requests", type=int, default=32)
+    # None: the workload's (workload_defaults)
+    ap.add_argument("--max-batch-tokens", type=int, default=None)
+    ap.add_argument("--num-blocks", type=int, default=None)
+    ap.add_argument("--max-requests", type=int, default=None)
+    ap.add_argument("--cuda-graph", choices=["on", "off"], default=None,
+                    help="CUDA graphs in continuous batching (default: on, off for MoE workloads)")
     ap.add_argument("--kv-padding", type=int, default=0, help="CUDA-graph KV bucket in tokens (0: library preset)")
-    ap.add_argument("--warmup-lens", default="256,800,1200", help="prompt lengths of the warm-up runs ('' for one "
-                    "minimal run)")
+    ap.add_argument("--warmup-lens", default=None, help="prompt lengths of the warm-up runs ('' for one "
+                    "minimal run; default 256,800,1200, or 256 for MoE workloads)")
     ap.add_argument("--warmup-tokens", type=int, default=8)
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU, paged|sdpa, sync")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in ("async", "sync") for m in modes):
         ap.error(f"--modes must list async and/or sync, got {args.modes!r}")
-    args.warmup_lens = [int(x) for x in args.warmup_lens.split(",") if x.strip()] or [16]
-
     wl = get_workload(args.workload)
     prompts = [list(p) for p in wl.prompts]
     new_tokens = wl.params[0].max_tokens
+    for key, value in workload_defaults(wl, prompts, new_tokens).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.warmup_lens = [int(x) for x in args.warmup_lens.split(",") if x.strip()] or [16]
     assert all(p.max_tokens == new_tokens and p.temperature == 0.0 and p.ignore_eos for p in wl.params), \
         "the peer runs greedy, EOS-ignored workloads with one max_tokens"
     on_gpu = not args.smoke
@@ -323,8 +362,11 @@ def main():
     report = dict(date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), workload=wl.name,
                   num_requests=len(prompts), prompt_len=len(prompts[0]), new_tokens=new_tokens,
                   attn_implementation=attn, versions=versions(), notes=notes,
+                  model_class=type(model).__name__,
+                  experts_implementation=getattr(model.config, "_experts_implementation", None),
                   cb_config=dict(max_batch_tokens=args.max_batch_tokens, num_blocks=args.num_blocks, block_size=256,
-                                 max_requests_per_batch=args.max_requests, use_cuda_graph=on_gpu,
+                                 max_requests_per_batch=args.max_requests,
+                                 use_cuda_graph=on_gpu and args.cuda_graph == "on",
                                  allow_block_sharing=False, kv_padding_interval_size=args.kv_padding or 16384,
                                  warmup_lens=args.warmup_lens, warmup_tokens=args.warmup_tokens),
                   runs=[])

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The transformers peer on the GPU machine, from the repo root:
-#   bash benchmarks/peer_transformers.sh OUTDIR [MODES]      (MODES: async (default), sync, or async,sync)
+#   bash benchmarks/peer_transformers.sh OUTDIR [MODES] [ARGS...]   (MODES: async (default), sync, or async,sync;
+#   ARGS go to the script, e.g. --workload moe-30b-a3b)
 # Installs flash-attn-4 and its CuTe DSL wheels from .fa4a/ + .fa4b/ into /tmp/fa4site (once), puts them on
 # PYTHONPATH, then runs benchmarks/peer_transformers.py (which falls back to paged|sdpa without them).
 set -euo pipefail
 out=${1:?usage: $0 OUTDIR [MODES]}
 modes=${2:-async}
+shift $(( $# < 2 ? $# : 2 ))
 # The two halves may come in two calls (a call carries at most 64 MiB): each is kept in
 # /tmp/fa4stage, which outlives a call while the machine stays warm.
 mkdir -p /tmp/fa4stage
@@ -21,4 +23,4 @@ else
   echo "flash-attn-4 halves missing (.fa4a and .fa4b): it will not be available"
 fi
 export PYTHONUNBUFFERED=1
-exec python3 benchmarks/peer_transformers.py --out "$out" --modes "$modes"
+exec python3 benchmarks/peer_transformers.py --out "$out" --modes "$modes" "$@"
