@@ -53,3 +53,22 @@ def test_rejection_sampling_in_a_cuda_graph_equals_the_cpu(with_probs):
     graph.replay()
     # Triton and torch agree up to the ulp of log: a near tie could differ, not at these sizes
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+def test_the_eagle3_head_on_the_gpu_equals_the_cpu(tmp_path):
+    from slipstream.model.eagle3_loader import load_eagle3
+    from test_spec_eagle3 import HD, HT, NKV, _checkpoint, _meta, _write
+
+    _write(tmp_path, _checkpoint(torch.Generator().manual_seed(2), True), True)
+    outs = []
+    for device in ("cpu", "cuda"):
+        head = load_eagle3(str(tmp_path), dtype="float32", device=device)
+        kv = (torch.zeros(16, 4, NKV, HD, device=device), torch.zeros(16, 4, NKV, HD, device=device))
+        g = torch.Generator().manual_seed(4)
+        ids, aux = torch.randint(0, 50, (12,), generator=g), torch.randn(12, 3 * HT, generator=g)
+        meta, pos = _meta([7, 5], [0, 0])
+        meta = type(meta)(*(t.to(device) for t in (meta.query_start_loc, meta.seq_lens, meta.block_table,
+                                                    meta.slot_mapping)), meta.max_query_len, meta.max_seq_len)
+        normed, _ = head(ids.to(device), pos.to(device), head.combine_hidden_states(aux.to(device)), meta, kv)
+        outs.append(head.target_logits(normed).cpu())
+    torch.testing.assert_close(outs[1], outs[0], rtol=2e-3, atol=2e-3)
