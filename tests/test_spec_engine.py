@@ -105,3 +105,24 @@ def test_smollm2_greedy_ngram_equals_plain_and_accepts_drafts():
     stats = llm.engine.stats()
     assert stats["spec_num_accepted_tokens"] >= 12, stats
     assert stats["spec_mean_accepted_length"] > 2.0, stats
+
+
+def test_sampled_rows_equal_plain_sampling_under_the_same_seed(tiny_model):
+    """n-gram drafts are a point mass: a row accepts a draft iff the target's own seeded draw
+    at that position is the draft, so temperature, top-k, top-p and min-p rows give the
+    tokens of plain sampling with the same seed (and a seeded run repeats itself)."""
+    folder, _ = tiny_model("llama")
+    prompts = _prompts()
+    params = [SamplingParams(max_tokens=30, temperature=0.7, seed=1, ignore_eos=True),
+              SamplingParams(max_tokens=30, temperature=1.0, top_k=5, seed=2, ignore_eos=True),
+              SamplingParams(max_tokens=30, temperature=0.8, top_p=0.8, min_p=0.05, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=30, temperature=0.5, seed=4, ignore_eos=True)]
+    common = dict(device="cpu", max_model_len=256, max_num_seqs=8)
+    plain = [o.outputs[0].token_ids for o in LLM(folder, **common).generate(prompts, params)]
+    for async_scheduling in (False, True):
+        llm = LLM(folder, speculative_config=NGRAM, async_scheduling=async_scheduling, **common)
+        spec = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        assert spec == plain
+        again = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        assert again == plain
+        assert llm.engine.stats()["spec_num_accepted_tokens"] > 0
