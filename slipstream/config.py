@@ -14,6 +14,8 @@ from slipstream.spec.config import SpeculativeConfig
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+# (slipstream/quant's QUANTIZATIONS; tests/test_fp8_weights.py checks both agree)
+QUANTIZATIONS = ("none", "fp8")
 # (sampling/grammar/backend.py's GRAMMAR_BACKENDS; tests/test_structured_outputs_engine.py checks both agree)
 STRUCTURED_OUTPUTS_BACKENDS = ("xgrammar",)
 
@@ -37,6 +39,11 @@ class EngineConfig:
                                       "config.json, for benchmarks)", choices=LOAD_FORMATS)
     dtype: str = option("auto", "the model's dtype (auto: float32 on the CPU, the model's "
                                 "bf16/fp16 on CUDA)", choices=DTYPES)
+    quantization: str = option(
+        "none", "fp8: the decoder's linear weights quantized to FP8 e4m3 at load (one scale an output "
+                "channel); an FP8 checkpoint (quantization_config: compressed-tensors, fbgemm_fp8, fp8 "
+                "with 128x128 blocks) is loaded in FP8 whatever this says (docs/fp8.md)",
+        aliases=("-q",), choices=QUANTIZATIONS)
     device: str = option("auto", "where the engine runs (auto: cuda when available)",
                          choices=DEVICES)
     max_model_len: int | None = option(

@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     # spec.config is EngineConfig's speculative_config: it belongs with the config
     ("slipstream.version", "slipstream.errors", "slipstream.utils", "slipstream.config",
      "slipstream.spec.config"),
-    ("slipstream.ops",),
+    ("slipstream.ops", "slipstream.quant"),  # quant: FP8 arithmetic and formats, beside the kernels
     ("slipstream.model",),
     ("slipstream.sampling",),
     ("slipstream.spec",),  # drafters and acceptance: tensors in, tensors out, above sampling

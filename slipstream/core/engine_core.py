@@ -70,7 +70,7 @@ class EngineCore:
         else:
             try:
                 self.model, self.model_config = load_model(self.source, config.load_format, config.dtype,
-                                                           self.device)
+                                                           self.device, quantization=config.quantization)
             except torch.OutOfMemoryError as e:
                 raise RuntimeError(f"the model does not fit: its weights alone exhaust {self.device} memory "
                                    f"({e}); use a smaller model or dtype") from None
@@ -164,7 +164,7 @@ class EngineCore:
         """What a tensor-parallel worker needs to load its shard (plain values: sent as JSON)."""
         c = self.config
         return dict(device=self.device.type, model_source=self.source, load_format=c.load_format,
-                    dtype=c.dtype, batch_invariant=c.batch_invariant)
+                    dtype=c.dtype, batch_invariant=c.batch_invariant, quantization=c.quantization)
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (a one-rank engine holds nothing to stop)."""

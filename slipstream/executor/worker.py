@@ -97,7 +97,7 @@ def _build(rank, size, config: dict, opts: dict, init_method: str, device: torch
     tp = init_tp_group(TPShard(rank, size, model_config), init_method, device)
     try:
         model, model_config = load_model(config["model_source"], config["load_format"], config["dtype"],
-                                         device, tp=tp)
+                                         device, tp=tp, quantization=config.get("quantization"))
     except torch.OutOfMemoryError as e:
         raise RuntimeError(f"the model does not fit: its rank-{rank} shard alone exhausts {device} "
                            f"memory ({e}); use more ranks, a smaller model or dtype") from None

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from slipstream.quant import Fp8Scheme, scheme_from_config
+
 # architectures name -> (q/k/v bias by default, per-head q/k RMSNorm)
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": (False, False),
@@ -66,6 +68,9 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0  # each expert's intermediate width
     norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+    # FP8 weights (slipstream/quant, docs/fp8.md): from the checkpoint's quantization_config,
+    # or set by the loader for `quantization="fp8"`; None: the checkpoint's dtype
+    quantization: Fp8Scheme | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -217,6 +222,7 @@ class ModelConfig:
             eos_token_id=cfg.get("eos_token_id"),
             sliding_window=int(window) if window else None,
             layer_types=list(layer_types) if layer_types else None,
+            quantization=scheme_from_config(cfg.get("quantization_config")),
             **_moe_fields(arch, cfg),
             **{k: cfg[k] for k in GEMMA3_FIELDS if arch == "Gemma3ForCausalLM"},
         ).validate()

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from slipstream.model.config import ModelConfig
+from slipstream.model.fp8_layers import Fp8Linear, Fp8RowParallelLinear
 from slipstream.model.parallel import TPGroup, TPShard
 from slipstream.ops.attention import attention_after_qkv
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
@@ -60,6 +61,16 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.batch_invariant)
+
+    def norm_forward(self, h: torch.Tensor, eps: float) -> tuple[torch.Tensor, bool]:
+        """`ops.linear.norm_linear`'s (y, finished) for this layer (its norm folded in)."""
+        return norm_linear(h, self.weight, self.bias, eps, self.batch_invariant)
+
+    @torch.no_grad()
+    def fold_input_scale(self, gamma: torch.Tensor) -> None:
+        """Multiply `gamma` (a norm's weight) into the weight's columns."""
+        w = self.weight
+        w.copy_((w.float() * gamma.float()[None, :]).to(w.dtype))
 
     def add_into(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """out += self(x), in place (the residual add inside the GEMM)."""
@@ -92,6 +103,21 @@ class RowParallelLinear(Linear):
     def add_silu_mul_into(self, out: torch.Tensor, gate_up: torch.Tensor, hidden: torch.Tensor | None,
                           eps: float) -> torch.Tensor:
         return self.add_into(out, silu_and_mul(gate_up, hidden=hidden, eps=eps))
+
+
+def make_linear(in_features: int, out_features: int, bias: bool, dtype, device, config: ModelConfig,
+                tp: TPGroup | None = None, row_parallel: bool = False) -> nn.Module:
+    """A decoder projection: FP8 when the config has a quantization scheme (model/fp8_layers.py),
+    row-parallel (its input features split) when `row_parallel` under tensor parallelism."""
+    scheme = config.quantization
+    split = row_parallel and tp is not None
+    if scheme is None:
+        if split:
+            return RowParallelLinear(in_features, out_features, bias, dtype, device, tp)
+        return Linear(in_features, out_features, bias, dtype, device)
+    if split:
+        return Fp8RowParallelLinear(in_features, out_features, bias, dtype, device, scheme, tp)
+    return Fp8Linear(in_features, out_features, bias, dtype, device, scheme)
 
 
 class Embedding(nn.Module):
@@ -161,11 +187,8 @@ class Attention(nn.Module):
         self.scale = config.head_dim ** -0.5
         self.eps = config.rms_norm_eps
         hidden = config.hidden_size
-        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, device)
-        if tp is None:
-            self.o_proj = Linear(self.q_size, hidden, config.o_bias, dtype, device)
-        else:
-            self.o_proj = RowParallelLinear(self.q_size, hidden, config.o_bias, dtype, device, tp)
+        self.qkv_proj = make_linear(hidden, self.q_size + 2 * self.kv_size, config.qkv_bias, dtype, device, config)
+        self.o_proj = make_linear(self.q_size, hidden, config.o_bias, dtype, device, config, tp, row_parallel=True)
         self.qk_norm = config.qk_norm
         self.batch_invariant = False
         self.window: int | None = None  # this layer's sliding window, set by the model
@@ -179,7 +202,7 @@ class Attention(nn.Module):
         # the input norm is folded into the qkv weights; its row scale and the bias come after
         # the product: inside it at one row (`norm_linear`), else in the epilogue
         proj = self.qkv_proj
-        qkv, finished = norm_linear(h, proj.weight, proj.bias, self.eps, proj.batch_invariant)
+        qkv, finished = proj.norm_forward(h, self.eps)
         k_cache, v_cache = kv_cache
         # (row scale + bias,) q/k norm (Qwen3), RoPE, KV-cache store, then attention: on CUDA
         # the epilogue kernel and the attention kernels, or for a small decode batch one
@@ -200,18 +223,14 @@ class MLP(nn.Module):
         hidden = config.hidden_size
         inter = config.intermediate_size if tp is None else tp.shard.intermediate_size
         self.eps = config.rms_norm_eps
-        self.gate_up_proj = Linear(hidden, 2 * inter, False, dtype, device)
-        if tp is None:
-            self.down_proj = Linear(inter, hidden, False, dtype, device)
-        else:
-            self.down_proj = RowParallelLinear(inter, hidden, False, dtype, device, tp)
+        self.gate_up_proj = make_linear(hidden, 2 * inter, False, dtype, device, config)
+        self.down_proj = make_linear(inter, hidden, False, dtype, device, config, tp, row_parallel=True)
 
     def forward(self, h):
         """Adds the MLP's output into the residual stream h (in place); the post-attention
         norm is folded into the gate_up weights, its row scale applied inside that product at
         one row, else by SiLU·mul; at one row SiLU·mul runs inside the down product."""
-        proj = self.gate_up_proj
-        gate_up, finished = norm_linear(h, proj.weight, None, self.eps, proj.batch_invariant)
+        gate_up, finished = self.gate_up_proj.norm_forward(h, self.eps)
         return self.down_proj.add_silu_mul_into(h, gate_up, None if finished else h, self.eps)
 
 
@@ -237,8 +256,7 @@ class DecoderLayer(nn.Module):
 def fold_norm(norm: RMSNorm, proj: Linear) -> None:
     """Multiply `norm`'s weight into the columns of `proj`, the GEMM it feeds; the norm keeps
     only its statistic (weight 1), which the kernel after the GEMM applies."""
-    w = proj.weight
-    w.copy_((w.float() * norm.weight.float()[None, :]).to(w.dtype))
+    proj.fold_input_scale(norm.weight)
     norm.weight.fill_(1.0)
 
 

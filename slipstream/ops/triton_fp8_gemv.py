@@ -1,0 +1,124 @@
+"""One-row linear layers with FP8 weights: y[N] = (x * gamma)[K] @ (q * scale)[N, K]^T, the FP8
+sibling of ops/triton_gemv.py's streaming kernel.
+
+At batch 1 a decode step reads every weight once; its time is the weight's bytes, half of
+bf16's in FP8. Each program owns BLOCK_N output columns and streams their FP8 values through
+a pipelined loop over K (BLOCK_K-wide chunks, the first one loaded before the PDL wait: no
+kernel writes weights), upcasts them to fp32 and multiplies the unquantized input row: the
+input is not quantized at one row, so this path is weight-only FP8 (closer to bf16 than the
+batched GEMMs, which quantize activations per token).
+
+Scales: per channel (and per tensor, held per channel) multiply the column's sum once at
+the end; block scales multiply each product by its (row block, column block) scale, gathered
+from the small scale table (L1/L2-resident). Around the product, as in the bf16 GEMV: a folded
+norm's gamma scales the input's columns, `row_scale_eps` multiplies by rstd(x) (computed on x
+itself, before gamma), SiLU·mul computes the input from [gate | up], then the bias and the
+residual are added in fp32 before the one rounding. CUDA-graph safe (launches depend on
+shapes only); PDL like the other kernels of a step. The reference is
+`ops.fp8_linear.fp8_linear_ref` (tests/test_fp8_kernels.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from slipstream.ops.device import sm_count
+from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.triton_fused import silu_mul
+from slipstream.ops.triton_gemv import stream_columns
+from slipstream.quant.fp8 import Fp8Weight
+
+BLOCK_K = 1024
+STAGES = 4
+
+
+@triton.jit
+def _input_chunk(x_ptr, g_ptr, offs, mask, K: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
+    """(x * gamma, x) of one chunk in fp32; x is silu(gate) * up rounded to the input dtype
+    when SILU_MUL (the input is [gate | up])."""
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if SILU_MUL:
+        x = silu_mul(x, tl.load(x_ptr + K + offs, mask=mask, other=0.0)).to(x.dtype)
+    xf = x.to(tl.float32)
+    xg = xf
+    if HAS_GAMMA:
+        xg = xf * tl.load(g_ptr + offs, mask=mask, other=0.0)
+    return xg, xf
+
+
+@triton.jit
+def _chunk_product(w, xg, s_ptr, offs_n, nmask, k_offs, kmask, stride_sn,
+                   BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_SCALES: tl.constexpr):
+    p = w.to(tl.float32) * xg[None, :]
+    if BLOCK_SCALES:
+        s = tl.load(s_ptr + (offs_n // BN_S)[:, None] * stride_sn + (k_offs // BK_S)[None, :],
+                    mask=nmask[:, None] & kmask[None, :], other=0.0)
+        p = p * s
+    return p
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, N, eps, stride_wn, stride_sn,
+                     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                     BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_SCALES: tl.constexpr,
+                     HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                     ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr, USE_PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    nmask = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    kmask = offs_k < K
+    w0 = tl.load(w_rows, mask=nmask[:, None] & kmask[None, :], other=0.0)
+    pdl_start(USE_PDL)
+    xg, xf = _input_chunk(x_ptr, g_ptr, offs_k, kmask, K, SILU_MUL, HAS_GAMMA)
+    acc = _chunk_product(w0, xg, s_ptr, offs_n, nmask, offs_k, kmask, stride_sn, BN_S, BK_S, BLOCK_SCALES)
+    sq = xf * xf
+    for k in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+        kmask = (offs_k + k) < K
+        w = tl.load(w_rows + k, mask=nmask[:, None] & kmask[None, :], other=0.0)
+        xg, xf = _input_chunk(x_ptr, g_ptr, offs_k + k, kmask, K, SILU_MUL, HAS_GAMMA)
+        acc += _chunk_product(w, xg, s_ptr, offs_n, nmask, offs_k + k, kmask, stride_sn, BN_S, BK_S,
+                              BLOCK_SCALES)
+        sq += xf * xf
+    y = tl.sum(acc, axis=1)
+    if not BLOCK_SCALES:
+        y = y * tl.load(s_ptr + offs_n, mask=nmask, other=0.0)
+    if ROW_SCALE:
+        y = y * tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        y += tl.load(r_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=nmask)
+
+
+def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
+             residual: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
+             row_scale_eps: float | None = None, silu_mul: bool = False,
+             block_n: int | None = None, block_k: int = BLOCK_K) -> torch.Tensor:
+    """x [..., K] (one row) @ W^T (+ bias) (+ residual) into `out` (new if None; it may be
+    `residual`). row_scale_eps and silu_mul as in `ops.triton_gemv.gemv`."""
+    n, k = w.shape
+    if x.shape[-1] != (2 * k if silu_mul else k) or x.numel() != x.shape[-1]:
+        raise ValueError(f"fp8_gemv: one input row of width {2 * k if silu_mul else k} expected, "
+                         f"got {tuple(x.shape)}")
+    x1 = x.reshape(-1)
+    if x1.stride(0) != 1:
+        x1 = x1.contiguous()
+    if out is None:
+        out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    res = residual if residual is not None else out
+    qw = w.qweight
+    if block_n is None:  # columns a program, as the bf16 streaming kernel picks them for these bytes
+        block_n = stream_columns(n, qw.numel(), sm_count(x.device))
+    bn_s, bk_s = w.block or (1, 1)
+    _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
+        x1, qw, w.scale, w.gamma if w.gamma is not None else w.scale, bias if bias is not None else w.scale,
+        res, out, n, float(row_scale_eps or 0.0), qw.stride(0), w.scale.stride(0),
+        K=k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=STAGES, BN_S=bn_s, BK_S=bk_s,
+        BLOCK_SCALES=w.block is not None, HAS_GAMMA=w.gamma is not None, HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
+        num_warps=4, **pdl_launch(x.device))
+    return out

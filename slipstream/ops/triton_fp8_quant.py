@@ -1,0 +1,83 @@
+"""Dynamic FP8 quantization of activations: each row (token) of x [M, K], optionally times a
+folded norm's gamma [K], to e4m3 with its own float32 scale amax / 448, either one scale a row
+(`group` None: [M, 1], what `torch._scaled_mm`'s row-wise scaling reads) or one a row's
+`group`-wide slice of K ([M, ceil(K / group)], the block-scaled GEMM's input).
+
+A row is quantized by one program from its own values only, so the result does not depend on
+the batch. The reference is `quant.fp8.quantize_per_token` on x * gamma
+(tests/test_fp8_kernels.py); launches depend on shapes only (CUDA-graph safe).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
+
+
+@triton.jit
+def _load_scaled(x_ptr, g_ptr, offs, mask, HAS_GAMMA: tl.constexpr):
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_GAMMA:
+        x = x * tl.load(g_ptr + offs, mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
+def _round_mantissa3(x):
+    """x rounded to 3 mantissa bits, to nearest even, in fp32 (integer arithmetic carries into
+    the exponent). The cast to e4m3 that follows is then exact for normal values, so the
+    rounding does not depend on the cast's implementation (Triton's interpreter, which runs
+    the CPU tests, does not carry)."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # drop 20 of fp32's 23 bits
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quant_rows_kernel(x_ptr, g_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm,
+                       GROUP: tl.constexpr, BLOCK: tl.constexpr, HAS_GAMMA: tl.constexpr,
+                       FMAX: tl.constexpr, SMIN: tl.constexpr, USE_PDL: tl.constexpr):
+    """Program (row, group): the group's amax in a first pass over its BLOCK-wide chunks,
+    then the quantized values in a second (the row is in L2 by then)."""
+    pdl_start(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    lo = g * GROUP
+    offs = tl.arange(0, BLOCK)
+    x_row = x_ptr + row * stride_xm
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in tl.range(0, GROUP, BLOCK):
+        idx = lo + k + offs
+        mask = (idx < K) & (k + offs < GROUP)
+        amax = tl.maximum(amax, tl.abs(_load_scaled(x_row, g_ptr, idx, mask, HAS_GAMMA)))
+    scale = tl.maximum(tl.max(amax, axis=0) / FMAX, SMIN)
+    for k in tl.range(0, GROUP, BLOCK):
+        idx = lo + k + offs
+        mask = (idx < K) & (k + offs < GROUP)
+        x = _load_scaled(x_row, g_ptr, idx, mask, HAS_GAMMA) / scale
+        x = tl.minimum(tl.maximum(_round_mantissa3(x), -FMAX), FMAX)
+        tl.store(q_ptr + row * stride_qm + idx, x.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row * stride_sm + g, scale)
+
+
+def quantize_rows(x: torch.Tensor, gamma: torch.Tensor | None = None,
+                  group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q float8_e4m3fn [M, K], scale float32 [M, G]) of x [M, K] (times gamma)."""
+    m, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    g = group or k
+    groups = triton.cdiv(k, g)
+    q = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
+    s = torch.empty((m, groups), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, s
+    block = min(triton.next_power_of_2(g), 2048)
+    _quant_rows_kernel[(m, groups)](
+        x, gamma if gamma is not None else x, q, s, k, x.stride(0), q.stride(0), s.stride(0),
+        GROUP=g, BLOCK=block, HAS_GAMMA=gamma is not None, FMAX=FP8_MAX, SMIN=MIN_SCALE,
+        num_warps=4, **pdl_launch(x.device))
+    return q, s
