@@ -240,9 +240,9 @@ def test_the_grammar_wins_over_min_tokens(tokenized_tiny, async_scheduling):
 
 
 def test_min_tokens_in_a_constrained_batch_is_in_the_bitmask(tokenized_tiny):
-    """A constrained batch's min_tokens rows are masked in its bitmask (its logits are not
-    touched): a free row loses its stop tokens, a constrained row too unless they are all its
-    grammar allows."""
+    """A constrained batch's bitmask is written whole: its free and padding rows all allowed;
+    its min_tokens rows masked there (its logits are not touched): a free row loses its stop
+    tokens, a constrained row too unless they are all its grammar allows."""
     from slipstream.model.tokenizer import load_tokenizer
     from slipstream.sampling.grammar.backend import create_grammar_backend
     from slipstream.sampling.grammar.bitmask import allocate_bitmask, allowed_token_ids
@@ -260,8 +260,9 @@ def test_min_tokens_in_a_constrained_batch_is_in_the_bitmask(tokenized_tiny):
     assert so.poll() == []
     yes = hf.encode("yes", add_special_tokens=False)
     assert ended.matcher.accept_many(yes) == len(yes) and going.matcher.accept_many(yes) == len(yes)
-    bitmask = allocate_bitmask(3, vocab)
+    bitmask = allocate_bitmask(4, vocab).zero_()  # stale rows: every row is written
     so.fill_token_bitmask([free, ended, going], bitmask, [(0, [eos, 7]), (1, [eos]), (2, [eos])])
+    assert (bitmask[3] == -1).all()  # a padding row: all allowed
     assert allowed_token_ids(bitmask, 0, vocab).tolist() == [t for t in range(vocab) if t not in (eos, 7)]
     assert allowed_token_ids(bitmask, 1, vocab).tolist() == [eos]  # the grammar can only stop
     going_ids = allowed_token_ids(bitmask, 2, vocab).tolist()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from slipstream.sampling.grammar.backend import GrammarBackend
-from slipstream.sampling.grammar.bitmask import forbid_tokens
+from slipstream.sampling.grammar.bitmask import fill_all_allowed, forbid_tokens
 from slipstream.sampling.grammar.compiler import GrammarCompiler
 from slipstream.sampling.grammar.matcher import fill_bitmasks
 from slipstream.sched.request import Request
@@ -86,8 +86,9 @@ class StructuredOutputs:
 
     def fill_token_bitmask(self, sampled: list[Request], bitmask: torch.Tensor,
                            suppress: Sequence[tuple[int, Sequence[int]]] = ()) -> None:
-        """Row j of `bitmask` (all allowed on entry) from the matcher of `sampled[j]`, for the
-        constrained requests still running; then the batch's min_tokens suppression (`suppress`:
+        """Every row of `bitmask` (its contents on entry are stale): row j from the matcher of
+        `sampled[j]` for the constrained requests still running, the other rows (free requests,
+        padding past `sampled`) all allowed; then the batch's min_tokens suppression (`suppress`:
         (row, stop token ids), ScheduledBatch.suppress), which a constrained batch applies here
         rather than on its logits.  The grammar wins over min_tokens: a constrained row whose
         grammar allows nothing but stop tokens keeps them, so the request ends "stop" instead
@@ -96,6 +97,9 @@ class StructuredOutputs:
         rows = [j for j, req in enumerate(sampled) if req.matcher is not None and not req.finished]
         if rows:
             fill_bitmasks([sampled[j].matcher for j in rows], bitmask, rows)
+        if len(rows) < bitmask.shape[0]:
+            constrained = set(rows)
+            fill_all_allowed(bitmask, [j for j in range(bitmask.shape[0]) if j not in constrained])
         for j, stop_ids in suppress:
             forbid_tokens(bitmask, j, stop_ids, keep_if_only=sampled[j].matcher is not None)
         self.grammar_cpu_s += time.perf_counter() - start
