@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import slipstream.spec.rejection as rej
-from slipstream.sampling.sampler import SamplerFlags, SamplingTensors, sample_ref
+from slipstream.sampling.sampler import PenaltyState, SamplerFlags, SamplingTensors, processed_logits, sample_ref
 from slipstream.spec.rejection import acceptance_uniforms, draft_seed, rejection_sample
 
 PLAIN = SamplerFlags(use_top_k_top_p=False, use_penalties=False, num_logprobs=0)
@@ -84,6 +84,43 @@ def test_point_mass_drafts_give_the_plain_samplers_tokens():
     for r, row in enumerate(_as_lists(out, n)):
         assert len(row) == int(agree[r]) + 1
         assert row == plain[r, :len(row)].tolist()
+
+
+def test_point_mass_drafts_keep_top_k_top_p_min_p_and_penalties_token_identical():
+    """Through processed_logits (the sampler's own cut), rows with top-k, top-p, min-p and
+    penalties still emit exactly the plain sampler's tokens."""
+    g = torch.Generator().manual_seed(2)
+    R, k, V = 40, 3, 64
+    raw = torch.randn(R, k + 1, V, generator=g) * 3
+    cols = dict(temperature=(torch.rand(R, generator=g) + 0.2).tolist(),
+                top_k=torch.randint(0, 20, (R,), generator=g).tolist(),
+                top_p=(torch.rand(R, generator=g) * 0.6 + 0.4).tolist(),
+                min_p=(torch.rand(R, generator=g) * 0.2).tolist(),
+                seed=torch.randint(0, 2**31, (R,), generator=g).tolist(),
+                repetition_penalty=(torch.rand(R, generator=g) + 0.8).tolist(),
+                presence_penalty=torch.rand(R, generator=g).tolist(),
+                frequency_penalty=torch.rand(R, generator=g).tolist(), state_row=list(range(R)))
+    cols["temperature"][:5] = [0.0] * 5
+    flags = SamplerFlags(use_top_k_top_p=True, use_penalties=True, num_logprobs=0)
+    state = PenaltyState(R, V)
+    for r in range(R):
+        state.reset_row(r, torch.randint(0, V, (6,), generator=g), torch.randint(0, V, (4,), generator=g))
+    token_index = torch.randint(0, 100, (R,), generator=g, dtype=torch.int32)
+    plain, target = torch.empty(R, k + 1, dtype=torch.long), torch.empty(R, k + 1, V)
+    for j in range(k + 1):
+        # (the penalty state stays that of the row's history: enough to compare the two paths)
+        t = SamplingTensors.from_lists(token_index=(token_index + j).tolist(), **cols)
+        plain[:, j] = sample_ref(raw[:, j], t, flags, state).tokens.long()
+        target[:, j] = processed_logits(raw[:, j], t, flags, state)
+    agree = torch.randint(0, k + 1, (R,), generator=g)
+    drafts = (plain[:, :k] + 1) % V
+    for r in range(R):
+        drafts[r, :agree[r]] = plain[r, :agree[r]]
+    greedy = torch.tensor(cols["temperature"]) < 1e-5
+    out, n = rejection_sample(target, drafts, torch.full((R,), k), None, greedy,
+                              torch.tensor(cols["seed"]), token_index)
+    for r, row in enumerate(_as_lists(out, n)):
+        assert row == plain[r, :int(agree[r]) + 1].tolist()
 
 
 def _first_tokens(p0, p1, q, n, drafter_seed=7, rule=rejection_sample):
