@@ -183,13 +183,17 @@ def test_unconstrained_batches_keep_their_path(tokenized_tiny):
 
 
 def test_the_constrained_bench_workloads_and_their_grammar_line():
-    from slipstream.bench.run import grammar_line
+    from slipstream.bench.run import compile_line, grammar_line, grammar_summary
     from slipstream.bench.workloads import BENCH_SCHEMA, get_workload
     from slipstream.core.tracing import Timeline
-    for name, parent, total in (("small-256-json", "small-256", 256), ("seed-8b-short-json", "seed-8b-short", 32)):
+    for name, parent, count in (("small-256-json", "small-256", 256), ("small-256-json-half", "small-256", 128),
+                                ("seed-8b-short-json", "seed-8b-short", 32),
+                                ("seed-8b-short-json-half", "seed-8b-short", 16)):
         w, base = get_workload(name), get_workload(parent)
         constrained = [p.structured_outputs for p in w.params if p.structured_outputs is not None]
-        assert len(constrained) == total // 2 and all(c.json == BENCH_SCHEMA for c in constrained)
+        assert len(constrained) == count and all(c.json == BENCH_SCHEMA for c in constrained)
+        if count < len(w.params):  # spread evenly: every other request
+            assert [p.structured_outputs is not None for p in w.params[:4]] == [False, True, False, True]
         assert [p.clone(structured_outputs=None) for p in w.params] == base.params
         assert w.prompts == base.prompts and w.engine == base.engine
     tl = Timeline()
@@ -197,6 +201,12 @@ def test_the_constrained_bench_workloads_and_their_grammar_line():
     tl.cpu("grammar", 2.0, 2.004, 4)
     tl.cpu("process", 2.0, 2.5, 4)
     assert grammar_line(tl, 4, 8) == "4 of 8 requests constrained; grammar CPU 3.000 ms per constrained step over 2 steps"
+    stats = {"grammar_compiled": 2, "grammar_compile_seconds": 0.017, "grammar_cache_hits": 30,
+             "grammar_compile_failed": 0}
+    assert compile_line(stats) == "grammar compile: 2 cold, 8.5 ms each; 30 cache hits, 0 failed"
+    summary = grammar_summary({"async": tl}, 4, stats)
+    assert summary["modes"]["async"] == {"grammar_cpu_ms_per_step": pytest.approx(3.0), "constrained_steps": 2}
+    assert summary["constrained_requests"] == 4 and summary["grammar_cache_hits"] == 30
 
 
 def test_a_constrained_row_forbids_the_ids_past_the_tokenizer(tokenized_tiny):

@@ -96,8 +96,11 @@ def run_bench(a, workload, engine_options: dict) -> int:
             f"{g} {v['count']} x, {v['total_ms']:.1f} ms, longest {v['max_ms']:.1f} ms" for g, v in r.gc_pauses.items())
             or "none"))
     if constrained:
+        stats = engine.stats()
+        summary["structured_outputs"] = grammar_summary(timelines, constrained, stats)
         for mode, tl in timelines.items():
             print(f"{mode}: {grammar_line(tl, constrained, len(workload.params))}")
+        print(compile_line(stats))
     for mode, r in results.items():
         if r.breakdown:
             print(f"\n{mode}: where the GPU time goes\n{breakdown_table(r.breakdown)}")
@@ -124,10 +127,32 @@ def bench_grammar_tokenizer(source: str | None = None):
 def grammar_line(timeline, constrained: int, total: int) -> str:
     """The CPU time of the step loop's "grammar" spans: the matchers' bitmasks of constrained
     batches and their sampling launches (the matchers' token accepts are in "process")."""
-    spans = [s.end - s.start for s in timeline.spans if s.name == "grammar"] if timeline else []
-    per_step = 1e3 * sum(spans) / len(spans) if spans else 0.0
+    per_step, steps = grammar_ms_per_step(timeline)
     return (f"{constrained} of {total} requests constrained; grammar CPU {per_step:.3f} ms per "
-            f"constrained step over {len(spans)} steps")
+            f"constrained step over {steps} steps")
+
+
+def grammar_ms_per_step(timeline) -> tuple[float, int]:
+    """The mean CPU milliseconds of the timeline's "grammar" spans, and their count."""
+    spans = [s.end - s.start for s in timeline.spans if s.name == "grammar"] if timeline else []
+    return (1e3 * sum(spans) / len(spans) if spans else 0.0), len(spans)
+
+
+def compile_line(stats: dict) -> str:
+    """The grammar compiles of the run (EngineCore.stats): the cold ones (the warm-up's, one per
+    schema) and the cache hits of every later request."""
+    n = stats.get("grammar_compiled", 0)
+    cold = 1e3 * stats.get("grammar_compile_seconds", 0.0) / n if n else 0.0
+    return (f"grammar compile: {n} cold, {cold:.1f} ms each; {stats.get('grammar_cache_hits', 0)} cache hits, "
+            f"{stats.get('grammar_compile_failed', 0)} failed")
+
+
+def grammar_summary(timelines: dict, constrained: int, stats: dict) -> dict:
+    """The structured-output figures of the bench's JSON summary."""
+    per_mode = {mode: dict(zip(("grammar_cpu_ms_per_step", "constrained_steps"), grammar_ms_per_step(tl)))
+                for mode, tl in timelines.items()}
+    keys = ("grammar_compiled", "grammar_compile_seconds", "grammar_cache_hits", "grammar_compile_failed")
+    return {"constrained_requests": constrained, "modes": per_mode, **{k: stats.get(k) for k in keys}}
 
 
 def ceilings_line(bandwidth: float, rate: float, measured: bool) -> str:

@@ -97,7 +97,7 @@ BENCH_SCHEMA = {"type": "object", "properties": {
     "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["id", "name", "active", "tags"]}
 
 
-def with_json_schema(parent: Workload, name: str, fraction: float = 0.5) -> Workload:
+def with_json_schema(parent: Workload, name: str, fraction: float) -> Workload:
     """`parent` with `fraction` of its requests (spread evenly) constrained to BENCH_SCHEMA.
     The grammar's vocabulary is SmolLM2's tokenizer padded to the model's vocabulary with
     tokens never allowed (`slipstream bench` builds it: dummy weights bring no tokenizer)."""
@@ -118,10 +118,14 @@ WORKLOADS = {
     "seed-8b-short": seed_8b_short,
     "small-256": small_256,
     "tiny": tiny,
-    # structured outputs: half the requests constrained to a JSON schema (BENCH_SCHEMA)
-    "small-256-json": lambda: with_json_schema(small_256(), "small-256-json"),
-    "seed-8b-short-json": lambda: with_json_schema(seed_8b_short(), "seed-8b-short-json"),
-    "tiny-json": lambda: with_json_schema(tiny(), "tiny-json"),
+    # structured outputs: every request constrained to a JSON schema (BENCH_SCHEMA), or half
+    # of them (-half)
+    "small-256-json": lambda: with_json_schema(small_256(), "small-256-json", 1.0),
+    "small-256-json-half": lambda: with_json_schema(small_256(), "small-256-json-half", 0.5),
+    "seed-8b-short-json": lambda: with_json_schema(seed_8b_short(), "seed-8b-short-json", 1.0),
+    "seed-8b-short-json-half": lambda: with_json_schema(seed_8b_short(), "seed-8b-short-json-half", 0.5),
+    "tiny-json": lambda: with_json_schema(tiny(), "tiny-json", 1.0),
+    "tiny-json-half": lambda: with_json_schema(tiny(), "tiny-json-half", 0.5),
     # latency: one request (batch size 1) or eight of a throughput workload
     "seed-8b-bs1": lambda: first_requests(seed_8b_short(), 1, "seed-8b-bs1"),
     "seed-8b-bs8": lambda: first_requests(seed_8b_short(), 8, "seed-8b-bs8"),
