@@ -27,8 +27,8 @@ The rule, per row, for j = 0, 1, ...:
     norm(max(0, p - q)), if all are accepted a draw from p at num_drafts (the bonus), both
     by Gumbel-max with G(seed, token_index + j, v). The emitted tokens follow the target's
     distribution whatever q is. Drafters must draw their drafts with noise of their own
-    (`draft_seed`), never G(seed, ...) itself: the rule needs the draft independent of u_j
-    and of the residual's draw.
+    (`draft_seed`; spec/draft.py's `sample_drafts`), never G(seed, ...) itself: the rule
+    needs the draft independent of u_j and of the residual's draw.
 
 Randomness depends only on (seed, token_index + j, v), never on the batch, so seeded runs
 are reproducible and sync and async runs agree. No host sync, fixed shapes: capturable in a
@@ -64,7 +64,7 @@ def acceptance_uniforms(seed: torch.Tensor, token_index: torch.Tensor, k: int) -
     return ((h >> 8).to(torch.float32) + 0.5) * 5.9604644775390625e-08
 
 
-def _draw(logits: torch.Tensor, greedy: torch.Tensor, seed: torch.Tensor,
+def draw_tokens(logits: torch.Tensor, greedy: torch.Tensor, seed: torch.Tensor,
           token_index: torch.Tensor) -> torch.Tensor:
     """int32 [N]: the plain sampler's token from logits that are already the distribution
     (temperature 1, nothing cut; greedy rows: the argmax)."""
@@ -117,7 +117,7 @@ def rejection_sample(target_logits: torch.Tensor, draft_tokens: torch.Tensor, nu
         rows_greedy = greedy[:, None].expand(R, k1).reshape(-1)
         rows_seed = seed[:, None].expand(R, k1).reshape(-1)
         rows_index = (index[:, None] + pos[None, :]).reshape(-1)
-        drawn = _draw(logits.reshape(R * k1, V), rows_greedy, rows_seed, rows_index).view(R, k1)
+        drawn = draw_tokens(logits.reshape(R * k1, V), rows_greedy, rows_seed, rows_index).view(R, k1)
         accepted = _accepted_prefix((drawn[:, :k].long() == drafts) & in_range)
         out = drawn
     else:
@@ -138,7 +138,7 @@ def rejection_sample(target_logits: torch.Tensor, draft_tokens: torch.Tensor, nu
         residual = _residual(p_at, q_at)
         rejected = accepted < num_drafts.long()
         final = torch.where((rejected & ~greedy)[:, None], residual.log(), logits.gather(1, at).squeeze(1))
-        token = _draw(final, greedy, seed, index + accepted).long()
+        token = draw_tokens(final, greedy, seed, index + accepted).long()
         out = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], dim=1)
         out = out.scatter(1, accepted[:, None], token[:, None])
     keep = pos[None, :] <= accepted[:, None]
