@@ -126,3 +126,25 @@ def test_sampled_rows_equal_plain_sampling_under_the_same_seed(tiny_model):
         again = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         assert again == plain
         assert llm.engine.stats()["spec_num_accepted_tokens"] > 0
+
+
+def test_metrics_and_bench_read_the_speculation_counters(tiny_model):
+    """/metrics exposes the engine's speculation counters; `slipstream bench` reports a run's."""
+    from slipstream.bench.throughput import speculation_summary
+    from slipstream.server.metrics import ServerMetrics
+
+    folder, _ = tiny_model("llama")
+    llm, _ = _run(folder, _prompts()[:2], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
+                  speculative_config=NGRAM)
+    stats = llm.engine.stats()
+    text = ServerMetrics("m").render(stats).decode()
+    accepted = stats["spec_num_accepted_tokens"]
+    assert f'slipstream:spec_decode_num_accepted_tokens_total{{model_name="m"}} {float(accepted)}' in text
+    assert "slipstream:spec_decode_num_draft_tokens_total" in text
+    assert "slipstream:spec_decode_mean_accepted_length" in text
+    assert "spec_decode" not in ServerMetrics("m").render({"num_running": 0}).decode()
+    summary = speculation_summary({}, stats, steps=50)
+    assert summary["accepted"] == accepted and summary["drafted"] == stats["spec_num_draft_tokens"]
+    assert summary["mean_accepted_length"] == stats["spec_mean_accepted_length"] >= 1.0
+    assert speculation_summary(stats, stats, 3)["drafted"] == 0
+    assert speculation_summary({}, {"num_running": 0}, 3) == {}

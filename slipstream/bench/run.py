@@ -95,6 +95,12 @@ def run_bench(a, workload, engine_options: dict) -> int:
         print(f"{mode}: garbage-collector pauses " + (", ".join(
             f"{g} {v['count']} x, {v['total_ms']:.1f} ms, longest {v['max_ms']:.1f} ms" for g, v in r.gc_pauses.items())
             or "none"))
+    for mode, r in results.items():
+        if r.speculation:
+            s = r.speculation
+            print(f"{mode}: speculation: {s['drafted']} drafts, {s['accepted']} accepted "
+                  f"({100 * s['acceptance_rate']:.1f}%), {s['mean_accepted_length']:.2f} tokens a drafting "
+                  f"row-step, drafts in {s['steps_with_drafts']} of {s['steps']} steps")
     if constrained:
         stats = engine.stats()
         summary["structured_outputs"] = grammar_summary(timelines, constrained, stats)

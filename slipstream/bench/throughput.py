@@ -38,6 +38,8 @@ class RunResult:
     gpu_ms_per_step: float | None
     breakdown: list[dict] = field(default_factory=list)  # `step_breakdown`
     gc_pauses: dict = field(default_factory=dict)  # `GcPauses.summary`
+    # speculative decoding during the run (`speculation_summary`); empty when it is off
+    speculation: dict = field(default_factory=dict)
 
     @property
     def ms_per_step(self) -> float | None:
@@ -281,6 +283,7 @@ def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_
     engine.loop.timeline = timeline
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
+    spec_before = engine.stats()
     with GcPauses() as gc_pauses:
         start = time.perf_counter()
         for i, (prompt, params) in enumerate(zip(workload.prompts, workload.params)):
@@ -303,8 +306,26 @@ def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_
         floor_s=floor, wall_over_floor=wall / floor if floor else float("nan"),
         cpu_ms_per_step=1e3 * cpu / max(steps, 1),
         gpu_ms_per_step=1e3 * sum(s.end - s.start for s in compute) / steps if compute else None,
-        breakdown=step_breakdown(timeline, floors) if compute else [], gc_pauses=gc_pauses.summary())
+        breakdown=step_breakdown(timeline, floors) if compute else [], gc_pauses=gc_pauses.summary(),
+        speculation=speculation_summary(spec_before, engine.stats(), steps))
     return result, timeline, outputs
+
+
+def speculation_summary(before: dict, after: dict, steps: int) -> dict:
+    """Speculative decoding between two engine stats snapshots: the drafts verified and
+    accepted, and the tokens a drafting row emitted per step (its mean accepted length);
+    empty when speculation is off."""
+    if "spec_num_draft_tokens" not in after:
+        return {}
+    d = {k: after[k] - before.get(k, 0) for k in ("spec_num_steps", "spec_num_drafting_rows",
+                                                  "spec_num_draft_tokens", "spec_num_accepted_tokens",
+                                                  "spec_num_emitted_tokens")}
+    rows = d["spec_num_drafting_rows"]
+    return dict(steps_with_drafts=d["spec_num_steps"], steps=steps, drafted=d["spec_num_draft_tokens"],
+                accepted=d["spec_num_accepted_tokens"],
+                acceptance_rate=d["spec_num_accepted_tokens"] / d["spec_num_draft_tokens"]
+                if d["spec_num_draft_tokens"] else 0.0,
+                mean_accepted_length=d["spec_num_emitted_tokens"] / rows if rows else 0.0)
 
 
 def result_dict(result: RunResult) -> dict:

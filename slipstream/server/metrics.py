@@ -51,6 +51,17 @@ class _EngineStatsCollector:
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric(labels, float(s.get(key) or 0))
             yield c
+        # speculative decoding, where the engine has it on
+        if "spec_num_draft_tokens" in s:
+            for name, key, doc in _SPEC_COUNTERS:
+                c = CounterMetricFamily(name, doc, labels=["model_name"])
+                c.add_metric(labels, float(s.get(key) or 0))
+                yield c
+            g = GaugeMetricFamily("slipstream:spec_decode_mean_accepted_length",
+                                  "Tokens a drafting row emits per step (accepted drafts + 1), since start.",
+                                  labels=["model_name"])
+            g.add_metric(labels, float(s.get("spec_mean_accepted_length") or 0))
+            yield g
         if s.get("replicas"):
             yield from _replica_families(self.model_name, s["replicas"])
 
@@ -65,6 +76,13 @@ _GRAMMAR_COUNTERS = (
      "Requests whose grammar was found compiled in the cache."),
     ("slipstream:grammar_bitmask_seconds", "grammar_cpu_seconds",
      "Time the engine's step loop spent filling grammar token masks."))
+
+_SPEC_COUNTERS = (
+    ("slipstream:spec_decode_num_drafts", "spec_num_drafting_rows", "Row-steps that verified drafts."),
+    ("slipstream:spec_decode_num_draft_tokens", "spec_num_draft_tokens", "Draft tokens verified."),
+    ("slipstream:spec_decode_num_accepted_tokens", "spec_num_accepted_tokens", "Draft tokens accepted."),
+    ("slipstream:spec_decode_num_emitted_tokens", "spec_num_emitted_tokens",
+     "Tokens emitted by rows that verified drafts."))
 
 # Data-parallel serving: the families above are summed over the replicas; these are per
 # replica (label replica="0", ...), with the router's counts.
