@@ -204,3 +204,37 @@ def test_bad_checkpoints_raise_naming_the_tensor(tmp_path, change, words):
     _write(tmp_path, sd, True)
     with pytest.raises(ValueError, match=words):
         load_eagle3(str(tmp_path), dtype="float32")
+
+
+def test_the_targets_aux_hidden_states_are_the_residual_stream_entering_its_layers(tmp_path):
+    """Captured from slipstream's target forward, they equal transformers' hidden_states[i]
+    (the input of layer i) at the default layers of a 6-layer Llama."""
+    import transformers
+
+    from slipstream.model.eagle3 import AuxHiddenCapture
+    from slipstream.model.loader import load_model
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   rms_norm_eps=1e-5, initializer_range=0.2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(cfg).float().eval()
+    hf.save_pretrained(tmp_path)
+    model, _ = load_model(str(tmp_path), dtype="float32")
+    ids = torch.randint(0, 64, (9,))
+    with torch.no_grad():
+        want = hf(ids[None], output_hidden_states=True).hidden_states
+    layers = default_aux_layers(6)
+    assert layers == (2, 3, 3)
+    kv = [(torch.zeros(8, 4, 2, 8), torch.zeros(8, 4, 2, 8)) for _ in range(6)]
+    meta, pos = _meta([9], [0], width=4)
+    capture = AuxHiddenCapture(model, layers)
+    with torch.no_grad(), capture:
+        model(ids.to(torch.int32), pos, meta, kv)
+    aux = capture.aux()
+    assert aux.shape == (9, 3 * 32)
+    for part, layer in zip(aux.split(32, dim=-1), layers):
+        torch.testing.assert_close(part, want[layer][0], rtol=1e-4, atol=1e-4)
+    assert not model.layers[2]._forward_pre_hooks  # the hooks go with the block
+    with pytest.raises(ValueError, match="outside the target's 6 layers"):
+        AuxHiddenCapture(model, (2, 3, 6))

@@ -45,6 +45,39 @@ def default_aux_layers(num_target_layers: int) -> tuple[int, int, int]:
     return (2, num_target_layers // 2, num_target_layers - 3)
 
 
+class AuxHiddenCapture:
+    """While active (a `with` block), the target's forward also records the residual stream
+    entering each of `layer_ids` (pre-hooks on those layers, which update it in place, so
+    each is copied); `aux()` is their concatenation [T, 3 H_target], the head's fc input.
+    Works for decoders whose layers take the residual stream as their first argument
+    (model/llama.py, model/moe.py); a copy is a kernel, so it is capturable."""
+
+    def __init__(self, target: nn.Module, layer_ids: tuple[int, ...]):
+        layers = target.layers
+        if any(not 0 <= i < len(layers) for i in layer_ids):
+            raise ValueError(f"aux layers {list(layer_ids)} outside the target's {len(layers)} layers")
+        self.layers = [layers[i] for i in layer_ids]
+        self.parts: list[torch.Tensor | None] = [None] * len(layer_ids)
+        self._handles: list = []
+
+    def __enter__(self) -> "AuxHiddenCapture":
+        for slot, layer in enumerate(self.layers):
+            def hook(module, args, slot=slot):
+                self.parts[slot] = args[0].clone()
+            self._handles.append(layer.register_forward_pre_hook(hook))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def aux(self) -> torch.Tensor:
+        if any(p is None for p in self.parts):
+            raise RuntimeError("no forward ran while capturing the target's hidden states")
+        return torch.cat(self.parts, dim=-1)
+
+
 @dataclass(frozen=True)
 class Eagle3Config:
     layer: ModelConfig  # the decoder layer's shape (a one-layer Llama config)
