@@ -8,6 +8,7 @@ so the error is at most 2^-10 * s there. `_assert_within_e4m3` checks exactly th
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -332,3 +333,31 @@ def test_the_checkpoints_scheme_wins_over_the_flag(tiny_model, tmp_path):
     _write_fp8_checkpoint(src, folder, "ct-channel")
     _, cfg = load_model(folder, quantization="fp8")
     assert cfg.quantization.method == "compressed-tensors" and cfg.quantization.serialized
+
+
+def test_fp8_workloads_are_their_parents_with_fp8_weights():
+    from slipstream.bench.workloads import get_workload
+    for name, parent, n in (("seed-8b-fp8", "seed-8b", None), ("seed-8b-short-fp8", "seed-8b-short", None),
+                            ("seed-8b-bs1-fp8", "seed-8b-short", 1)):
+        w, p = get_workload(name), get_workload(parent)
+        assert w.name == name and w.engine == {**p.engine, "quantization": "fp8"}
+        assert w.prompts == p.prompts[:n] and w.params == p.params[:n] and w.latency == (n is not None)
+
+
+def test_the_floor_counts_fp8_weights_and_their_scales(tmp_path):
+    """The 8B shape's floor reads each projection weight as one byte, plus a float32 scale an
+    output row and the two folded norms' float32 gammas a layer; the LM head stays bf16."""
+    from slipstream.bench.throughput import StepCosts
+    from slipstream.bench.workloads import get_workload
+    from slipstream.model.loader import load_config
+    from slipstream.quant import QUANTIZE_AT_LOAD
+    c = load_config(get_workload("seed-8b-fp8").model)
+    bf16 = StepCosts.of(c, torch.bfloat16)
+    fp8 = StepCosts.of(dataclasses.replace(c, quantization=QUANTIZE_AT_LOAD), torch.bfloat16)
+    h, i, q, kv = c.hidden_size, c.intermediate_size, c.q_size, c.kv_size
+    rows = (q + 2 * kv) + h + 2 * i + h  # output rows of qkv, o, gate_up, down
+    head = c.vocab_size * h * 2
+    assert fp8.weight_bytes == bf16.matmul_params + c.num_layers * 4 * (rows + 2 * h) + head
+    assert bf16.weight_bytes == 2 * bf16.matmul_params + head
+    assert 0.5 < fp8.weight_bytes / bf16.weight_bytes < 0.57  # 8.0 GB against 16.1 GB
+    assert fp8.matmul_params == bf16.matmul_params and fp8.kv_bytes_per_token == bf16.kv_bytes_per_token

@@ -132,8 +132,10 @@ class StepCosts:
                        4 * c.num_layers * q, c.num_layers * expert_params * elem, c.num_experts,
                        c.num_experts_per_tok)
         matmul_params = c.num_layers * (attention_params + 3 * c.hidden_size * c.intermediate_size)
-        return cls((matmul_params + head_params) * elem, 2 * c.num_layers * kv * elem, matmul_params,
-                   head_params, 4 * c.num_layers * q)
+        weight_bytes = (matmul_params + head_params) * elem
+        if getattr(c, "quantization", None) is not None:
+            weight_bytes = c.num_layers * fp8_layer_bytes(c, q, kv) + head_params * elem
+        return cls(weight_bytes, 2 * c.num_layers * kv * elem, matmul_params, head_params, 4 * c.num_layers * q)
 
     def experts_touched(self, num_tokens: int) -> float:
         """Expected distinct experts of a layer that `num_tokens` tokens route to (class doc)."""
@@ -167,6 +169,15 @@ class StepCosts:
 
     def matmul_flops(self, b) -> int:
         return 2 * self.matmul_params * b.num_tokens + 2 * self.head_params * b.num_samples
+
+
+def fp8_layer_bytes(c, q: int, kv: int) -> int:
+    """Bytes a dense layer's FP8 products read: the values (one byte each), their float32
+    scales and the two folded norms' float32 gammas (model/fp8_layers.py); the embedding and
+    the LM head stay in the model's dtype."""
+    scheme, h, i = c.quantization, c.hidden_size, c.intermediate_size
+    return (scheme.weight_bytes(q + 2 * kv, h) + scheme.weight_bytes(h, q) + scheme.weight_bytes(2 * i, h)
+            + scheme.weight_bytes(h, i) + 2 * 4 * h)
 
 
 def step_floors(timeline: Timeline, model_config, dtype: torch.dtype,

@@ -64,6 +64,12 @@ def seed_8b_short() -> Workload:
     return seed_8b(1024, "seed-8b-short")
 
 
+def with_fp8_weights(parent: Workload, name: str) -> Workload:
+    """`parent` with its decoder's projections quantized to FP8 at load (quantization="fp8",
+    one scale an output channel; docs/fp8.md)."""
+    return replace(parent, name=name, engine=dict(parent.engine, quantization="fp8"))
+
+
 def moe_30b_a3b() -> Workload:
     """Qwen3-30B-A3B shape (128 experts, top 8), 256 requests of 256-token random prompts and
     256 new tokens, greedy, EOS ignored: all requests run at once (decode batches of 256)."""
@@ -126,6 +132,11 @@ WORKLOADS = {
     "seed-8b-short-json-half": lambda: with_json_schema(seed_8b_short(), "seed-8b-short-json-half", 0.5),
     "tiny-json": lambda: with_json_schema(tiny(), "tiny-json", 1.0),
     "tiny-json-half": lambda: with_json_schema(tiny(), "tiny-json-half", 0.5),
+    # FP8 weights (docs/fp8.md): half the weight bytes a step reads
+    "seed-8b-fp8": lambda: with_fp8_weights(seed_8b(), "seed-8b-fp8"),
+    "seed-8b-short-fp8": lambda: with_fp8_weights(seed_8b_short(), "seed-8b-short-fp8"),
+    "seed-8b-bs1-fp8": lambda: first_requests(with_fp8_weights(seed_8b_short(), "seed-8b-short-fp8"), 1,
+                                              "seed-8b-bs1-fp8"),
     # latency: one request (batch size 1) or eight of a throughput workload
     "seed-8b-bs1": lambda: first_requests(seed_8b_short(), 1, "seed-8b-bs1"),
     "seed-8b-bs8": lambda: first_requests(seed_8b_short(), 8, "seed-8b-bs8"),

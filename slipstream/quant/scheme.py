@@ -41,6 +41,14 @@ class Fp8Scheme:
             return (rows,)
         return (-(-rows // self.block[0]), -(-cols // self.block[1]))
 
+    def weight_bytes(self, rows: int, cols: int) -> int:
+        """Bytes a product reads of a [rows, cols] weight in this scheme: one a value, four a
+        float32 scale (the bench floors count them: bench/throughput.py)."""
+        scales = 1
+        for d in self.scale_shape(rows, cols):
+            scales *= d
+        return rows * cols + 4 * scales
+
     def checkpoint_scale(self, name: str, t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
         """A checkpoint's scale tensor for a [rows, cols] weight as the internal float32 scale
         (whole tensor, before any tensor-parallel slicing); a shape that does not fit is a

@@ -1,0 +1,155 @@
+"""The FP8 kernels against their dequantized references (slipstream/ops/fp8_linear.py):
+per-token activation quantization, the one-row FP8 GEMV, the FP8 GEMM (per-channel and
+block scales, batch invariance), and the `_scaled_mm` path.
+
+On the CPU the Triton kernels run under Triton's interpreter (tests/conftest.py) at tiny
+sizes; the `gpu` tests run them at the 8B shape's sizes.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_add_, fp8_linear_ref, fp8_norm_linear
+from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm
+from slipstream.ops.triton_fp8_gemv import fp8_gemv
+from slipstream.ops.triton_fp8_quant import quantize_rows
+from slipstream.quant.fp8 import Fp8Weight, quantize_blocks, quantize_per_channel, quantize_per_token
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TINY_GEMM = Fp8GemmConfig(block_m=16, block_n=16, block_k=32)
+
+
+def _weight(n: int, k: int, block, gamma: bool, seed: int = 0) -> Fp8Weight:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) / k ** 0.5
+    q, s = quantize_blocks(w, block) if block else quantize_per_channel(w)
+    gm = (torch.rand(k, generator=g) + 0.5) if gamma else None
+    return Fp8Weight(q.to(DEVICE), s.to(DEVICE), block, gm.to(DEVICE) if gm is not None else None)
+
+
+def _x(m: int, k: int, seed: int = 1, dtype=torch.bfloat16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(m, k, generator=g) * 3).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("group", [None, 16])
+def test_row_quantization_equals_the_reference_bit_for_bit(group):
+    x, gamma = _x(5, 72), torch.rand(72).to(DEVICE) + 0.5
+    q, s = quantize_rows(x, gamma, group)
+    qr, sr = quantize_per_token(x.float() * gamma, group)
+    assert torch.equal(s, sr)
+    assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
+
+
+@pytest.mark.parametrize("block", [None, (16, 32)])
+@pytest.mark.parametrize("gamma", [False, True])
+def test_gemv_matches_the_weight_only_reference(block, gamma):
+    w = _weight(48, 96, block, gamma)
+    x = _x(1, 96)
+    b = _x(1, 48, seed=2)[0]
+    ref = fp8_linear_ref(x.float(), w, b.float())
+    y = fp8_gemv(x, w, b, block_n=8, block_k=32)
+    assert y.dtype == torch.bfloat16 and y.shape == (1, 48)
+    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_gemv_row_scale_residual_and_silu_mul():
+    from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref
+    w = _weight(40, 64, (16, 32), True)
+    x = _x(1, 64) * 5.0  # far from unit RMS: a missing row scale cannot pass
+    y = fp8_gemv(x, w, row_scale_eps=1e-5, block_n=8, block_k=32)
+    ref = scale_rows_ref(fp8_linear_ref(x.float(), w), x.float(), 1e-5, None)
+    torch.testing.assert_close(y.float(), ref, atol=3e-2, rtol=2e-2)
+    gate_up, r = _x(1, 128, seed=3), _x(1, 40, seed=4)
+    expect = r.float() + fp8_linear_ref(silu_and_mul_ref(gate_up).float(), w)
+    out = fp8_gemv(gate_up, w, residual=r, out=r, silu_mul=True, block_n=8, block_k=32)
+    assert out.data_ptr() == r.data_ptr()
+    torch.testing.assert_close(r.float(), expect, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("block", [None, (16, 32)])
+def test_gemm_matches_the_activation_quantized_reference(block):
+    w = _weight(48, 96, block, True)
+    x, b = _x(19, 96), _x(1, 48, seed=2)[0]
+    ref = fp8_linear_ref(x.float(), w, b.float(), quantize_input=True)
+    y = fp8_gemm(x, w, b, TINY_GEMM)
+    torch.testing.assert_close(y.float(), ref, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("block", [None, (16, 32)])
+def test_gemm_rows_are_batch_invariant(block):
+    """A row's bits do not depend on the rows around it or their number."""
+    w = _weight(48, 96, block, True)
+    x = _x(21, 96)
+    whole = fp8_gemm(x, w, None, TINY_GEMM)
+    for rows in (slice(0, 1), slice(5, 6), slice(3, 20)):
+        assert torch.equal(fp8_gemm(x[rows], w, None, TINY_GEMM), whole[rows])
+    other = x.clone()
+    other[0] *= 100.0  # a loud neighbour changes nothing in the other rows
+    assert torch.equal(fp8_gemm(other, w, None, TINY_GEMM)[1:], whole[1:])
+
+
+def test_the_cpu_path_is_the_reference_and_adds_in_place():
+    w = _weight(32, 64, None, True)
+    x, out = _x(3, 64).cpu(), _x(3, 32, seed=5).cpu()
+    w = Fp8Weight(w.qweight.cpu(), w.scale.cpu(), None, w.gamma.cpu())
+    y = fp8_linear(x, w)
+    assert torch.equal(y, fp8_linear_ref(x, w))
+    expect = out + y
+    assert fp8_linear_add_(out, x, w) is out
+    torch.testing.assert_close(out, expect)
+    h, finished = fp8_norm_linear(x, w, None, 1e-6)
+    assert not finished and torch.equal(h, y)  # the epilogue applies rstd on the CPU
+
+
+# --- the GPU: real sizes (the 8B shape), the kernels each path launches ---
+
+SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # qkv, o, gate_up, down
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", SHAPES_8B)
+@pytest.mark.parametrize("block", [None, (128, 128)])
+def test_gpu_gemv_at_8b_sizes(n, k, block):
+    w = _weight(n, k, block, True)
+    x = _x(1, k)
+    ref = fp8_linear_ref(x.float(), w)
+    torch.testing.assert_close(fp8_gemv(x, w).float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", SHAPES_8B)
+@pytest.mark.parametrize("m", [2, 37, 256, 8192])
+@pytest.mark.parametrize("block", [None, (128, 128)])
+def test_gpu_gemm_and_scaled_mm_at_8b_sizes(n, k, m, block):
+    w = _weight(n, k, block, True)
+    x = _x(m, k)
+    ref = fp8_linear_ref(x.float(), w, quantize_input=True)
+    # fp32 sums in another order, one bf16 rounding of the output
+    tol = dict(atol=3e-2 * ref.abs().max().item() / 8, rtol=2e-2)
+    torch.testing.assert_close(fp8_gemm(x, w).float(), ref, **tol)
+    torch.testing.assert_close(fp8_linear(x, w).float(), ref, **tol)  # _scaled_mm or the block GEMM
+    inv = fp8_linear(x, w, batch_invariant=True)
+    assert torch.equal(fp8_linear(x[:1], w, batch_invariant=True), inv[:1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [None, (128, 128)])
+def test_gpu_fp8_products_replay_in_a_cuda_graph(block):
+    """The FP8 path under CUDA graphs: one row (the GEMV) and 64 rows (per-token quantization,
+    then _scaled_mm or the block GEMM) captured once, replayed on new inputs, equal eager."""
+    w = _weight(4096, 4096, block, True)
+    for m in (1, 64):
+        x = _x(m, 4096)
+        out = torch.empty((m, 4096), dtype=torch.bfloat16, device=DEVICE)
+        for _ in range(2):  # warm up (Triton compiles, cuBLASLt picks its kernel)
+            out.copy_(fp8_linear(x, w))
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out.copy_(fp8_linear(x, w))
+        x.copy_(_x(m, 4096, seed=9))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fp8_linear(x, w))
