@@ -1,5 +1,6 @@
 """On the GPU: n-gram drafting and rejection sampling run inside a CUDA graph (no host sync)
-and give the CPU reference's results (the sampler's Triton kernel draws the tokens)."""
+and give the CPU reference's results (the sampler's Triton kernel draws the tokens); the
+EAGLE-3 head in bf16 over the Triton attention kernels agrees with its float32 CPU run."""
 from __future__ import annotations
 
 import pytest
@@ -61,14 +62,17 @@ def test_the_eagle3_head_on_the_gpu_equals_the_cpu(tmp_path):
 
     _write(tmp_path, _checkpoint(torch.Generator().manual_seed(2), True), True)
     outs = []
-    for device in ("cpu", "cuda"):
-        head = load_eagle3(str(tmp_path), dtype="float32", device=device)
-        kv = (torch.zeros(16, 4, NKV, HD, device=device), torch.zeros(16, 4, NKV, HD, device=device))
+    for device, dtype in (("cpu", torch.float32), ("cuda", torch.bfloat16)):
+        head = load_eagle3(str(tmp_path), dtype=dtype, device=device)
+        kv = (torch.zeros(16, 4, NKV, HD, device=device, dtype=dtype),
+              torch.zeros(16, 4, NKV, HD, device=device, dtype=dtype))
         g = torch.Generator().manual_seed(4)
         ids, aux = torch.randint(0, 50, (12,), generator=g), torch.randn(12, 3 * HT, generator=g)
         meta, pos = _meta([7, 5], [0, 0])
         meta = type(meta)(*(t.to(device) for t in (meta.query_start_loc, meta.seq_lens, meta.block_table,
                                                     meta.slot_mapping)), meta.max_query_len, meta.max_seq_len)
-        normed, _ = head(ids.to(device), pos.to(device), head.combine_hidden_states(aux.to(device)), meta, kv)
-        outs.append(head.target_logits(normed).cpu())
-    torch.testing.assert_close(outs[1], outs[0], rtol=2e-3, atol=2e-3)
+        normed, _ = head(ids.to(device, torch.int32), pos.to(device, torch.int32),
+                         head.combine_hidden_states(aux.to(device, dtype)), meta, kv)
+        outs.append(head.target_logits(normed).float().cpu())
+    # bf16 on the GPU against float32 on the CPU (the unmapped ids are -inf in both)
+    torch.testing.assert_close(outs[1], outs[0], rtol=5e-2, atol=5e-2)
