@@ -17,10 +17,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from slipstream.bench.cuda_timing import time_graph  # noqa: E402
-from slipstream.bench.report import write_json  # noqa: E402
-from slipstream.spec.ngram import propose_ngram_device  # noqa: E402
-from slipstream.spec.rejection import rejection_sample  # noqa: E402
+from slipstream.bench.cuda_timing import time_graph
+from slipstream.bench.report import write_json
+from slipstream.spec.ngram import propose_ngram_device
+from slipstream.spec.rejection import rejection_sample
 
 V = 128256
 
@@ -40,7 +40,7 @@ def main() -> int:
         history = torch.randint(0, 50, (R, args.history), generator=g, dtype=torch.int32).to(dev)
         lengths = torch.full((R,), args.history - 7, dtype=torch.int32, device=dev)
         for k in (1, 2, 4, 7):
-            us = 1e3 * time_graph([lambda: propose_ngram_device(history, lengths, k, 2, 5)], device=dev)
+            us = 1e3 * time_graph([lambda h=history, n=lengths, k=k: propose_ngram_device(h, n, k, 2, 5)], device=dev)
             rows.append(dict(op="ngram", R=R, k=k, us=us))
             print(f"| propose_ngram_device L={args.history} n=2..5 | {R} | {k} | {us:.1f} |")
             logits = (torch.randn(R, k + 1, V, generator=g) * 2).to(dev)
@@ -50,8 +50,8 @@ def main() -> int:
             seed, index = torch.arange(R, device=dev) * 7, torch.zeros(R, dtype=torch.int32, device=dev)
             probs = torch.softmax(torch.randn(R, k, V, generator=g), -1).to(dev)
             for name, q in (("point mass", None), ("draft probs", probs)):
-                us = 1e3 * time_graph([lambda q=q: rejection_sample(logits, drafts, num, q, greedy, seed, index)],
-                                      device=dev)
+                call_args = (logits, drafts, num, q, greedy, seed, index)
+                us = 1e3 * time_graph([lambda a=call_args: rejection_sample(*a)], device=dev)
                 rows.append(dict(op=f"rejection {name}", R=R, k=k, us=us))
                 print(f"| rejection_sample, {name} | {R} | {k} | {us:.1f} |")
     if args.out:

@@ -57,8 +57,9 @@ def test_rejection_sampling_in_a_cuda_graph_equals_the_cpu(with_probs):
 
 
 def test_the_eagle3_head_on_the_gpu_equals_the_cpu(tmp_path):
-    from slipstream.model.eagle3_loader import load_eagle3
     from test_spec_eagle3 import HD, HT, NKV, _checkpoint, _meta, _write
+
+    from slipstream.model.eagle3_loader import load_eagle3
 
     _write(tmp_path, _checkpoint(torch.Generator().manual_seed(2), True), True)
     outs = []

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 import slipstream.spec.rejection as rej
-from slipstream.sampling.sampler import PenaltyState, SamplerFlags, SamplingTensors, processed_logits, sample_ref
+from slipstream.sampling.sampler import (
+    PenaltyState,
+    SamplerFlags,
+    SamplingTensors,
+    processed_logits,
+    sample_ref,
+)
 from slipstream.spec.rejection import acceptance_uniforms, draft_seed, rejection_sample
 
 PLAIN = SamplerFlags(use_top_k_top_p=False, use_penalties=False, num_logprobs=0)

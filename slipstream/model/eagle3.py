@@ -60,7 +60,7 @@ class AuxHiddenCapture:
         self.parts: list[torch.Tensor | None] = [None] * len(layer_ids)
         self._handles: list = []
 
-    def __enter__(self) -> "AuxHiddenCapture":
+    def __enter__(self) -> AuxHiddenCapture:
         for slot, layer in enumerate(self.layers):
             def hook(module, args, slot=slot):
                 self.parts[slot] = args[0].clone()
@@ -96,7 +96,7 @@ class Eagle3Config:
         return self.layer.vocab_size
 
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any]) -> "Eagle3Config":
+    def from_hf_config(cls, cfg: dict[str, Any]) -> Eagle3Config:
         """From a head's config.json: the `speculators` form (`transformer_layer_config`) or
         the EAGLE-3 authors' (a Llama config with `draft_vocab_size`). One-line ValueErrors."""
         if not isinstance(cfg, dict):

@@ -61,7 +61,7 @@ def load_eagle3(source: str, load_format: str = "auto", dtype="auto", device="cp
     for path in safetensors_files(source):
         try:
             with safe_open(path, framework="pt", device="cpu") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                     state[name] = f.get_tensor(name)
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{path}: corrupt or truncated safetensors file ({e})") from None

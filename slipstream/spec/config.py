@@ -59,7 +59,7 @@ class SpeculativeConfig:
                                      f"not {self.method!r}")
 
     @classmethod
-    def from_value(cls, value: "SpeculativeConfig | dict | str | None") -> "SpeculativeConfig | None":
+    def from_value(cls, value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:
         """Parse a dict or a JSON object string (None or "" or "null": no speculation).
         Bad input raises a one-line ValueError naming the key or the value."""
         if value is None or isinstance(value, cls):

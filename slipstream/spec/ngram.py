@@ -32,7 +32,7 @@ def propose_ngram(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndar
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = t[length - n:]
         # an occurrence starting at s ends at s + n - 1 <= length - 2
-        for s in range(0, length - n):
+        for s in range(length - n):
             if np.array_equal(t[s:s + n], suffix):
                 return t[s + n:s + n + k].astype(np.int32)
     return np.zeros(0, dtype=np.int32)
