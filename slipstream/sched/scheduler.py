@@ -165,11 +165,34 @@ class Scheduler:
         preempted = self.num_preemptions
         stalled = False
         spec = self.speculative
-        drafting = False
         if spec is not None:
             b.drafts = []
-            drafting = spec.enabled_for(len(self.running), chain(self.running, self.waiting))
-        self.drafting = drafting
+            self.drafting = spec.enabled_for(len(self.running), chain(self.running, self.waiting))
+        # (rows that draft take their own loop: a plain step's loop stays as it is)
+        i = len(self.running) if self.drafting else 0
+        if self.drafting:
+            budget, stalled = self._schedule_drafting(b, budget)
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            if req.all_done_scheduling:
+                i += 1
+                continue
+            n = min(req.num_tokens_with_pending - req.num_computed, budget)
+            if not self._reserve(req, req.num_computed + n):
+                stalled = req.status is Status.RUNNING
+                break
+            self._add(b, req, n)
+            budget -= n
+            i += 1
+        if not stalled and self.num_preemptions == preempted:
+            budget = self._admit(b, budget)
+        if not b.requests:
+            return None
+        return self._finalize(b)
+
+    def _schedule_drafting(self, b: _BatchBuilder, budget: int) -> tuple[int, bool]:
+        """The running requests' part of `schedule` when rows draft (the loop of a plain step,
+        plus the drafts); returns the budget left and whether a request stalled."""
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -177,21 +200,16 @@ class Scheduler:
                 i += 1
                 continue
             n = min(req.num_tokens_with_pending - req.num_computed, budget)
-            drafts = self._drafts(req, budget - n) if drafting and n == 1 else None
+            drafts = self._drafts(req, budget - n) if n == 1 else None
             m = 0 if drafts is None else len(drafts)
             if not self._reserve(req, req.num_computed + n + m):
-                stalled = req.status is Status.RUNNING
-                break
+                return budget, req.status is Status.RUNNING
             if m:  # the step's inputs past the known tokens (rewritten as tokens arrive)
                 self.table.token_ids[req.row, req.num_tokens:req.num_tokens + m] = drafts
             self._add(b, req, n + m, drafts)
             budget -= n + m
             i += 1
-        if not stalled and self.num_preemptions == preempted:
-            budget = self._admit(b, budget)
-        if not b.requests:
-            return None
-        return self._finalize(b)
+        return budget, False
 
     def _drafts(self, req: Request, budget: int) -> np.ndarray | None:
         limit = min(self.speculative.max_drafts(req), budget)
@@ -275,8 +293,7 @@ class Scheduler:
         b.carry.append(carry)
         req.num_computed = start + n
         self._register_blocks(req)
-        m = 0 if drafts is None else len(drafts)
-        if req.num_computed - m == req.num_tokens_with_pending:
+        if req.num_computed - (0 if drafts is None else len(drafts)) == req.num_tokens_with_pending:
             b.sample_seq.append(len(b.requests) - 1)
             b.token_index.append(req.num_scheduled_outputs)
             req.last_sample = (b.batch_id, len(b.sampled))
@@ -355,12 +372,26 @@ class Scheduler:
                 continue
             if req.finished:  # ended while this batch was in flight: drop the token
                 continue
-            self._append_token(req, tokens[j], result, j)
+            token = tokens[j]
+            req.output_token_ids.append(token)
+            if req.row >= 0:
+                self.table.token_ids[req.row, req.num_tokens - 1] = token
+            if result.logprobs is not None and req.params.logprobs is not None:
+                self._append_logprobs(req, token, result, j)
+            reason = self._stop_reason(req, token)
+            if req.matcher is not None:
+                reason = self._grammar_reason(req, token, reason)
+            if reason is not None:
+                if reason == "stop":
+                    req.stop_token = token
+                self.finish(req, reason, req.error)
             touched.append(req)
         return touched
 
     def _append_token(self, req: Request, token: int, result: BatchResult, j: int) -> bool:
-        """Append one output token, then end the request if it stops it; True if it ended."""
+        """Append one output token, then end the request if it stops it; True if it ended
+        (a drafting row's tokens, one by one; `update`'s loop does the same inline for the
+        one token of a plain row)."""
         req.output_token_ids.append(token)
         if req.row >= 0:
             self.table.token_ids[req.row, req.num_tokens - 1] = token
