@@ -53,6 +53,10 @@ class EngineConfig:
         None, "tokens per step, the prefill chunk budget",
         unset="16384 on CUDA GPUs of 70 GiB or more (not the A100), else 8192")
     block_size: int = option(16, "tokens per KV cache block (a power of two >= 8)")
+    kv_cache_dtype: str = option(
+        "auto", "the KV cache's element type: auto (the model's dtype) or fp8 (e4m3 with per-layer "
+                "k/v scales from the checkpoint, else 1.0: twice the tokens in the same memory; "
+                "fp8_e4m3 is the same; docs/fp8.md)", choices=("auto", "fp8", "fp8_e4m3"))
     num_kv_blocks: int | None = option(None, "a fixed KV cache pool size in blocks",
                                        unset="sized from free memory")
     gpu_memory_utilization: float = option(0.9, "the share of the GPU's memory the engine may use")

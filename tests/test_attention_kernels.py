@@ -630,7 +630,7 @@ def compile_launch_for_hopper(fn, args, kw):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+    ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.float8_e4m3fn: "*fp8e4nv"}
     kw = dict(kw, UPCAST=False) if "UPCAST" in kw else dict(kw)
     kw.pop("launch_pdl", None)
     if "USE_PDL" in kw:
@@ -760,6 +760,17 @@ def launch_every_kernel(ta, te, tf, tg) -> None:
     tg.gemv(torch.zeros(1, 4096, dtype=bf), torch.zeros(4096, 4096, dtype=bf), residual=h8, out=h8)
     tg.gemv(torch.zeros(1, 2 * 14336, dtype=bf), torch.zeros(4096, 14336, dtype=bf), residual=h8, out=h8,
             silu_mul=True)
+    # the FP8 KV cache (kv_cache_dtype="fp8", 8B shape): decode at 32 rows, at one row with its
+    # first tile before the PDL wait, prefill; the qkv epilogue's quantizing store
+    from slipstream.ops.kv_quant import FP8_DTYPE, KVScales
+    sc = KVScales(0.5, 0.25)
+    for rows, cfg, max_q in [(32, None, 1), (1, DecodeConfig(prefetch_batch=8), 1), (2, None, 8)]:
+        q, kc, vc, meta = make_batch([(512, 1)] * rows, 8, 4, 128, 16, bf, seed=0)
+        ta.paged_attention_triton(q, kc.to(FP8_DTYPE), vc.to(FP8_DTYPE), replace(meta, max_query_len=max_q), 0.1,
+                                  decode_config=cfg, kv_scales=sc)
+    k8 = torch.zeros(4, 16, 8, D, dtype=FP8_DTYPE)
+    te.qkv_epilogue_triton(torch.zeros(T, 48 * D, dtype=bf), pos, cs, k8, k8.clone(), slots, 32, 8, D,
+                           norm_w, norm_w, 1e-5, hidden=h, kv_scales=sc)
 
 
 def compile_for_hopper(ptx_dir: str | None = None) -> None:
@@ -800,7 +811,7 @@ def test_kernels_compile_for_hopper():
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 31, r.stdout
+    assert r.stdout.count("compiled") == 35, r.stdout
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes

@@ -340,7 +340,8 @@ def test_fp8_workloads_are_their_parents_with_fp8_weights():
     for name, parent, n in (("seed-8b-fp8", "seed-8b", None), ("seed-8b-short-fp8", "seed-8b-short", None),
                             ("seed-8b-bs1-fp8", "seed-8b-short", 1)):
         w, p = get_workload(name), get_workload(parent)
-        assert w.name == name and w.engine == {**p.engine, "quantization": "fp8"}
+        kv = {"kv_cache_dtype": "fp8"} if name == "seed-8b-short-fp8" else {}  # FP8 weights and KV cache
+        assert w.name == name and w.engine == {**p.engine, "quantization": "fp8", **kv}
         assert w.prompts == p.prompts[:n] and w.params == p.params[:n] and w.latency == (n is not None)
 
 

@@ -17,6 +17,7 @@ import torch
 from slipstream.core.messages import AddRequest
 from slipstream.core.tracing import Timeline
 from slipstream.bench.workloads import Workload
+from slipstream.ops.kv_quant import kv_cache_torch_dtype
 
 # The H200's, measured; `measure_ceilings` re-measures them on the GPU at hand.
 COPY_BANDWIDTH = 4.26e12  # bytes/s, read + written
@@ -111,8 +112,13 @@ class StepCosts:
     windows: tuple[int | None, ...] = ()  # each layer's sliding window (None: full attention)
 
     @classmethod
-    def of(cls, c, dtype: torch.dtype) -> "StepCosts":
+    def of(cls, c, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> "StepCosts":
+        """The costs of model config `c` in `dtype`, its KV cache in `kv_dtype` (None: dtype;
+        an FP8 cache reads and writes one byte an element)."""
         costs = cls._dense_or_moe(c, dtype)
+        if kv_dtype is not None:
+            kv_elem = torch.empty((), dtype=kv_dtype).element_size()
+            costs = replace(costs, kv_bytes_per_token=2 * c.num_layers * c.num_kv_heads * c.head_dim * kv_elem)
         windows = tuple(getattr(c, "layer_windows", None) or ())
         if any(windows):
             costs = replace(costs, windows=windows)
@@ -181,9 +187,11 @@ def fp8_layer_bytes(c, q: int, kv: int) -> int:
 
 
 def step_floors(timeline: Timeline, model_config, dtype: torch.dtype,
-                bandwidth: float = COPY_BANDWIDTH, rate: float = MATMUL_RATE) -> list[float]:
-    """The floor of each batch of `timeline.batches`, in seconds."""
-    costs = StepCosts.of(model_config, dtype)
+                bandwidth: float = COPY_BANDWIDTH, rate: float = MATMUL_RATE,
+                kv_dtype: torch.dtype | None = None) -> list[float]:
+    """The floor of each batch of `timeline.batches`, in seconds (the KV cache's bytes in
+    `kv_dtype`, None: the model's dtype)."""
+    costs = StepCosts.of(model_config, dtype, kv_dtype)
     floors = []
     for b in timeline.batches:
         bytes_moved = costs.step_weight_bytes(b) + costs.kv_bytes(b)
@@ -309,7 +317,8 @@ def run_workload(engine, workload: Workload, mode: str, bandwidth: float = COPY_
     steps = len(timeline.batches)
     cpu = sum(s.end - s.start for s in timeline.spans if s.lane == "cpu" and s.name != "wait")
     compute = [s for s in timeline.spans if s.lane == "compute"]
-    floors = step_floors(timeline, engine.model_config, engine.dtype, bandwidth, rate)
+    floors = step_floors(timeline, engine.model_config, engine.dtype, bandwidth, rate,
+                         kv_cache_torch_dtype(engine.config.kv_cache_dtype, engine.dtype))
     floor = sum(floors)
     result = RunResult(
         workload=workload.name, mode=mode, wall_s=wall, output_tokens=tokens, tokens_per_s=tokens / wall,

@@ -64,6 +64,11 @@ def seed_8b_short() -> Workload:
     return seed_8b(1024, "seed-8b-short")
 
 
+def with_fp8_kv_cache(parent: Workload, name: str) -> Workload:
+    """`parent` with its KV cache in FP8 (kv_cache_dtype="fp8"; its weights as they are)."""
+    return replace(parent, name=name, engine=dict(parent.engine, kv_cache_dtype="fp8"))
+
+
 def with_fp8_weights(parent: Workload, name: str) -> Workload:
     """`parent` with its decoder's projections quantized to FP8 at load (quantization="fp8",
     one scale an output channel; docs/fp8.md)."""
@@ -134,7 +139,9 @@ WORKLOADS = {
     "tiny-json-half": lambda: with_json_schema(tiny(), "tiny-json-half", 0.5),
     # FP8 weights (docs/fp8.md): half the weight bytes a step reads
     "seed-8b-fp8": lambda: with_fp8_weights(seed_8b(), "seed-8b-fp8"),
-    "seed-8b-short-fp8": lambda: with_fp8_weights(seed_8b_short(), "seed-8b-short-fp8"),
+    # with the KV cache in FP8 too (kv_cache_dtype="fp8"): half the KV bytes a decode step reads
+    "seed-8b-short-fp8": lambda: with_fp8_kv_cache(with_fp8_weights(seed_8b_short(), "seed-8b-short-fp8"),
+                                                   "seed-8b-short-fp8"),
     "seed-8b-bs1-fp8": lambda: first_requests(with_fp8_weights(seed_8b_short(), "seed-8b-short-fp8"), 1,
                                               "seed-8b-bs1-fp8"),
     # latency: one request (batch size 1) or eight of a throughput workload

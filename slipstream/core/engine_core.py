@@ -22,6 +22,7 @@ from slipstream.core.messages import AddRequest, CoreInfo, CoreOutput
 from slipstream.core.step_loop import StepLoop
 from slipstream.sched.block_pool import BlockPool
 from slipstream.sched.in_flight import InFlight
+from slipstream.model.kv_scales import load_kv_scales
 from slipstream.model.loader import load_config, load_model, resolve_dtype, resolve_model_source
 from slipstream.sched.request import Request, Status
 from slipstream.sched.request_table import RequestTable
@@ -81,6 +82,7 @@ class EngineCore:
                                  "(check the config's sizes, e.g. max_position_embeddings)") from None
             self.dtype = next(self.model.parameters()).dtype
             self.model.set_batch_invariant(config.batch_invariant)
+            load_kv_scales(self.model, self.source, config.kv_cache_dtype)
         weights_s = time.perf_counter() - start
         self.max_model_len = self._max_model_len()
         async_mode = config.async_scheduling
@@ -158,13 +160,14 @@ class EngineCore:
             cuda_graph_max_tokens=(tokens if c.cuda_graph_max_tokens is None else c.cuda_graph_max_tokens),
             # (a rank's graphs hold NCCL kernels, whose captured state is the capture's own)
             cuda_graph_clone=c.cuda_graph_clone and c.tensor_parallel_size == 1,
-            trace=c.trace, cuda_used_at_start=self._gpu_used_at_start)
+            trace=c.trace, cuda_used_at_start=self._gpu_used_at_start, kv_cache_dtype=c.kv_cache_dtype)
 
     def _worker_config(self) -> dict:
         """What a tensor-parallel worker needs to load its shard (plain values: sent as JSON)."""
         c = self.config
         return dict(device=self.device.type, model_source=self.source, load_format=c.load_format,
-                    dtype=c.dtype, batch_invariant=c.batch_invariant, quantization=c.quantization)
+                    dtype=c.dtype, batch_invariant=c.batch_invariant, quantization=c.quantization,
+                    kv_cache_dtype=c.kv_cache_dtype)
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (a one-rank engine holds nothing to stop)."""

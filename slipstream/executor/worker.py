@@ -88,6 +88,7 @@ def _socket(ctx: zmq.Context, kind: int, addr: str) -> zmq.Socket:
 
 
 def _build(rank, size, config: dict, opts: dict, init_method: str, device: torch.device):
+    from slipstream.model.kv_scales import load_kv_scales
     from slipstream.model.loader import load_config, load_model
     from slipstream.model.parallel import TPShard, init_tp_group
     from slipstream.runner.model_runner import ModelRunner, RunnerOptions
@@ -102,6 +103,7 @@ def _build(rank, size, config: dict, opts: dict, init_method: str, device: torch
         raise RuntimeError(f"the model does not fit: its rank-{rank} shard alone exhausts {device} "
                            f"memory ({e}); use more ranks, a smaller model or dtype") from None
     model.set_batch_invariant(config["batch_invariant"])
+    load_kv_scales(model, config["model_source"], config.get("kv_cache_dtype", "auto"))
     dtype = next(model.parameters()).dtype
     return ModelRunner(model, model_config, RunnerOptions(**opts), device, dtype, setup=False)
 

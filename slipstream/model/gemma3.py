@@ -31,6 +31,7 @@ from slipstream.model.config import ModelConfig
 from slipstream.model.llama import Linear, LlamaForCausalLM, rope_inv_freq
 from slipstream.model.parallel import TPGroup
 from slipstream.ops.attention import attention_after_qkv
+from slipstream.ops.kv_quant import KVScales
 from slipstream.ops.fused import build_cos_sin_cache
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
 
@@ -67,6 +68,7 @@ class Gemma3Attention(nn.Module):
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps, device)
         self.window: int | None = None  # set by the model from config.layer_windows
         self.batch_invariant = False
+        self.kv_scales: KVScales | None = None  # an FP8 KV cache's scales (model/kv_scales.py)
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache, cos_sin_cache) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -74,7 +76,8 @@ class Gemma3Attention(nn.Module):
         epi = QKVEpilogue(positions, cos_sin_cache, q_norm_weight=self.q_norm.weight,
                           k_norm_weight=self.k_norm.weight, eps=self.eps)
         out = attention_after_qkv(self.qkv_proj(x), epi, k_cache, v_cache, meta, self.scale, self.num_heads,
-                                  self.num_kv_heads, self.head_dim, self.batch_invariant, self.window)
+                                  self.num_kv_heads, self.head_dim, self.batch_invariant, self.window,
+                                  self.kv_scales)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -41,6 +41,7 @@ from slipstream.model.config import ModelConfig
 from slipstream.model.fp8_layers import Fp8Linear, Fp8RowParallelLinear
 from slipstream.model.parallel import TPGroup, TPShard
 from slipstream.ops.attention import attention_after_qkv
+from slipstream.ops.kv_quant import KVScales
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
 from slipstream.ops.fused import build_cos_sin_cache, rms_norm, silu_and_mul
 from slipstream.ops.linear import linear, linear_add_, linear_into_, norm_linear, silu_mul_linear_add_
@@ -192,6 +193,8 @@ class Attention(nn.Module):
         self.qk_norm = config.qk_norm
         self.batch_invariant = False
         self.window: int | None = None  # this layer's sliding window, set by the model
+        # an FP8 KV cache's per-tensor scales (model/kv_scales.py sets the checkpoint's; None: 1.0)
+        self.kv_scales: KVScales | None = None
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, dtype, device)
             self.k_norm = RMSNorm(self.head_dim, dtype, device)
@@ -213,7 +216,8 @@ class Attention(nn.Module):
                           eps=self.eps, hidden=None if finished else h,
                           bias=None if finished else proj.bias)
         out = attention_after_qkv(qkv, epi, k_cache, v_cache, meta, self.scale, self.num_heads,
-                                  self.num_kv_heads, self.head_dim, self.batch_invariant, self.window)
+                                  self.num_kv_heads, self.head_dim, self.batch_invariant, self.window,
+                                  self.kv_scales)
         return self.o_proj.add_into(h, out.reshape(num_tokens, self.q_size))
 
 

@@ -12,6 +12,9 @@ new ones are stored, so query token i of a sequence sits at absolute position
 `seq_len - query_len + i` and attends causally to positions <= that.
 A row with seq_len == 0 is padding (CUDA-graph batches are padded): its output is 0.
 
+FP8 cache (float8_e4m3fn K and V, `ops/kv_quant.py`): `kv_scales` are the layer's per-tensor
+scales; the qkv epilogue stores k / k_scale and v / v_scale, and attention reads value x scale.
+
 Sliding window (`window` W, a layer's; None: full attention): a query at position p attends
 to the keys at positions (p - W, p], W keys with itself, as transformers masks it for
 Mistral and Gemma 3 (`kv_idx > q_idx - sliding_window`).
@@ -21,16 +24,19 @@ from __future__ import annotations
 import torch
 
 from slipstream.ops.fused import qkv_epilogue
+from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, dequantize_ref
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, scale: float, window: int | None = None) -> torch.Tensor:
+                        meta: AttentionMetadata, scale: float, window: int | None = None,
+                        kv_scales: KVScales | None = None) -> torch.Tensor:
     """Causal attention of q [num_tokens, num_heads, head_dim] over the paged cache.
 
     One sequence at a time, in float32: this is the oracle of the Triton kernels and
-    the CPU path of the engine.
+    the CPU path of the engine.  An FP8 cache is dequantized with `kv_scales` (1.0: None).
     """
+    sc = kv_scales or UNIT_SCALES
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -48,8 +54,8 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         num_blocks = (seq_len + block_size - 1) // block_size
         blocks = meta.block_table[i, first_block:num_blocks].long()
         skip, span = first - first_block * block_size, seq_len - first
-        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[skip:skip + span].float()
-        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[skip:skip + span].float()
+        k = dequantize_ref(k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[skip:skip + span], sc.k_scale)
+        v = dequantize_ref(v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[skip:skip + span], sc.v_scale)
         k = k.repeat_interleave(group, dim=1)  # [span, num_heads, head_dim]
         v = v.repeat_interleave(group, dim=1)
         qi = q[q_start:q_end].float()
@@ -67,15 +73,16 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
                     out: torch.Tensor | None = None, batch_invariant: bool = False,
-                    window: int | None = None) -> torch.Tensor:
+                    window: int | None = None, kv_scales: KVScales | None = None) -> torch.Tensor:
     """Dispatch; writes into `out` (shape and dtype of q) when given, and returns it.
     `batch_invariant`: one kernel for every row, decode or prefill (see the Triton dispatch).
-    `window`: the layer's sliding window (module doc), None for full attention."""
+    `window`: the layer's sliding window (module doc), None for full attention.
+    `kv_scales`: an FP8 cache's scales (module doc)."""
     if q.is_cuda:
         from slipstream.ops.triton_attention import paged_attention_triton
         return paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out,
-                                      batch_invariant=batch_invariant, window=window)
-    result = paged_attention_ref(q, k_cache, v_cache, meta, scale, window)
+                                      batch_invariant=batch_invariant, window=window, kv_scales=kv_scales)
+    result = paged_attention_ref(q, k_cache, v_cache, meta, scale, window, kv_scales)
     if out is None:
         return result
     out.copy_(result)
@@ -85,14 +92,15 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
 def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, scale: float, num_heads: int, num_kv_heads: int,
                         head_dim: int, batch_invariant: bool = False,
-                        window: int | None = None) -> torch.Tensor:
+                        window: int | None = None, kv_scales: KVScales | None = None) -> torch.Tensor:
     """A layer's attention from its qkv GEMM's output: the qkv epilogue (q/k norm, RoPE, the
     new K/V into the cache), then paged attention; returns [T, num_heads, head_dim].
 
     On CUDA a small decode batch whose qkv is finished (one row on the GEMV) runs both in
     one kernel (the decode kernel with the epilogue inside:
     `triton_attention.epilogue_in_decode_applies`), else the epilogue kernel, then the
-    attention kernels.  qkv's contents are consumed either way."""
+    attention kernels (always for an FP8 cache).  qkv's contents are consumed either way.
+    `kv_scales`: an FP8 cache's per-tensor scales (ops/kv_quant.py; None: 1.0)."""
     if qkv.is_cuda and not batch_invariant:
         from slipstream.ops import triton_attention as ta
         if ta.epilogue_in_decode_applies(qkv, epi, k_cache, meta, num_heads):
@@ -102,6 +110,6 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
     q = qkv_epilogue(qkv, epi.positions, epi.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
                      num_heads, num_kv_heads, head_dim, q_norm_weight=epi.q_norm_weight,
                      k_norm_weight=epi.k_norm_weight, eps=epi.eps, hidden=epi.hidden, bias=epi.bias,
-                     batch_invariant=batch_invariant)
+                     batch_invariant=batch_invariant, kv_scales=kv_scales)
     return paged_attention(q, k_cache, v_cache, meta, scale, batch_invariant=batch_invariant,
-                           window=window)
+                           window=window, kv_scales=kv_scales)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, is_fp8, quantize_ref
+
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
@@ -72,11 +74,17 @@ def silu_and_mul_ref(x: torch.Tensor, hidden: torch.Tensor | None = None,
 
 
 def store_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-    """Write k, v [num_tokens, num_kv_heads, head_dim] into their cache slots."""
+                 slot_mapping: torch.Tensor, kv_scales: KVScales | None = None) -> None:
+    """Write k, v [num_tokens, num_kv_heads, head_dim] into their cache slots; an FP8 cache
+    stores them quantized with `kv_scales` (1.0 when None: `ops/kv_quant.py`)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    if is_fp8(k_cache):
+        sc = kv_scales or UNIT_SCALES
+        k_cache.view(-1, num_kv_heads, head_dim)[slots] = quantize_ref(k[keep], sc.inv_k)
+        v_cache.view(-1, num_kv_heads, head_dim)[slots] = quantize_ref(v[keep], sc.inv_v)
+        return
     k_cache.view(-1, num_kv_heads, head_dim)[slots] = k[keep].to(k_cache.dtype)
     v_cache.view(-1, num_kv_heads, head_dim)[slots] = v[keep].to(v_cache.dtype)
 
@@ -94,7 +102,8 @@ def qkv_epilogue_ref(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
                      q_norm_weight: torch.Tensor | None = None,
                      k_norm_weight: torch.Tensor | None = None,
                      eps: float = 1e-6, hidden: torch.Tensor | None = None,
-                     bias: torch.Tensor | None = None) -> torch.Tensor:
+                     bias: torch.Tensor | None = None,
+                     kv_scales: KVScales | None = None) -> torch.Tensor:
     """Everything between the qkv GEMM and attention, composed from the references.
 
     qkv [T, (num_heads + 2 * num_kv_heads) * head_dim] = [q heads | k heads | v heads].
@@ -102,7 +111,8 @@ def qkv_epilogue_ref(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
     the qkv weights) and / or `bias`, qkv is first finished by `scale_rows_ref`.
     Per token: q and k heads get a per-head RMSNorm when their weights are given (Qwen3's
     q_norm / k_norm, `rms_norm_ref` over head_dim), then neox RoPE (`rope_ref`); k and v are
-    written into the paged cache at slot_mapping[t] (-1: skipped; `store_kv_ref`).
+    written into the paged cache at slot_mapping[t] (-1: skipped; `store_kv_ref`, which
+    quantizes them with `kv_scales` into an FP8 cache).
     Returns the rotated q as a new contiguous tensor [T, num_heads, head_dim]; qkv is not
     modified.  This is the CPU path and the oracle of `qkv_epilogue_triton`.
     """
@@ -120,7 +130,7 @@ def qkv_epilogue_ref(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: 
     k = k.reshape(num_tokens, num_kv_heads, head_dim)
     v = v.view(num_tokens, num_kv_heads, head_dim)
     q, k = rope_ref(q, k, positions[:num_tokens], cos_sin_cache)
-    store_kv_ref(k, v, k_cache, v_cache, slot_mapping[:num_tokens])
+    store_kv_ref(k, v, k_cache, v_cache, slot_mapping[:num_tokens], kv_scales)
     return q
 
 
@@ -140,14 +150,14 @@ def silu_and_mul(x, hidden=None, eps=1e-6):
 
 def qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                  num_heads, num_kv_heads, head_dim, q_norm_weight=None, k_norm_weight=None,
-                 eps=1e-6, hidden=None, bias=None, batch_invariant=False):
+                 eps=1e-6, hidden=None, bias=None, batch_invariant=False, kv_scales=None):
     """(row scale + bias,) q/k norm + RoPE + KV store after the qkv GEMM; returns q
     [T, num_heads, head_dim].
 
     CUDA: one Triton kernel that writes q IN PLACE into the q part of `qkv` and returns a
     strided view of it (last dim contiguous); qkv's contents are consumed.  CPU: the
     reference, which returns a new tensor and leaves qkv alone.  Callers must use the
-    returned q and must not rely on qkv afterwards.
+    returned q and must not rely on qkv afterwards.  `kv_scales`: an FP8 cache's scales.
     """
     if qkv.is_cuda:
         from slipstream.ops import triton_attention
@@ -157,7 +167,8 @@ def qkv_epilogue(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
         return qkv_epilogue_triton(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                                    num_heads, num_kv_heads, head_dim, q_norm_weight,
                                    k_norm_weight, eps, hidden=hidden, bias=bias,
-                                   batch_invariant=batch_invariant, prefetch_tokens=prefetch)
+                                   batch_invariant=batch_invariant, prefetch_tokens=prefetch,
+                                   kv_scales=kv_scales)
     return qkv_epilogue_ref(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                             num_heads, num_kv_heads, head_dim, q_norm_weight, k_norm_weight, eps,
-                            hidden=hidden, bias=bias)
+                            hidden=hidden, bias=bias, kv_scales=kv_scales)

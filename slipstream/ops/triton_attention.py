@@ -49,6 +49,11 @@ positions only; a prefill tile starts at its first row's oldest key, masking the
 where some row's window begins, and reads no position below that key (its block may have
 been freed: sched/scheduler.py frees blocks behind every window early).
 
+FP8 cache (float8_e4m3fn K and V, `kv_scales`: the layer's per-tensor scales,
+`ops/kv_quant.py`): the KV_FP8 constexpr of both kernels; tiles are upcast to q's dtype as
+they are loaded, k_scale is folded into the softmax scale and v_scale into the output.
+Launches for a cache of q's dtype pass no FP8 argument and compile as they did.
+
 Everything is CUDA-graph safe: no host syncs; grids depend only on tensor shapes and the
 host ints of the metadata.  Accumulation is float32; fp32 inputs use IEEE dot products.
 Tokens after query_start_loc[-1] (if q has trailing padding) get zeros, like the
@@ -61,6 +66,7 @@ from dataclasses import replace
 import torch
 import triton
 
+from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, is_fp8
 from slipstream.ops.metadata import QKVEpilogue
 from slipstream.ops.device import dot_flags, sm_count
 from slipstream.ops.pdl import pdl_launch
@@ -92,15 +98,17 @@ def decode_num_splits(meta, num_kv_heads: int, dtype: torch.dtype, head_dim: int
 
 def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
                      config: DecodeConfig | None = None, *, num_rows: int | None = None,
-                     epilogue: QKVEpilogue | None = None, window: int | None = None) -> None:
+                     epilogue: QKVEpilogue | None = None, window: int | None = None,
+                     kv_scales: KVScales | None = None) -> None:
     """The decode (split-KV) kernel alone, into `out`: over all rows, or over the `num_rows`
     first rows of meta.decode_order (the single-token rows of a mixed batch; needs
     meta.split_counters).  `paged_attention_triton` picks this or `prefill_attention` (or
     both for a mixed batch); benchmarks call them directly to time one kernel.
     epilogue: q is the unrotated q columns of the qkv GEMM's output ([T, Hq, D] view of
     qkv), and the kernel does the qkv epilogue's work itself (`attention_after_qkv`, which
-    checks `epilogue_in_decode_applies`)."""
+    checks `epilogue_in_decode_applies`).  kv_scales: an FP8 cache's scales (None: 1.0)."""
     cfg = config or DEFAULT_DECODE_CONFIG
+    assert epilogue is None or not is_fp8(k_cache), "the qkv epilogue in the decode kernel stores no FP8"
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -133,7 +141,8 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
     _decode_kernel[(num_rows * num_kv_heads * num_splits,)](
         q, k_cache, v_cache, out, part_out, part_lse,
         meta.query_start_loc, meta.seq_lens, bt, order if order is not None else meta.seq_lens,
-        counters if merge else meta.seq_lens, scale * LOG2E, num_seqs, num_tokens, num_splits,
+        counters if merge else meta.seq_lens, _qk_scale(scale, k_cache, kv_scales), num_seqs, num_tokens,
+        num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -144,7 +153,8 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
         MERGE=merge, SINGLE_ONLY=subset, NUM_KV_HEADS=num_kv_heads, IEEE=ieee, UPCAST=upcast,
         PREFETCH=0 < num_rows <= cfg.prefetch_batch, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl, **_epilogue_args(epilogue, q, meta), **_window_arg(window))
+        num_stages=cfg.num_stages, **pdl, **_epilogue_args(epilogue, q, meta), **_window_arg(window),
+        **_fp8_args(k_cache, kv_scales))
     if split and not merge:
         assert not subset, "a row subset needs split_counters (the reduce pass runs over every row)"
         _decode_reduce_kernel[(num_seqs, num_kv_heads)](
@@ -153,6 +163,21 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
             part_lse.stride(0), part_lse.stride(1),
             GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n,
             MIN_CHUNK=cfg.min_chunk, num_warps=4, **pdl, **_window_arg(window))
+
+
+def _qk_scale(scale: float, k_cache: torch.Tensor, kv_scales: KVScales | None) -> float:
+    """The kernels' softmax scale in base 2, with an FP8 cache's k_scale folded in."""
+    if is_fp8(k_cache):
+        scale = scale * (kv_scales or UNIT_SCALES).k_scale
+    return scale * LOG2E
+
+
+def _fp8_args(k_cache: torch.Tensor, kv_scales: KVScales | None) -> dict:
+    """The kernels' FP8 arguments; none for a cache of q's dtype, so those launches stay as
+    they were."""
+    if not is_fp8(k_cache):
+        return {}
+    return {"v_scale": (kv_scales or UNIT_SCALES).v_scale, "KV_FP8": True}
 
 
 def _window_arg(window: int | None) -> dict:
@@ -203,7 +228,7 @@ def epilogue_in_decode_applies(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: tor
 
 def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
                       config: PrefillConfig | None = None, *, skip_single: bool = False,
-                      window: int | None = None) -> None:
+                      window: int | None = None, kv_scales: KVScales | None = None) -> None:
     """The prefill kernel alone, into `out`, over every row (`skip_single`: but those with
     one query token, which a mixed batch gives to `decode_attention`)."""
     cfg = config or DEFAULT_PREFILL_CONFIG
@@ -219,7 +244,7 @@ def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor
     bt = meta.block_table
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, bt,
-        scale * LOG2E, num_seqs, num_tokens,
+        _qk_scale(scale, k_cache, kv_scales), num_seqs, num_tokens,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -227,7 +252,7 @@ def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor
         GROUP=group, GROUP_P=group_p, BLOCK_M=cfg.block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, WIDE_N=cfg.wide_n, SEQ_CHUNK=128, SKIP_SINGLE=skip_single,
         IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_launch(q.device), **_window_arg(window))
+        **pdl_launch(q.device), **_window_arg(window), **_fp8_args(k_cache, kv_scales))
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta,
@@ -237,7 +262,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            num_splits: int | None = None,
                            batch_invariant: bool = False,
                            epilogue: QKVEpilogue | None = None,
-                           window: int | None = None) -> torch.Tensor:
+                           window: int | None = None,
+                           kv_scales: KVScales | None = None) -> torch.Tensor:
     """Causal paged attention of q [num_tokens, num_heads, head_dim]; same result as
     `paged_attention_ref`.  Writes into `out` (same shape/dtype as q) if given.
 
@@ -249,12 +275,14 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     `epilogue`: q is the qkv GEMM's unrotated q columns and the decode kernel does the qkv
     epilogue's work too (decode batches only: `epilogue_in_decode_applies`).
     `window`: the layer's sliding window (ops/attention.py), None for full attention.
+    `kv_scales`: the per-tensor scales of an FP8 cache (None: 1.0; module doc).
     """
     num_tokens, num_heads, head_dim = q.shape
     _, num_kv_heads, hd = _check_cache(k_cache, v_cache)
     assert hd == head_dim and num_heads % num_kv_heads == 0
     assert q.stride(-1) == 1, "q head_dim must be contiguous"
-    assert k_cache.dtype == q.dtype and v_cache.dtype == q.dtype, "q and cache dtypes differ"
+    assert k_cache.dtype == v_cache.dtype and (k_cache.dtype == q.dtype or is_fp8(k_cache)), \
+        "the cache's dtype is neither q's nor float8_e4m3fn"
     if out is None:
         out = torch.empty_like(q)
     else:
@@ -273,19 +301,21 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if epilogue is not None and (meta.max_query_len > 1 or batch_invariant):
         raise ValueError("the qkv epilogue runs inside the decode kernel only: a decode batch, "
                          "not batch-invariant")
-    windowed = {"window": window} if window else {}
+    per_layer = {"window": window} if window else {}  # the layer's window and FP8 scales
+    if is_fp8(k_cache):
+        per_layer["kv_scales"] = kv_scales
     if meta.max_query_len <= 1 and not batch_invariant:
-        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, epilogue=epilogue, **windowed)
+        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, epilogue=epilogue, **per_layer)
     elif meta.num_decode and not batch_invariant and meta.decode_order is not None \
             and meta.split_counters is not None:
         # a mixed batch: its single-token rows read their whole context, which the split-KV
         # decode kernel streams at full bandwidth; the prefill kernel would give each one
         # program per KV head
-        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg, skip_single=True, **windowed)
+        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg, skip_single=True, **per_layer)
         decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, num_rows=meta.num_decode,
-                         **windowed)
+                         **per_layer)
     else:
-        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg, **windowed)
+        prefill_attention(q, k_cache, v_cache, meta, scale, out, prefill_cfg, **per_layer)
     return out
 
 

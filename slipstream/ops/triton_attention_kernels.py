@@ -5,6 +5,11 @@ separate merge pass (the mixed prefill/decode kernel, which shares the tile help
 (one KV tile of online softmax), `_dot` (interpreter-safe tl.dot), `_chunk_len` (a row's
 split length, recomputed the same way by every kernel that needs it), `_merge_splits` (the
 log-sum-exp merge, in the decode kernel's last split or in the separate pass).
+
+An FP8 cache (KV_FP8, `ops/kv_quant.py`): K and V tiles are loaded as float8_e4m3fn and
+upcast to q's dtype (exact: every e4m3 value is a bf16 / fp16 value) before their dots; the
+host folds k_scale into qk_scale and the kernels multiply the output by v_scale (attention
+is linear in V).  Without it the kernels compile as they did (benchmarks/ptx_diff.py).
 """
 from __future__ import annotations
 
@@ -67,7 +72,8 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_
                  t, kv_end, row_pos, qk_scale, stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                  MASK_END: tl.constexpr, CAUSAL: tl.constexpr,
-                 IEEE: tl.constexpr, UPCAST: tl.constexpr, kv_lo=0, WINDOW: tl.constexpr = 0):
+                 IEEE: tl.constexpr, UPCAST: tl.constexpr, kv_lo=0, WINDOW: tl.constexpr = 0,
+                 KV_FP8: tl.constexpr = False):
     """One online-softmax step over KV positions [t, t + BLOCK_N) of one sequence/KV head.
 
     MASK_END: positions >= kv_end are masked (else the whole tile must be valid).
@@ -85,6 +91,8 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_
         k = tl.load(k_ptrs, mask=nmask[:, None], other=0.0)
     else:
         k = tl.load(k_ptrs)
+    if KV_FP8:
+        k = k.to(q.dtype)
     s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
     if CAUSAL:
         keep = pos[None, :] <= row_pos[:, None]
@@ -100,6 +108,8 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_
         v = tl.load(v_ptrs, mask=nmask[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
+    if KV_FP8:
+        v = v.to(q.dtype)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE, UPCAST)
     return acc, l_i, m_new
 
@@ -228,12 +238,16 @@ def _prefetch_first_tile(k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, bt_ptr
 
 @triton.jit
 def _attend_prefetched_tile(acc, l_i, m_i, q, pos0, k0_ptrs, v0_ptrs, k0, v0, seq_len, end, qk_scale,
-                            IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                            IEEE: tl.constexpr, UPCAST: tl.constexpr, KV_FP8: tl.constexpr = False):
     """The online-softmax step over the prefetched first tile, after the PDL wait: its
     newest position (if in it) is loaded now; positions >= end are masked."""
     newest = ((pos0 == seq_len - 1) & (pos0 < end))[:, None]
-    k0 = tl.where(newest, tl.load(k0_ptrs, mask=newest, other=0.0), k0)
-    v0 = tl.where(newest, tl.load(v0_ptrs, mask=newest, other=0.0), v0)
+    if KV_FP8:  # upcast first: the select then works on q's dtype
+        k0 = tl.where(newest, tl.load(k0_ptrs, mask=newest, other=0.0).to(q.dtype), k0.to(q.dtype))
+        v0 = tl.where(newest, tl.load(v0_ptrs, mask=newest, other=0.0).to(q.dtype), v0.to(q.dtype))
+    else:
+        k0 = tl.where(newest, tl.load(k0_ptrs, mask=newest, other=0.0), k0)
+        v0 = tl.where(newest, tl.load(v0_ptrs, mask=newest, other=0.0), v0)
     s = _dot(q, tl.trans(k0), IEEE, UPCAST) * qk_scale
     s = tl.where((pos0 < end)[None, :], s, float("-inf"))
     p, alpha, l_i, m_new = _softmax_weights(s, m_i, l_i)
@@ -255,7 +269,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                    # the qkv epilogue inside (EPILOGUE): q_ptr is then qkv's q columns, unrotated
                    pos_ptr=None, cs_ptr=None, slot_ptr=None, qw_ptr=None, kw_ptr=None, stride_cs=None,
                    eps=None, EPILOGUE: tl.constexpr = False, Q_NORM: tl.constexpr = False,
-                   K_NORM: tl.constexpr = False, WINDOW: tl.constexpr = 0):
+                   K_NORM: tl.constexpr = False, WINDOW: tl.constexpr = 0,
+                   v_scale=None, KV_FP8: tl.constexpr = False):
+    # KV_FP8: an FP8 cache (module doc); qk_scale carries k_scale, the output gets v_scale.
     # WINDOW > 0: a row attends to its last WINDOW positions only (its query is the newest);
     # the splits divide those.
     # EPILOGUE (small decode batches, `DecodeConfig.epilogue_batch`): this kernel also does the
@@ -330,19 +346,23 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
     first = start
     if PREFETCH:
         acc, l_i, m_i = _attend_prefetched_tile(acc, l_i, m_i, q, pos0, k0_ptrs, v0_ptrs, k0, v0, seq_len,
-                                                end, qk_scale, IEEE, UPCAST)
+                                                end, qk_scale, IEEE, UPCAST, KV_FP8)
         first = start + BLOCK_N
         full_end = tl.maximum(full_end, first)
     for t in range(first, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, end, offs_g, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST)
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST,
+                                     KV_FP8=KV_FP8)
     if full_end < end:
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, full_end, end, offs_g, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, False, IEEE, UPCAST)
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, False, IEEE, UPCAST,
+                                     KV_FP8=KV_FP8)
+    if KV_FP8:  # (the split partials too: their merge is linear in them)
+        acc = acc * v_scale
     if SPLIT:
         # start < seq_len here, so every row saw >= 1 valid position: l_i > 0.
         po = (part_out_ptr + seq.to(tl.int64) * stride_pos + (head0 + offs_g[:, None]) * stride_poh

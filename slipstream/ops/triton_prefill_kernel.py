@@ -20,7 +20,10 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
                     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                     BLOCK_N: tl.constexpr, WIDE_N: tl.constexpr, SEQ_CHUNK: tl.constexpr,
                     SKIP_SINGLE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                    USE_PDL: tl.constexpr, WINDOW: tl.constexpr = 0):
+                    USE_PDL: tl.constexpr, WINDOW: tl.constexpr = 0,
+                    v_scale=None, KV_FP8: tl.constexpr = False):
+    # KV_FP8: an FP8 cache (triton_attention_kernels' doc): qk_scale carries k_scale, the
+    # output gets v_scale
     pdl_start(USE_PDL)
     # Reversed order: the longest (last) query tiles of the batch start first, the short
     # ones fill the tail.
@@ -79,7 +82,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
                                          k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                          stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                          BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST,
-                                         kv_lo, WINDOW)
+                                         kv_lo, WINDOW, KV_FP8)
         t_narrow = win_full
         if WIDE_N > 0:
             wide_end = win_full + ((seen_by_all - win_full) // WIDE_N) * WIDE_N
@@ -87,7 +90,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
                 acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                              k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                              stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                             BLOCK_SIZE, WIDE_N, HEAD_DIM, False, False, IEEE, UPCAST)
+                                             BLOCK_SIZE, WIDE_N, HEAD_DIM, False, False, IEEE, UPCAST,
+                                             KV_FP8=KV_FP8)
             t_narrow = wide_end
     elif WIDE_N > 0:  # the tiles every row sees in full, WIDE_N at a time (fewer, larger dots)
         t_narrow = (seen_by_all // WIDE_N) * WIDE_N
@@ -95,18 +99,22 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                          k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                          stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                         BLOCK_SIZE, WIDE_N, HEAD_DIM, False, False, IEEE, UPCAST)
+                                         BLOCK_SIZE, WIDE_N, HEAD_DIM, False, False, IEEE, UPCAST,
+                                         KV_FP8=KV_FP8)
     for t in range(t_narrow, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST)
+                                     BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST,
+                                     KV_FP8=KV_FP8)
     for t in range(full_end, kv_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                      BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST,
-                                     kv_lo, WINDOW)
+                                     kv_lo, WINDOW, KV_FP8)
+    if KV_FP8:
+        acc = acc * v_scale
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # seq_len == 0 (padding): output 0
     o = acc / l_safe[:, None]
     optrs = (out_ptr + (q_start + r_tok[:, None]) * stride_ot + (head0 + r_head[:, None]) * stride_oh

@@ -3,6 +3,9 @@ folded input norm and the qkv bias (optional), per-head RMSNorm of q and k (Qwen
 optional), neox RoPE of q and k, and the store of k and v into the paged KV cache.
 Semantics: `slipstream.ops.fused.qkv_epilogue_ref` (the oracle).
 
+An FP8 cache (float8_e4m3fn, `ops/kv_quant.py`) gets k and v times their scale's reciprocal,
+saturated to +-448 (the KV_FP8 constexpr: the launches of other caches compile as before).
+
 `qkv_epilogue_triton` writes the rotated q IN PLACE into the q part of `qkv` by default
 and returns a strided view [T, Hq, D] of it (or writes into `out=`); k and v go to the
 cache only.  The launch depends only on shapes (no host syncs): CUDA-graph safe.
@@ -13,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, is_fp8
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_fused import row_block, row_rstd
 
@@ -35,6 +39,24 @@ __all__ = ["qkv_epilogue_triton"]
 # dtype (`scale_rows_ref`), normalised value -> input dtype, times
 # the weight -> the norm's result dtype (promote(weight, input)), RoPE in float32 -> that
 # dtype once, then -> the cache dtype for k (a no-op when they agree).
+
+
+@triton.jit
+def _fp8_quant(x, inv_scale):
+    """x in float32 times 1 / scale, saturated to e4m3's +-448 and rounded to nearest even
+    e4m3 value here, in float32 (`kv_quant.quantize_ref`), so that the store's cast to the
+    cache's float8 type is exact.  (Triton's interpreter rounds that cast wrongly where the
+    mantissa carries into the exponent, 31.7 -> 16; a few integer operations a value in a
+    kernel bound by its memory traffic.)"""
+    y = tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -448.0), 448.0)
+    a = tl.abs(y)
+    bits = a.to(tl.int32, bitcast=True)
+    # normal values: keep 3 of float32's 23 mantissa bits, ties to even (a carry moves the exponent)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    # below 2^-6 (subnormal e4m3): multiples of 2^-9, rounded by float32's own addition at 2^14
+    tiny = (a + 16384.0) - 16384.0
+    r = tl.where(a < 0.015625, tiny, normal)
+    return tl.where(y < 0, -r, r)
 
 
 @triton.jit
@@ -124,7 +146,7 @@ def _epi_k(row, bias_ptr, h_row, pos_ptr, cs_ptr, w_ptr, slot_ptr, cache_ptr, t,
            HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr,
            HAS_NORM: tl.constexpr, MID_FP32: tl.constexpr, PRE: tl.constexpr,
            HAS_BIAS: tl.constexpr, N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr,
-           EARLY: tl.constexpr):
+           EARLY: tl.constexpr, inv_scale=None, KV_FP8: tl.constexpr = False):
     if not EARLY:  # else slot, cos and sin were loaded before the PDL wait
         slot = tl.load(slot_ptr + t).to(tl.int64)
         cos, sin = _epi_cos_sin(pos_ptr, cs_ptr, t, stride_cs, HALF)
@@ -140,6 +162,9 @@ def _epi_k(row, bias_ptr, h_row, pos_ptr, cs_ptr, w_ptr, slot_ptr, cache_ptr, t,
     if not MID_FP32:  # rope_ref's rounding to the input dtype, then the cache's dtype
         o1 = o1.to(x1.dtype)
         o2 = o2.to(x1.dtype)
+    if KV_FP8:
+        o1 = _fp8_quant(o1, inv_scale)
+        o2 = _fp8_quant(o2, inv_scale)
     c_ptrs = (cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs_slot
               + h[:, None].to(tl.int64) * stride_ch + d[None, :])
     tl.store(c_ptrs, o1.to(cache_ptr.dtype.element_ty), mask=mask)
@@ -151,7 +176,7 @@ def _epi_v(row, bias_ptr, h_row, slot_ptr, cache_ptr, t, h0, n_q_heads, n_kv_hea
            stride_cb, stride_cs_slot, stride_ch, slot,
            HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr,
            PRE: tl.constexpr, HAS_BIAS: tl.constexpr, N_HIDDEN: tl.constexpr,
-           BLOCK_HID: tl.constexpr, EARLY: tl.constexpr):
+           BLOCK_HID: tl.constexpr, EARLY: tl.constexpr, inv_scale=None, KV_FP8: tl.constexpr = False):
     if not EARLY:  # else slot was loaded before the PDL wait
         slot = tl.load(slot_ptr + t).to(tl.int64)
     h = h0 + tl.arange(0, BLOCK_H)
@@ -162,6 +187,8 @@ def _epi_v(row, bias_ptr, h_row, slot_ptr, cache_ptr, t, h0, n_q_heads, n_kv_hea
     v = tl.load(row + cols, mask=mask, other=0.0)
     scale = _epi_row_scale(h_row, eps, N_HIDDEN, BLOCK_HID)
     v = _epi_finish(v, bias_ptr + cols, mask, scale, PRE, HAS_BIAS)
+    if KV_FP8:
+        v = _fp8_quant(v, inv_scale)
     c_ptrs = (cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs_slot
               + h[:, None].to(tl.int64) * stride_ch + d[None, :])
     tl.store(c_ptrs, v.to(cache_ptr.dtype.element_ty), mask=mask)
@@ -227,6 +254,10 @@ def _qkv_epilogue_kernel(
     BLOCK_HID: tl.constexpr,
     USE_PDL: tl.constexpr,
     EARLY: tl.constexpr = False,
+    # an FP8 cache (KV_FP8): the reciprocals of the layer's k and v scales
+    k_inv_scale=None,
+    v_inv_scale=None,
+    KV_FP8: tl.constexpr = False,
 ):
     # EARLY (small batches, `prefetch_tokens`): the token's position, rotary row and cache
     # slot are loaded before the PDL wait: no kernel of the step writes them (uploaded before
@@ -257,11 +288,12 @@ def _qkv_epilogue_kernel(
                (hb - n_qb) * BLOCK_H, n_q_heads, n_kv_heads, eps,
                stride_cs, stride_kcb, stride_kcs, stride_kch, cos, sin, slot,
                HALF, BLOCK_H, BLOCK_SIZE, K_NORM, K_MID_FP32, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID,
-               EARLY)
+               EARLY, k_inv_scale, KV_FP8)
     else:
         _epi_v(row, bias_ptr, h_row, slot_ptr, v_cache_ptr, t, (hb - n_qb - n_kb) * BLOCK_H,
                n_q_heads, n_kv_heads, eps, stride_vcb, stride_vcs, stride_vch, slot,
-               2 * HALF, BLOCK_H, BLOCK_SIZE, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID, EARLY)
+               2 * HALF, BLOCK_H, BLOCK_SIZE, PRE, HAS_BIAS, N_HIDDEN, BLOCK_HID, EARLY,
+               v_inv_scale, KV_FP8)
 
 
 def epilogue_launch(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -296,7 +328,8 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
                         block_h: int | None = None,
                         num_warps: int | None = None,
                         batch_invariant: bool = False,
-                        prefetch_tokens: int = 0) -> torch.Tensor:
+                        prefetch_tokens: int = 0,
+                        kv_scales: KVScales | None = None) -> torch.Tensor:
     """`qkv_epilogue_ref` in one kernel launch; returns q [T, num_heads, head_dim].
 
     qkv: [T, (Hq + 2 Hk) * D] with a contiguous last dim (any row stride).
@@ -313,7 +346,7 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
     (`epilogue_launch`).  prefetch_tokens: a batch of at most that many tokens loads its
     positions, rotary rows and cache slots before waiting for the previous kernel (PDL;
     0: never; `ops/fused.py` passes `DecodeConfig.prefetch_batch`, 8 by default).  No host syncs: CUDA-graph
-    capturable.
+    capturable.  An FP8 cache stores k and v quantized with `kv_scales` (None: 1.0).
     """
     num_tokens = qkv.shape[0]
     D = head_dim
@@ -330,6 +363,8 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
                          f"got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("cache head_dim must be contiguous")
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k and v caches differ in dtype: {k_cache.dtype} / {v_cache.dtype}")
     block_size = k_cache.shape[1]
     if positions.shape[0] < num_tokens or slot_mapping.shape[0] < num_tokens:
         raise ValueError("positions / slot_mapping shorter than qkv")
@@ -380,6 +415,14 @@ def qkv_epilogue_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cach
         BLOCK_HID=row_block(n_hidden), EARLY=0 < num_tokens <= prefetch_tokens,
         num_warps=num_warps, **pdl_launch(qkv.device),
         # no FMA contraction: the products and sums are rounded like the torch reference's
-        enable_fp_fusion=False,
+        enable_fp_fusion=False, **_fp8_args(k_cache, kv_scales),
     )
     return out
+
+
+def _fp8_args(k_cache: torch.Tensor, kv_scales: KVScales | None) -> dict:
+    """The kernel's FP8 arguments; none for another cache, so its launch stays as it was."""
+    if not is_fp8(k_cache):
+        return {}
+    sc = kv_scales or UNIT_SCALES
+    return dict(k_inv_scale=sc.inv_k, v_inv_scale=sc.inv_v, KV_FP8=True)

@@ -25,6 +25,7 @@ from slipstream.ops.metadata import AttentionMetadata
 from slipstream.ops.carry import carry_over
 from slipstream.runner.graphs import step_graphs
 from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
+from slipstream.ops.kv_quant import kv_cache_torch_dtype
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
 from slipstream.runner.slots import IOSlot
@@ -71,6 +72,7 @@ class RunnerOptions:
     # the second IO slot's graphs cloned from the first's, not captured (runner/graph_clone.py)
     cuda_graph_clone: bool = True
     cuda_used_at_start: int = 0  # GPU bytes in use before the engine loaded (kv_memory.kv_budget)
+    kv_cache_dtype: str = "auto"  # EngineConfig.kv_cache_dtype: the model's dtype or fp8 (e4m3)
 
 
 class ModelRunner:
@@ -89,7 +91,7 @@ class ModelRunner:
         # this rank's KV heads (all of them without tensor parallelism)
         self.num_kv_heads = getattr(model, "num_local_kv_heads", model_config.num_kv_heads)
         self.kv_spec = KVCacheSpec(model_config.num_layers, opts.block_size, self.num_kv_heads,
-                                   model_config.head_dim, dtype)
+                                   model_config.head_dim, kv_cache_torch_dtype(opts.kv_cache_dtype, dtype))
         # the decode kernel's split-merge counters (zero between launches; one per row x KV head)
         self.split_counters = torch.zeros(opts.max_num_seqs * self.num_kv_heads,
                                           dtype=torch.int32, device=device)
