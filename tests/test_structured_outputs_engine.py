@@ -84,6 +84,23 @@ def test_preemption_mid_constrained_request_changes_nothing(tokenized_tiny):
     assert outs["small"] == outs["roomy"]
 
 
+def test_the_llguidance_backend_in_the_engine(tokenized_tiny):
+    """The same constraints through --structured-outputs-backend llguidance: every output
+    follows its grammar (checked by llguidance's own matcher), async equals sync."""
+    results = {}
+    for async_scheduling in (False, True):
+        llm = LLM(tokenized_tiny, async_scheduling=async_scheduling, structured_outputs_backend="llguidance",
+                  **COMMON)
+        results[async_scheduling], params = run(llm, 0.8)
+        assert llm.engine.scheduler.structured_outputs.compiler.backend.name == "llguidance"
+        for (tokens, reason), p in zip(results[async_scheduling], params):
+            if p.structured_outputs is not None:
+                assert_follows(llm, p.structured_outputs, tokens, reason)
+        assert llm.engine.stats()["grammar_compile_failed"] == 0
+    assert results[True] == results[False]
+    assert sum(reason == "stop" for _, reason in results[True][:5]) >= 2
+
+
 def test_n_completions_each_follow_their_own_matcher(tokenized_tiny):
     llm = LLM(tokenized_tiny, **COMMON)
     params = SamplingParams(n=3, max_tokens=30, temperature=1.0, seed=5,

@@ -52,6 +52,7 @@ class GrammarBackend(Protocol):
 #: name -> "module:class"; a backend's module loads only when it is asked for.
 GRAMMAR_BACKENDS = {
     "xgrammar": "slipstream.sampling.grammar.xgrammar_backend:XGrammarBackend",
+    "llguidance": "slipstream.sampling.grammar.llguidance_backend:LLGuidanceBackend",
 }
 
 
