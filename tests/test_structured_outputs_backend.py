@@ -375,6 +375,14 @@ def test_compiler_and_backend_reject_bad_arguments(backend, tokenizer):
         backend.compile(GrammarKey("yaml", "a: 1", False))
 
 
+def test_a_backend_library_not_installed_is_one_line(monkeypatch, tokenizer):
+    from slipstream.sampling.grammar import backend as backends
+    monkeypatch.setitem(backends.GRAMMAR_BACKENDS, "missing", "slipstream_no_such_module:Backend")
+    with pytest.raises(ValueError, match="^the missing backend needs the slipstream_no_such_module package: "
+                                         "pip install slipstream_no_such_module$"):
+        create_grammar_backend("missing", tokenizer.hf, PADDED_VOCAB, [EOS])
+
+
 def test_apply_bitmask_ref_masks_a_grammar_row(compiler, tokenizer, backend):
     matcher = matcher_for(compiler, regex="[0-9]+")
     bitmask = allocate_bitmask(2, backend.vocab_size)

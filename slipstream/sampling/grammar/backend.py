@@ -62,4 +62,8 @@ def create_grammar_backend(name: str, hf_tokenizer: Any, vocab_size: int,
     if name not in GRAMMAR_BACKENDS:
         raise ValueError(f"unknown grammar backend {name!r}; known: {', '.join(GRAMMAR_BACKENDS)}")
     module, _, cls = GRAMMAR_BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(hf_tokenizer, vocab_size, stop_token_ids)
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as e:  # an optional library (llguidance) not installed
+        raise ValueError(f"the {name} backend needs the {e.name} package: pip install {e.name}") from None
+    return getattr(loaded, cls)(hf_tokenizer, vocab_size, stop_token_ids)
