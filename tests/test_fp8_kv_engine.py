@@ -172,6 +172,19 @@ def test_prefix_caching_and_chunked_prefill_with_fp8(tiny_model):
     assert [o.token_ids for o in chunked.generate(prompts, GREEDY)] == ref
 
 
+@pytest.mark.subprocess
+def test_two_ranks_give_the_fp8_tokens_of_one(tiny_model):
+    # the option reaches the tensor-parallel ranks (gloo on the CPU): their caches are FP8,
+    # so their tokens are the one-rank FP8 engine's, not the float32 cache's
+    folder, _ = tiny_model("qwen3")
+    prompts = [prompt(40, 7) + prompt(k, 10 + k) for k in (3, 9)] + [prompt(50, 99)]
+    kw = dict(kv_cache_dtype="fp8", dtype="float32")
+    one = [o.token_ids for o in engine(folder, **kw).generate(prompts, GREEDY)]
+    assert one != [o.token_ids for o in engine(folder, dtype="float32").generate(prompts, GREEDY)]
+    with engine(folder, tensor_parallel_size=2, **kw) as llm:
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == one
+
+
 # ----------------------------------------------------------------------------- checkpoint scales
 
 def _save_with_scales(folder: str, out: str, tensors: dict) -> None:
