@@ -212,6 +212,18 @@ def test_sliding_window_reads_fp8():
     torch.testing.assert_close(out.cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
+def test_no_epilogue_inside_the_decode_kernel_with_an_fp8_cache():
+    # the small-decode path that stores K/V from inside the decode kernel writes the cache in
+    # qkv's dtype only: an FP8 cache takes the epilogue kernel, then the decode kernel
+    from slipstream.ops.metadata import QKVEpilogue
+    from slipstream.ops.triton_attention import epilogue_in_decode_applies
+    q, kc, vc, k8, v8, meta = fp8_case([(20, 1)], 2, 2, 32, 8, seed=11)
+    qkv = torch.zeros(1, (4 + 4) * 32, dtype=torch.bfloat16)
+    epi = QKVEpilogue(torch.zeros(1, dtype=torch.int32), build_cos_sin_cache(torch.ones(16), 64))
+    assert epilogue_in_decode_applies(qkv, epi, kc, meta, 4)
+    assert not epilogue_in_decode_applies(qkv, epi, k8, meta, 4)
+
+
 def test_scales_reach_the_kernels():
     # the same FP8 bytes read with other scales: the output follows v_scale exactly (it is
     # linear in V) and k_scale changes the weights

@@ -11,7 +11,7 @@ from helpers import PagedModelRunner
 import slipstream.ops.fused as fused
 from slipstream import LLM, SamplingParams
 from slipstream.config import EngineConfig
-from slipstream.model.kv_scales import checkpoint_kv_scales, kv_scale_name, set_kv_scales
+from slipstream.model.kv_scales import checkpoint_kv_scales, kv_scale_name, load_kv_scales, set_kv_scales
 from slipstream.model.loader import load_model
 from slipstream.ops.kv_quant import FP8_DTYPE, KVScales
 from slipstream.runner.kv_memory import KVCacheSpec, blocks_that_fit
@@ -219,6 +219,10 @@ def test_checkpoint_scales_by_every_name(tiny_model, tmp_path):
     })
     assert checkpoint_kv_scales(out, 2) == [KVScales(0.5, 0.25), KVScales(2.0, 2.0)]
     assert checkpoint_kv_scales(folder, 2) is None  # none: 1.0 everywhere
+    model, _ = load_model(folder)
+    assert load_kv_scales(model, out, "auto") is None and model.layers[0].self_attn.kv_scales is None
+    load_kv_scales(model, out, "fp8")
+    assert [layer.self_attn.kv_scales for layer in model.layers] == [KVScales(0.5, 0.25), KVScales(2.0, 2.0)]
     assert kv_scale_name("model.layers.3.self_attn.k_proj.k_scale") == (3, "k")
     assert kv_scale_name("model.layers.3.self_attn.attn.v_scale") == (3, "v")
     assert kv_scale_name("model.layers.3.self_attn.k_proj.weight_scale") is None
