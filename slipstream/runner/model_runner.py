@@ -172,10 +172,9 @@ class ModelRunner:
         hidden = self.forward_hidden(slot, shape)
         prompt_lps = self.prompt_logprobs(hidden, prompt_spans) if prompt_spans else None
         S = shape.num_samples
-        if shape.samples_every_token:
-            slot.sample_hidden[:S].copy_(hidden[:S])
-        else:
-            torch.index_select(hidden, 0, slot.dev.logits_indices[:S], out=slot.sample_hidden[:S])
+        if not shape.samples_every_token:
+            hidden = hidden.index_select(0, slot.dev.logits_indices[:S])
+        slot.sample_hidden[:S].copy_(hidden[:S])  # (in the buffer's dtype, whatever the model's)
         return prompt_lps
 
     def sample_deferred(self, slot: IOSlot, shape: StepShape) -> None:
