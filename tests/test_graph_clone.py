@@ -114,6 +114,21 @@ def test_slots_list_their_device_buffers_alike():
     assert m.get(b.dev.positions.data_ptr()) == a.dev.positions.data_ptr()
 
 
+def test_the_structured_output_buffers_join_the_map_once_both_slots_have_them():
+    cpu = torch.device("cpu")
+    slots = [IOSlot(i, 64, 8, 16, cpu, Streams(cpu)) for i in (0, 1)]
+    cloner = SlotGraphCloner(slots)
+    assert len(slots[0].device_buffers()) == 4
+    for slot in slots:
+        slot.deferred_sampling_buffers(vocab_size=100, hidden_size=32, dtype=torch.float32)
+    a, b = slots
+    assert cloner.map.get(a.sample_hidden.data_ptr()) is None  # (mapped at start: not yet)
+    cloner.remap(slots)
+    assert len(a.device_buffers()) == 6
+    assert cloner.map.get(a.sample_hidden.data_ptr() + 8) == b.sample_hidden.data_ptr() + 8
+    assert cloner.map.get(b.token_bitmask(100)[1].data_ptr()) == a.token_bitmask(100)[1].data_ptr()
+
+
 def test_without_a_cuda_driver_the_cloner_says_why_and_clones_nothing(monkeypatch):
 
     def no_driver(name, *a, **k):
