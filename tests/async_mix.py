@@ -20,9 +20,9 @@ from slipstream import LLM, OutputKind, SamplingParams
 def make_tokenized_tiny_llama(folder: str) -> None:
     import transformers
 
-    from helpers import smollm2
+    from slipstream.model.tokenizer import load_tokenizer
 
-    tok = smollm2()[2]
+    tok = load_tokenizer(None)  # the embedded SmolLM2's tokenizer, without loading its weights
     config = transformers.LlamaConfig(
         vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,

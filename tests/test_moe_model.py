@@ -85,6 +85,7 @@ def test_logits_match_hf_with_a_chunked_prefill(moe):
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
 
+@pytest.mark.slow  # transformers' generate; the quick tier keeps the logits and async = sync above and below
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_greedy_equals_transformers_generate(moe, async_scheduling):
     _, folder, hf = moe
@@ -95,6 +96,7 @@ def test_greedy_equals_transformers_generate(moe, async_scheduling):
         assert out.token_ids == hf_greedy(hf, p, 24)
 
 
+@pytest.mark.quick_sample(1)  # the quick tier runs one family
 def test_async_equals_sync_on_sampled_requests(moe):
     _, folder, _ = moe
     prompts = [_prompt(n, 10 + n) for n in (3, 9, 30, 50, 12)]

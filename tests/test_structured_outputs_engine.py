@@ -52,6 +52,7 @@ def run(llm: LLM, temperature: float):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.quick_sample(1)  # the quick tier's sampled constrained rows: the preemption test's
 def test_async_equals_sync_with_constrained_and_free_rows(tokenized_tiny, temperature):
     results = {}
     for async_scheduling in (False, True):
@@ -67,9 +68,11 @@ def test_async_equals_sync_with_constrained_and_free_rows(tokenized_tiny, temper
     assert sum(reason == "stop" for _, reason in results[True][:5]) >= 3  # grammars do end requests
 
 
-def test_preemption_mid_constrained_request_changes_nothing(tokenized_tiny):
+@pytest.mark.parametrize("max_tokens", [20, 40])  # the quick tier runs the shorter requests
+@pytest.mark.quick_sample(1)
+def test_preemption_mid_constrained_request_changes_nothing(tokenized_tiny, max_tokens):
     prompts = [f"Request number {i} wants a pet record:" for i in range(6)]
-    params = SamplingParams(max_tokens=40, temperature=0.7, seed=11,
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.7, seed=11,
                             structured_outputs=StructuredOutputsParams(json=PERSON))
     outs = {}
     for name, blocks in (("roomy", None), ("small", 14)):
@@ -84,6 +87,7 @@ def test_preemption_mid_constrained_request_changes_nothing(tokenized_tiny):
     assert outs["small"] == outs["roomy"]
 
 
+@pytest.mark.slow  # the quick tier: llguidance in tests/test_structured_outputs_backend.py, the engine path with xgrammar
 def test_the_llguidance_backend_in_the_engine(tokenized_tiny):
     """The same constraints through --structured-outputs-backend llguidance: every output
     follows its grammar (checked by llguidance's own matcher), async equals sync."""
