@@ -262,3 +262,50 @@ def test_gpu_engine_fp8_kv_under_cuda_graphs(tiny_model):
     assert [o.token_ids for o in cached.generate(prompts, GREEDY)] == ref
     eager = LLM(folder, kv_cache_dtype="fp8", enforce_eager=True, enable_prefix_caching=False, **kw)
     assert [o.token_ids for o in eager.generate(prompts, GREEDY)] == ref  # graphs change nothing
+
+
+SMOL_TEXTS = [
+    "The history of the Roman Empire spans more than a thousand years, from the founding of the city "
+    "to the fall of Constantinople. During this time",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+    "# Compute the first twenty numbers\nfor i in range(20):",
+    "Photosynthesis is the process by which green plants and some other organisms use sunlight to "
+    "synthesize foods from carbon dioxide and water. It",
+    "Question: What is the capital of France? Answer: The capital of France is Paris. Question: What "
+    "is the largest planet in the solar system? Answer:",
+]
+
+
+def smollm2_fp8_agreement(model, tokenizer) -> tuple[float, float, int]:
+    """SmolLM2 teacher forced over SMOL_TEXTS (half of each prefilled, the rest decoded one
+    token a step) with its cache in the model's dtype and in FP8: the rate at which the two
+    agree on the most likely next token, and the mean |dlogprob| of the first one's choice."""
+    def run(kv_dtype):
+        runner = PagedModelRunner(model, num_blocks=512, block_size=16)
+        if kv_dtype is not None:
+            runner.kv_caches = [(k.to(kv_dtype), v.to(kv_dtype)) for k, v in runner.kv_caches]
+        out = []
+        for i, text in enumerate(SMOL_TEXTS):
+            ids = tokenizer.encode(text)
+            half = len(ids) // 2
+            rows = [runner.step([(i, ids[:half])])] + [runner.step([(i, [t])]) for t in ids[half:]]
+            out.append(torch.cat(rows).float().log_softmax(-1))
+        return torch.cat(out)
+    exact, fp8 = run(None), run(FP8_DTYPE)
+    top = exact.argmax(-1, keepdim=True)
+    agree = (fp8.argmax(-1, keepdim=True) == top).float().mean().item()
+    return agree, (exact.gather(-1, top) - fp8.gather(-1, top)).abs().mean().item(), top.numel()
+
+
+# SmolLM2-135M (the embedded model) with the FP8 cache, scales 1.0: measured on the CPU in
+# float32, 97.1% agreement over 137 positions and a mean |dlogprob| of 0.036 nat (max 0.31).
+# The GPU test runs it in bf16, whose own rounding adds to both; its bounds, 90% and 0.1 nat,
+# allow about three times the CPU's disagreement and error.
+@pytest.mark.gpu
+def test_gpu_smollm2_fp8_kv_agreement():
+    from slipstream.model.tokenizer import load_tokenizer
+    model, _ = load_model(None, dtype="bfloat16", device="cuda")
+    agree, mean_err, n = smollm2_fp8_agreement(model, load_tokenizer(None))
+    print(f"SmolLM2-135M bf16, FP8 KV: {agree:.1%} greedy agreement over {n} positions, "
+          f"mean |dlogprob| {mean_err:.4f} nat")
+    assert agree >= 0.9 and mean_err <= 0.1
