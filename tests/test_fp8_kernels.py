@@ -42,14 +42,15 @@ def test_row_quantization_equals_the_reference_bit_for_bit(group):
     assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
 
 
-@pytest.mark.parametrize("block", [None, (16, 32)])
+@pytest.mark.parametrize("block,block_k", [(None, 32), ((16, 32), 32), ((16, 32), 64), ((8, 16), 64)])
 @pytest.mark.parametrize("gamma", [False, True])
-def test_gemv_matches_the_weight_only_reference(block, gamma):
+def test_gemv_matches_the_weight_only_reference(block, block_k, gamma):
+    """K = 96: chunks of one, two or four scale blocks, the last chunk partly past K."""
     w = _weight(48, 96, block, gamma)
     x = _x(1, 96)
     b = _x(1, 48, seed=2)[0]
     ref = fp8_linear_ref(x.float(), w, b.float())
-    y = fp8_gemv(x, w, b, block_n=8, block_k=32)
+    y = fp8_gemv(x, w, b, block_n=8, block_k=block_k)
     assert y.dtype == torch.bfloat16 and y.shape == (1, 48)
     torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
 

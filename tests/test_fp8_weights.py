@@ -362,3 +362,16 @@ def test_the_floor_counts_fp8_weights_and_their_scales(tmp_path):
     assert bf16.weight_bytes == 2 * bf16.matmul_params + head
     assert 0.53 < fp8.weight_bytes / bf16.weight_bytes < 0.54  # 8.04 GB against 15.01 GB
     assert fp8.matmul_params == bf16.matmul_params and fp8.kv_bytes_per_token == bf16.kv_bytes_per_token
+
+
+@pytest.mark.slow
+def test_a_gguf_model_is_quantized_at_load():
+    """The embedded SmolLM2 (GGUF Q4_1): its dequantized tensors quantized per channel."""
+    from helpers import smollm2
+    ref, _, _ = smollm2()
+    fp8, cfg = load_model(None, quantization="fp8")
+    assert cfg.quantization.granularity == "channel"
+    for a, b in ((ref.layers[0].mlp.down_proj, fp8.layers[0].mlp.down_proj),
+                 (ref.layers[-1].self_attn.o_proj, fp8.layers[-1].self_attn.o_proj)):
+        w = a.weight  # o and down have no folded norm: the checkpoint's values
+        _assert_within_e4m3(b.fp8.dequantized(torch.float32), w, expand_scale(b.weight_scale, tuple(w.shape), None))

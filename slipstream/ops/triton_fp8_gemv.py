@@ -9,8 +9,8 @@ input is not quantized at one row, so this path is weight-only FP8 (closer to bf
 batched GEMMs, which quantize activations per token).
 
 Scales: per channel (and per tensor, held per channel) multiply the column's sum once at
-the end; block scales multiply each product by its (row block, column block) scale, gathered
-from the small scale table (L1/L2-resident). Around the product, as in the bf16 GEMV: a folded
+the end; with block scales each chunk's products are first summed per column block, then
+multiplied by that block's scale (chunks hold whole blocks: 1,024 = 8 x 128). Around the product, as in the bf16 GEMV: a folded
 norm's gamma scales the input's columns, `row_scale_eps` multiplies by rstd(x) (computed on x
 itself, before gamma), SiLU·mul computes the input from [gate | up], then the bias and the
 residual are added in fp32 before the one rounding. CUDA-graph safe (launches depend on
@@ -48,12 +48,18 @@ def _input_chunk(x_ptr, g_ptr, offs, mask, K: tl.constexpr, SILU_MUL: tl.constex
 
 
 @triton.jit
-def _chunk_product(w, xg, s_ptr, offs_n, nmask, k_offs, kmask, stride_sn,
+def _chunk_product(w, xg, s_ptr, offs_n, nmask, k, K, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    BN_S: tl.constexpr, BK_S: tl.constexpr, BLOCK_SCALES: tl.constexpr):
+    """One chunk's products in fp32: [BLOCK_N, BLOCK_K] per channel (summed at the end); with
+    block scales, summed over each BK_S-wide column block first and multiplied by the block's
+    scale: [BLOCK_N, BLOCK_K / BK_S] (a small gather, not one scale load a weight)."""
     p = w.to(tl.float32) * xg[None, :]
     if BLOCK_SCALES:
-        s = tl.load(s_ptr + (offs_n // BN_S)[:, None] * stride_sn + (k_offs // BK_S)[None, :],
-                    mask=nmask[:, None] & kmask[None, :], other=0.0)
+        G: tl.constexpr = BLOCK_K // BK_S
+        p = tl.sum(tl.reshape(p, [BLOCK_N, G, BK_S]), axis=2)
+        kb = k // BK_S + tl.arange(0, G)
+        s = tl.load(s_ptr + (offs_n // BN_S)[:, None] * stride_sn + kb[None, :],
+                    mask=nmask[:, None] & (kb < tl.cdiv(K, BK_S))[None, :], other=0.0)
         p = p * s
     return p
 
@@ -73,13 +79,13 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, N, eps, 
     w0 = tl.load(w_rows, mask=nmask[:, None] & kmask[None, :], other=0.0)
     pdl_start(USE_PDL)
     xg, xf = _input_chunk(x_ptr, g_ptr, offs_k, kmask, K, SILU_MUL, HAS_GAMMA)
-    acc = _chunk_product(w0, xg, s_ptr, offs_n, nmask, offs_k, kmask, stride_sn, BN_S, BK_S, BLOCK_SCALES)
+    acc = _chunk_product(w0, xg, s_ptr, offs_n, nmask, 0, K, stride_sn, BLOCK_N, BLOCK_K, BN_S, BK_S, BLOCK_SCALES)
     sq = xf * xf
     for k in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         kmask = (offs_k + k) < K
         w = tl.load(w_rows + k, mask=nmask[:, None] & kmask[None, :], other=0.0)
         xg, xf = _input_chunk(x_ptr, g_ptr, offs_k + k, kmask, K, SILU_MUL, HAS_GAMMA)
-        acc += _chunk_product(w, xg, s_ptr, offs_n, nmask, offs_k + k, kmask, stride_sn, BN_S, BK_S,
+        acc += _chunk_product(w, xg, s_ptr, offs_n, nmask, k, K, stride_sn, BLOCK_N, BLOCK_K, BN_S, BK_S,
                               BLOCK_SCALES)
         sq += xf * xf
     y = tl.sum(acc, axis=1)
@@ -114,6 +120,8 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
     if block_n is None:  # columns a program, as the bf16 streaming kernel picks them for these bytes
         block_n = stream_columns(n, qw.numel(), sm_count(x.device))
     bn_s, bk_s = w.block or (1, 1)
+    if w.block is not None and block_k % bk_s:
+        block_k = bk_s * max(1, block_k // bk_s)  # chunks of whole scale blocks
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
         x1, qw, w.scale, w.gamma if w.gamma is not None else w.scale, bias if bias is not None else w.scale,
         res, out, n, float(row_scale_eps or 0.0), qw.stride(0), w.scale.stride(0),
