@@ -184,6 +184,23 @@ def test_each_fp8_checkpoint_format_loads_back_its_weights(tiny_model, tmp_path,
     assert torch.equal(model.layers[0].self_attn.qkv_proj.gamma, norm.float())
 
 
+def test_kv_cache_scales_beside_the_weights_are_not_weights(tiny_model, tmp_path):
+    """An FP8 checkpoint with a KV cache scheme carries per-layer k/v scales (read by
+    model/kv_scales.py, not by the weight loader)."""
+    from safetensors.torch import load_file, save_file
+    src, _ = tiny_model("llama")
+    dst = str(tmp_path / "kv")
+    _write_fp8_checkpoint(src, dst, "ct-channel")
+    path = os.path.join(dst, "model.safetensors")
+    tensors = load_file(path)
+    tensors["model.layers.0.self_attn.k_scale"] = torch.tensor(0.5)
+    tensors["model.layers.0.self_attn.v_scale"] = torch.tensor(0.25)
+    tensors["model.layers.1.self_attn.k_proj.output_scale"] = torch.tensor(0.5)
+    save_file(tensors, path)
+    model, _ = load_model(dst)
+    assert model.layers[0].self_attn.qkv_proj.weight.dtype == FP8_DTYPE
+
+
 def test_a_missing_scale_or_a_wrong_dtype_names_the_tensor(tiny_model, tmp_path):
     from safetensors.torch import load_file, save_file
     src, _ = tiny_model("llama")

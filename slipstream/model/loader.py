@@ -290,7 +290,7 @@ def load_weights(model: LlamaForCausalLM, items: Iterable[TensorItem], where: st
         expected.update({s: expected[fp8.scales[s]] for s in fp8.scale_names()})
     seen, unexpected = set(), []
     for name, shape, load in items:
-        if name.endswith("rotary_emb.inv_freq"):
+        if name.endswith("rotary_emb.inv_freq") or _is_kv_cache_scale(name):
             continue
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue  # some tied checkpoints store the shared matrix twice
@@ -323,6 +323,16 @@ def load_weights(model: LlamaForCausalLM, items: Iterable[TensorItem], where: st
                         f"(not part of {model.config.architecture})")
     if problems:
         raise ValueError(f"{where}: " + "; ".join(problems))
+
+
+# the KV cache scales FP8 checkpoints carry (self_attn.k_scale, self_attn.attn.k_scale,
+# k_proj.k_scale, k_proj.output_scale, self_attn.kv_scale and the v ones): not weights;
+# model/kv_scales.py reads them at engine start
+_KV_SCALE_SUFFIXES = (".k_scale", ".v_scale", ".kv_scale", ".k_proj.output_scale", ".v_proj.output_scale")
+
+
+def _is_kv_cache_scale(name: str) -> bool:
+    return ".self_attn." in name and name.endswith(_KV_SCALE_SUFFIXES)
 
 
 def _some(names: list[str], limit: int = 8) -> str:
