@@ -154,3 +154,65 @@ def test_gpu_fp8_products_replay_in_a_cuda_graph(block):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, fp8_linear(x, w))
+
+
+# --- compiled for Hopper without a GPU (the interpreter misses what only the compiler rejects) ---
+
+def compile_fp8_for_hopper() -> int:
+    """Compile each FP8 kernel for sm_90 as the host code launches it at the 8B shape (bf16
+    activations): the row quantization (per token, per 128-column group), the GEMV (per
+    channel with the folded norm, block scales into the residual, SiLU·mul input) and the
+    GEMM (per channel, 128x128 blocks, each after its input's quantization). Returns the
+    number of launches compiled."""
+    from test_attention_kernels import compile_launch_for_hopper, recorded_launches
+
+    import slipstream.ops.triton_fp8_gemm as tm
+    import slipstream.ops.triton_fp8_gemv as tv
+    import slipstream.ops.triton_fp8_quant as tq
+    bf, f8 = torch.bfloat16, torch.float8_e4m3fn
+
+    def weight(n, k, block, gamma=True):
+        scale = torch.ones((n // 128, k // 128) if block else (n,))
+        return Fp8Weight(torch.zeros(n, k, dtype=f8), scale, block, torch.ones(k) if gamma else None)
+
+    launches: list = []
+    with recorded_launches(tq, ["_quant_rows_kernel"], launches), \
+            recorded_launches(tv, ["_fp8_gemv_kernel"], launches), \
+            recorded_launches(tm, ["_fp8_gemm_kernel"], launches):
+        x, h = torch.zeros(64, 14336, dtype=bf), torch.zeros(1, 4096, dtype=bf)
+        tq.quantize_rows(x, torch.ones(14336))
+        tq.quantize_rows(x, None, 128)
+        tv.fp8_gemv(h, weight(6144, 4096, None), row_scale_eps=1e-5)
+        tv.fp8_gemv(h, weight(4096, 4096, (128, 128), False), residual=h, out=h)
+        tv.fp8_gemv(torch.zeros(1, 2 * 14336, dtype=bf), weight(4096, 14336, None, False), residual=h, out=h,
+                    silu_mul=True)
+        # (each GEMM launch comes after its input's quantization launch)
+        tm.fp8_gemm(torch.zeros(256, 4096, dtype=bf), weight(6144, 4096, None))
+        tm.fp8_gemm(torch.zeros(256, 4096, dtype=bf), weight(6144, 4096, (128, 128)), torch.zeros(6144, dtype=bf))
+    for fn, args, kw in launches:
+        compile_launch_for_hopper(fn, args, kw)
+        print("compiled", fn.__name__)
+    return len(launches)
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the GPU tests compile the kernels")
+def test_fp8_kernels_compile_for_hopper():
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.path.dirname(os.path.abspath(__file__)),
+                                                      env.get("PYTHONPATH")]))
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    assert r.stdout.count("compiled") == 9, r.stdout
+
+
+if __name__ == "__main__":
+    import sys
+    if "--compile-for-hopper" in sys.argv:
+        compile_fp8_for_hopper()
