@@ -125,12 +125,12 @@ def test_gpu_gemv_at_8b_sizes(n, k, block):
 @pytest.mark.parametrize("block", [None, (128, 128)])
 def test_gpu_gemm_and_scaled_mm_at_8b_sizes(n, k, m, block):
     w = _weight(n, k, block, True)
-    x = _x(m, k)
-    ref = fp8_linear_ref(x.float(), w, quantize_input=True)
+    x, b = _x(m, k), _x(1, n, seed=2)[0]
+    ref = fp8_linear_ref(x.float(), w, b.float(), quantize_input=True)
     # fp32 sums in another order, one bf16 rounding of the output
     tol = dict(atol=3e-2 * ref.abs().max().item() / 8, rtol=2e-2)
-    torch.testing.assert_close(fp8_gemm(x, w).float(), ref, **tol)
-    torch.testing.assert_close(fp8_linear(x, w).float(), ref, **tol)  # _scaled_mm or the block GEMM
+    torch.testing.assert_close(fp8_gemm(x, w, b).float(), ref, **tol)
+    torch.testing.assert_close(fp8_linear(x, w, b).float(), ref, **tol)  # _scaled_mm or the block GEMM
     inv = fp8_linear(x, w, batch_invariant=True)
     assert torch.equal(fp8_linear(x[:1], w, batch_invariant=True), inv[:1])
 

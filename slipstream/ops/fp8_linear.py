@@ -10,7 +10,7 @@ norm's product, SiLU·mul into the down product), with these paths:
   and the residual are applied inside it.
 - CUDA, per-tensor / per-channel weights: the input is quantized per token
   (ops/triton_fp8_quant.py, gamma folded into that pass) and `torch._scaled_mm` (cuBLASLt FP8)
-  multiplies with row-wise scales, the bias in its epilogue.
+  multiplies with row-wise scales.
 - CUDA, block weights, and every FP8 product in batch-invariant mode: the Triton FP8 GEMM
   (ops/triton_fp8_gemm.py), per-token-and-128-column activation scales for blocks.
 
@@ -56,8 +56,10 @@ def _product(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, batch_inv
         return fp8_gemm(x, w, bias)
     from slipstream.ops.triton_fp8_quant import quantize_rows
     q, s = quantize_rows(x, w.gamma)
-    return torch._scaled_mm(q, w.qweight.t(), scale_a=s, scale_b=w.scale[None, :], bias=bias,
-                            out_dtype=x.dtype)
+    y = torch._scaled_mm(q, w.qweight.t(), scale_a=s, scale_b=w.scale[None, :], out_dtype=x.dtype)
+    # the bias after (a decoder's qkv bias goes to the epilogue: only an o bias comes here),
+    # not in cuBLASLt's epilogue, whose row-wise-scaled kernels do not all take one
+    return y if bias is None else y.add_(bias)
 
 
 def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,

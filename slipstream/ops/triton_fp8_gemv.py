@@ -29,8 +29,11 @@ from slipstream.ops.triton_fused import silu_mul
 from slipstream.ops.triton_gemv import stream_columns
 from slipstream.quant.fp8 import Fp8Weight
 
+# The bf16 streaming kernel's tuned shape (ops/triton_gemv.py: 1,024-wide chunks, 4 stages,
+# 8 or 16 columns for the 8B shape) in the same bytes: the same chunk width (the fp32
+# products a thread holds), twice the stages, so as many weight bytes are in flight.
 BLOCK_K = 1024
-STAGES = 4
+STAGES = 8
 
 
 @triton.jit
@@ -117,8 +120,10 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
         out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
     res = residual if residual is not None else out
     qw = w.qweight
-    if block_n is None:  # columns a program, as the bf16 streaming kernel picks them for these bytes
-        block_n = stream_columns(n, qw.numel(), sm_count(x.device))
+    if block_n is None:
+        # columns a program as the bf16 kernel picks them for this shape: each program re-reads
+        # the bf16 input row, which weighs twice as much against FP8 columns, so not fewer
+        block_n = stream_columns(n, 2 * qw.numel(), sm_count(x.device))
     bn_s, bk_s = w.block or (1, 1)
     if w.block is not None and block_k % bk_s:
         block_k = bk_s * max(1, block_k // bk_s)  # chunks of whole scale blocks
