@@ -252,6 +252,7 @@ def test_a_constrained_row_forbids_the_ids_past_the_tokenizer(tokenized_tiny):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.quick_sample(1)  # the quick tier's async constrained rows: async = sync above
 def test_the_grammar_wins_over_min_tokens(tokenized_tiny, async_scheduling):
     """min_tokens keeps a constrained row from stopping while its grammar allows anything
     else; once the grammar allows only its stop token, the request ends "stop" there."""
