@@ -198,3 +198,32 @@ def test_shared_experts_are_refused_by_name(moe_files):
                    extra_tensors={"blk.0.ffn_up_shexp.weight": np.zeros((32, 64), np.float32)})
     with pytest.raises(ValueError, match="shared experts.*ffn_up_shexp"):
         load_model(path)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_one_expert_of_a_k_quant_tensor_is_its_own_byte_range(tmp_path, qtype):
+    """K-quant experts (256-value blocks, dequantized by the gguf package) read one at a time
+    equal the whole stacked tensor's slices (random blocks with sane fp16 scales)."""
+    import gguf
+
+    q = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[q]
+    experts, rows, cols = 3, 4, 2 * block
+    raw = np.random.default_rng(0).integers(0, 256, (experts * rows * cols // block, size), dtype=np.uint8)
+    scale_at = 0 if qtype == "Q4_K" else size - 2  # Q4_K: d and dmin first; Q6_K: d last
+    raw[:, scale_at:scale_at + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    if qtype == "Q4_K":
+        raw[:, 2:4] = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
+    path = str(tmp_path / "k.gguf")
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_tensor("blk.0.ffn_up_exps.weight", raw.reshape(experts, rows, cols // block * size), raw_dtype=q)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f = GGUFFile(path)
+    whole = f.read_reference("blk.0.ffn_up_exps.weight")
+    assert whole.shape == (experts, rows, cols) and torch.isfinite(whole).all()
+    for e in range(experts):
+        assert torch.equal(f.read_expert("blk.0.ffn_up_exps.weight", e), whole[e])
+    assert not torch.equal(whole[0], whole[1])
