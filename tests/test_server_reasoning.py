@@ -1,7 +1,8 @@
 """--reasoning-parser in chat on the fake engine: the thinking in reasoning_content and
 reasoning, the answer in content, streamed deltas of the same names adding up to the whole
-reply (at several stream intervals), an unterminated think, no think block, and replies
-without a parser."""
+reply (at several stream intervals), an unterminated think, no think block, replies
+without a parser, and usage.completion_tokens_details.reasoning_tokens counting the
+thinking's tokens."""
 from __future__ import annotations
 
 import json
@@ -120,3 +121,43 @@ def test_run_batch_chat_lines_are_split_too():
     (row,) = asyncio.run(main())
     msg = row["response"]["body"]["choices"][0]["message"]
     assert (msg["reasoning_content"], msg["content"]) == ("Add 2 and 2.", "It is 4.")
+
+
+# the fake engine's tokens are bytes: the thinking, tags included, is this many tokens
+THINKING = len("<think>Add 2 and 2.</think>")
+
+
+@pytest.mark.parametrize("parser,text,max_tokens,expected", [
+    ("qwen3", THOUGHT, len(THOUGHT), THINKING),
+    ("qwen3", THOUGHT, 12, 12),  # max_tokens inside the thinking: all of it
+    ("qwen3", "It is 4. ", 9, 0),  # no think block
+    ("deepseek_r1", "Add 2 and 2.</think>It is 4.", 28, len("Add 2 and 2.</think>")),
+])
+def test_reasoning_tokens_count_the_thinking(parser, text, max_tokens, expected):
+    usage = _chat(text, max_tokens, parser=parser)["usage"]
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": expected}
+    assert usage["completion_tokens"] == max_tokens
+    chunks = _chat(text, max_tokens, parser=parser, stream=True, interval=5,
+                   stream_options={"include_usage": True})
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": expected}
+
+
+def test_reasoning_tokens_add_up_over_choices_and_are_absent_without_a_parser():
+    # the fake engine's second choice starts one character later: "think>..." does not think
+    usage = _chat(THOUGHT, len(THOUGHT), n=2)["usage"]
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": THINKING}
+    assert "completion_tokens_details" not in _chat(THOUGHT, len(THOUGHT), parser=None)["usage"]
+
+
+def test_reasoning_tokens_follow_the_decoded_text_of_multibyte_tokens():
+    from fake_async_llm import FakeTokenizer
+    from slipstream.server.reasoning_parsers import get_reasoning_parser
+    from slipstream.server.serving_reasoning import reasoning_tokens
+
+    tok, qwen3 = FakeTokenizer(), get_reasoning_parser("qwen3")
+    thought = "<think>é 😀</think>ok"
+    ids = tok.encode(thought, add_special_tokens=False)
+    assert len(ids) > len(thought)  # é and 😀 are several byte tokens
+    assert reasoning_tokens(qwen3, tok, ids) == len("<think>é 😀</think>".encode())
+    assert reasoning_tokens(None, tok, ids) == 0 and reasoning_tokens(qwen3, tok, []) == 0

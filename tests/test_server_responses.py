@@ -1,7 +1,7 @@
 """POST /v1/responses on the fake engine, driven by the official openai client: text from a
 string or message items, instructions, the stream's events in order with the text
 assembled, usage, incomplete at max_output_tokens, reasoning items, previous_response_id
-and the LRU store (404 for an unknown or evicted id), the function-call tool loop as chat
+and the LRU store (404 for an unknown or evicted id; DELETE), the function-call tool loop as chat
 messages, text.format, and the 400s for what this server does not have."""
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def test_text_from_a_string():
         r = await client.responses.create(model=MODEL, input="Say hi", max_output_tokens=5)
         assert r.id.startswith("resp_") and r.object == "response" and r.model == "fake-model"
         assert r.output_text == "Hello" and r.status == "incomplete"
+        assert r.usage.output_tokens_details.reasoning_tokens == 0  # no reasoning parser
         assert r.incomplete_details.reason == "max_output_tokens"
         (item,) = r.output
         assert item.type == "message" and item.role == "assistant" and item.status == "completed"
@@ -157,6 +158,28 @@ def test_unknown_and_evicted_ids_are_404s_naming_the_id():
     _with_client(fn, responses_store_size=2)
 
 
+def test_delete_removes_a_stored_response():
+    async def fn(client, llm, http):
+        r = await client.responses.create(model=MODEL, input="x", max_output_tokens=2)
+        assert (await client.responses.retrieve(r.id)).id == r.id
+        deleted = await http.delete(f"/v1/responses/{r.id}")
+        assert deleted.status_code == 200
+        assert deleted.json() == {"id": r.id, "object": "response", "deleted": True}
+        with pytest.raises(openai.NotFoundError, match=r.id):
+            await client.responses.retrieve(r.id)
+        with pytest.raises(openai.NotFoundError, match=r.id):  # nothing to continue from
+            await client.responses.create(model=MODEL, previous_response_id=r.id, input="y")
+        again = await http.delete(f"/v1/responses/{r.id}")
+        assert again.status_code == 404 and r.id in again.json()["error"]["message"]
+        assert again.json()["error"]["code"] == 404
+        with pytest.raises(openai.NotFoundError, match="resp_nope"):
+            await client.responses.delete("resp_nope")
+        other = await client.responses.create(model=MODEL, input="x", max_output_tokens=2)
+        await client.responses.delete(other.id)  # the openai client's own call
+        assert (await http.get(f"/v1/responses/{other.id}")).status_code == 404
+    _with_client(fn)
+
+
 def test_function_call_items_become_the_tool_loop_messages():
     from slipstream.server.serving_responses import input_messages
     messages = input_messages([
@@ -216,6 +239,10 @@ def test_reasoning_items_with_a_reasoning_parser():
             final = await s.get_final_response()
         assert reasoning == "Add." and final.output_text == "4."
         assert [i.type for i in final.output] == ["reasoning", "message"]
+        # the thinking's tokens (the fake engine's are bytes), tags included
+        thinking = len("<think>Add.</think>")
+        assert r.usage.output_tokens_details.reasoning_tokens == thinking
+        assert final.usage.output_tokens_details.reasoning_tokens == thinking
         assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
     thought = "<think>Add.</think>4."
     _with_client(fn, text=thought, reasoning_parser="qwen3")

@@ -62,14 +62,16 @@ def test_a_function_call_and_the_tool_loop():
 
 def test_a_streamed_function_call():
     async def fn(client, llm, http):
-        kinds, args = [], ""
+        kinds, args, fragments = [], "", 0
         async with client.responses.stream(model=MODEL, input="Weather?", tools=[WEATHER],
                                            max_output_tokens=len(CALL)) as stream:
             async for event in stream:
                 kinds.append(event.type)
                 if event.type == "response.function_call_arguments.delta":
                     args += event.delta
+                    fragments += 1
             final = await stream.get_final_response()
+        assert fragments > 3  # the arguments stream as the model writes them
         assert kinds[2] == "response.output_item.added"
         assert kinds[-3:] == ["response.function_call_arguments.done",
                               "response.output_item.done", "response.completed"]

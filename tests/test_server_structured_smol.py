@@ -176,13 +176,16 @@ def test_streamed_tool_call_deltas_assemble_to_the_whole_call(client):
         for choice in ch.choices:
             content += choice.delta.content or ""
             for t in choice.delta.tool_calls or []:
-                call = calls.setdefault(t.index, {"id": t.id, "name": t.function.name, "arguments": ""})
+                call = calls.setdefault(t.index, {"id": t.id, "name": t.function.name, "arguments": "",
+                                                  "fragments": 0})
                 call["arguments"] += t.function.arguments or ""
+                call["fragments"] += t.id is None  # the first delta: id, name, arguments ""
             if choice.finish_reason:
                 finishes.append(choice.finish_reason)
     assert "<tool_call>" not in content and finishes == ["tool_calls"]
     assert [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)] == [
         (t.function.name, t.function.arguments) for t in whole]
+    assert all(c["fragments"] > 1 for c in calls.values())  # streamed as they are written
 
 
 def test_a_full_tool_loop(client):

@@ -1,6 +1,7 @@
 """Tool calling on /v1/chat/completions, on the fake engine: the plan's 400s, the template
 shown the tools and the conversation's calls, the reply's calls parsed (whole and streamed),
-"required" and named tools forced by a structural tag in the parser's markup."""
+"required" and named tools forced by a structural tag in the parser's markup, streamed
+arguments arriving in fragments as they are written, for each parser."""
 import json
 
 import pytest
@@ -128,7 +129,8 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
 
 
 def _assemble(sse: str):
-    """(content, calls as {"id", "name", "arguments"}, finish reasons) of a streamed reply."""
+    """(content, calls as {"id", "name", "arguments", "fragments"}, finish reasons) of a
+    streamed reply (fragments: how many argument deltas the call came in)."""
     content, calls, finishes = "", {}, []
     for line in sse.splitlines():
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -137,10 +139,15 @@ def _assemble(sse: str):
             delta = choice["delta"]
             content += delta.get("content") or ""
             for t in delta.get("tool_calls", []):
-                call = calls.setdefault(t["index"], {"id": None, "name": None, "arguments": ""})
+                call = calls.setdefault(t["index"], {"id": None, "name": None, "arguments": "",
+                                                     "fragments": 0})
                 if "id" in t:
-                    assert call["id"] is None  # id and name come once, first
+                    assert call["id"] is None  # id and name come once, first, arguments ""
+                    assert t["function"]["arguments"] == ""
                     call["id"], call["name"] = t["id"], t["function"]["name"]
+                else:
+                    assert t["function"]["arguments"]
+                    call["fragments"] += 1
                 call["arguments"] += t["function"].get("arguments", "")
             if choice["finish_reason"]:
                 finishes.append(choice["finish_reason"])
@@ -160,6 +167,36 @@ def test_streamed_tool_call_deltas_assemble_to_the_whole_reply(text):
         assert all(t["id"].startswith("call_") for t in calls)
         assert finishes == [whole["finish_reason"]]
     run_app(go, llm=RecordingLLM(text), **HERMES)
+
+
+LONG_ARGS = {"city": "Paris " * 20, "days": 14}
+_LONG = json.dumps(LONG_ARGS)
+_ADD_ARGS = '{"a": 1, "b": 2}'
+LONG_CALLS = {  # each parser's markup of a call with a long argument, then a short one
+    "hermes": CALL.replace('{"city": "Paris"}', _LONG) + "\n" + TWO.split("\n", 3)[3],
+    "llama3_json": (f'<|python_tag|>{{"name": "get_weather", "parameters": {_LONG}}}; '
+                    f'{{"name": "add", "parameters": {_ADD_ARGS}}}'),
+    "mistral": (f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {_LONG}}}, '
+                f'{{"name": "add", "arguments": {_ADD_ARGS}}}]'),
+    "mistral_v11": f"[TOOL_CALLS]get_weather[ARGS]{_LONG}[TOOL_CALLS]add[ARGS]{_ADD_ARGS}",
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONG_CALLS))
+def test_streamed_arguments_arrive_as_they_are_written(case):
+    text, parser = LONG_CALLS[case], case.removesuffix("_v11")
+
+    async def go(c, llm):
+        whole = (await chat(c, len(text), tools=[WEATHER, ADD])).json()["choices"][0]
+        assert [t["function"]["name"] for t in whole["message"]["tool_calls"]] == ["get_weather", "add"]
+        r = await chat(c, len(text), tools=[WEATHER, ADD], stream=True)
+        content, calls, finishes = _assemble(r.text)
+        assert [(t["name"], t["arguments"]) for t in calls] == [
+            (t["function"]["name"], t["function"]["arguments"]) for t in whole["message"]["tool_calls"]]
+        assert json.loads(calls[0]["arguments"]) == LONG_ARGS
+        assert calls[0]["fragments"] > 20  # streamed as written, not whole at the end
+        assert content == "" and finishes == ["tool_calls"]
+    run_app(go, llm=RecordingLLM(text), tool_call_parser=parser, enable_auto_tool_choice=True)
 
 
 @pytest.mark.parametrize("choice,parallel,names", [

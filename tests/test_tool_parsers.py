@@ -1,5 +1,7 @@
 """Tool-call parsers (slipstream/server/tool_parsers): fixed model texts of each family, read
-whole and streamed split at every position."""
+whole and streamed split at every position; the server's tool-call deltas (serving_tools),
+whose argument fragments arrive as the arguments are written and concatenate to the whole
+reply's arguments."""
 import json
 
 import pytest
@@ -42,6 +44,13 @@ CASES = {
         ('[TOOL_CALLS][{"name": "f", "arguments": {"city"', '[TOOL_CALLS][{"name": "f", "arguments": {"city"', []),
         ('[TOOL_CALLS][{"nome": "f"}]', '[TOOL_CALLS][{"nome": "f"}]', []),
         ("a [TOOL_", "a [TOOL_", []),
+        # v11+ tokenizers: [TOOL_CALLS]name[ARGS]{...} a call ([CALL_ID]id before [ARGS] in v13)
+        ('[TOOL_CALLS]f[ARGS]{"city": "Paris", "n": 2}', None, [CALL_F]),
+        (('Sure [TOOL_CALLS]f[ARGS]{"city": "Paris", "n": 2}[TOOL_CALLS]g[ARGS]'
+          '{"q": "a </tool_call> b", "list": [1, {"x": null}]}'), "Sure ", [CALL_F, CALL_G]),
+        ('[TOOL_CALLS]f[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris", "n": 2} ok', " ok", [CALL_F]),
+        ('[TOOL_CALLS]f[ARGS]{"city"', '[TOOL_CALLS]f[ARGS]{"city"', []),  # cut off
+        ("[TOOL_CALLS]f and more", "[TOOL_CALLS]f and more", []),  # a name, no arguments
     ],
 }
 ALL = [(family, *case) for family, cases in CASES.items() for case in cases]
@@ -131,3 +140,77 @@ def test_the_forcing_constraint_accepts_exactly_calls_the_parser_reads(family):
     assert not accepts(parallel, unknown) and not accepts(parallel, "") and not accepts(parallel, "Hi")
     assert not accepts(parallel, one.replace('"Paris"', "3"))  # arguments follow the schema
     assert [c.name for c in parser.extract(two).tool_calls] == ["get_weather", "add"]
+
+
+def _deltas(family, text, step=1, parallel=True):
+    """(content, {index: (first delta, argument fragments)}) of `text` streamed `step`
+    characters at a time through the server's ToolDeltaStream."""
+    from slipstream.server.serving_tools import ToolDeltaStream, ToolPlan
+
+    stream = ToolDeltaStream(ToolPlan([], "auto", get_tool_parser(family), parallel, None))
+    pieces = [text[i:i + step] for i in range(0, len(text), step)] or [""]
+    content, calls = "", {}
+    for k, piece in enumerate(pieces):
+        got, deltas = stream.feed(piece, k == len(pieces) - 1)
+        content += got
+        for d in deltas:
+            if d["index"] not in calls:
+                calls[d["index"]] = (d, [])
+            else:
+                assert set(d) == {"index", "function"} and set(d["function"]) == {"arguments"}
+                calls[d["index"]][1].append(d["function"]["arguments"])
+    return content, calls
+
+
+@pytest.mark.parametrize("family,text,content,calls", [c for c in ALL if c[3]])
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_streamed_argument_fragments_concatenate_to_the_whole_arguments(family, text, content,
+                                                                       calls, step):
+    whole = get_tool_parser(family).extract(text).tool_calls
+    got_content, got = _deltas(family, text, step)
+    assert (got_content or None) == content
+    assert sorted(got) == list(range(len(whole)))
+    for i, call in enumerate(whole):
+        first, fragments = got[i]
+        assert first["id"].startswith("call_") and first["type"] == "function"
+        assert first["function"] == {"name": call.name, "arguments": ""}
+        assert "".join(fragments) == call.arguments and all(fragments)
+
+
+LONG = {"text": "word " * 30, "n": 12345, "ok": True, "nested": {"a": [1, 2.5, None, 'x"y\\ é 😀']}}
+_COMPACT, _INDENTED = json.dumps(LONG, separators=(",", ":")), json.dumps(LONG, indent=1)
+LONG_TEXTS = {
+    "hermes": f'<tool_call>\n{{"name": "f", "arguments": {json.dumps(LONG)}}}\n</tool_call>',
+    "llama3_json": f'{{"name": "f", "parameters": {_INDENTED}}}',
+    "mistral": f'[TOOL_CALLS][{{"name": "f", "arguments": {_COMPACT}}}]',
+    "mistral_v11": "[TOOL_CALLS]f[ARGS]" + json.dumps(LONG, ensure_ascii=False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONG_TEXTS))
+def test_a_long_argument_streams_in_many_fragments_as_it_is_written(case):
+    family, text = case.removesuffix("_v11"), LONG_TEXTS[case]
+    (call,) = get_tool_parser(family).extract(text).tool_calls
+    assert json.loads(call.arguments) == LONG
+    _, got = _deltas(family, text, step=4)
+    fragments = got[0][1]
+    assert "".join(fragments) == call.arguments
+    assert len(fragments) > 30  # not one fragment at the end
+    # the words of the long string arrive before the call is whole
+    stream_text = text[:text.index("12345")]
+    _, early = _deltas(family, stream_text, step=4)
+    assert "word " * 29 in "".join(early[0][1])
+
+
+def test_parallel_false_streams_only_the_first_call():
+    text = LONG_TEXTS["mistral_v11"] + '[TOOL_CALLS]g[ARGS]{"z": 1}'
+    assert sorted(_deltas("mistral", text, parallel=False)[1]) == [0]
+    assert sorted(_deltas("mistral", text)[1]) == [0, 1]
+
+
+def test_a_committed_call_whose_markup_breaks_is_not_content():
+    # the call's start was streamed; its markup then turns out malformed (a brace short):
+    # the client has the call, so the markup is not repeated as content
+    text = '<tool_call>\n{"name": "f", "arguments": {"city": "Paris"}\n</tool_call> after'
+    content, got = _deltas("hermes", text)
+    assert content == " after" and got[0][0]["function"]["name"] == "f"

@@ -232,6 +232,11 @@ def build_app(llm, args=None) -> FastAPI:
     async def get_response(response_id: str):
         return responses.get(response_id).response
 
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        responses.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": started, "owned_by": "slipstream",
                 "root": llm.model_name, "parent": None, "max_model_len": llm.max_model_len}

@@ -1,6 +1,7 @@
-"""Stored responses for `previous_response_id` and `GET /v1/responses/{id}`: a bounded
-in-memory LRU (--responses-store-size); the least recently used response goes first, and
-an evicted or unknown id is a 404 naming it. Used on the event loop only."""
+"""Stored responses for `previous_response_id`, `GET /v1/responses/{id}` and
+`DELETE /v1/responses/{id}`: a bounded in-memory LRU (--responses-store-size); the least
+recently used response goes first, and an evicted, deleted or unknown id is a 404 naming
+it. Used on the event loop only."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -35,8 +36,15 @@ class ResponseStore:
     def get(self, response_id: str, param: str | None = None) -> StoredResponse:
         stored = self._items.get(response_id)
         if stored is None:
-            raise APIError(404, f"no stored response with id {response_id!r} (it was never "
-                                "stored, or the server's --responses-store-size evicted it)",
-                           param)
+            raise _missing(response_id, param)
         self._items.move_to_end(response_id)
         return stored
+
+    def delete(self, response_id: str) -> None:
+        if self._items.pop(response_id, None) is None:
+            raise _missing(response_id, None)
+
+
+def _missing(response_id: str, param: str | None) -> APIError:
+    return APIError(404, f"no stored response with id {response_id!r} (it was never stored, "
+                         "was deleted, or the server's --responses-store-size evicted it)", param)

@@ -159,7 +159,7 @@ async def stream_response(state: ServingState, store: ResponseStore, prep: Prepa
     for event in writer.close():
         yield event
     status = status_of(finish_reason)
-    u = usage(counted["prompt_tokens"], counted["completion_tokens"]) if counted else None
+    u = usage(counted) if counted else None
     final = response_object(state, prep, status, writer.output, usage_=u)
     remember(store, prep, final)
     # response.completed also for an incomplete response (its status says so): the openai

@@ -18,7 +18,7 @@ from slipstream.server.serving_common import (PromptRun, ServingState, check_com
                                               resolve_max_tokens, sse, sse_events,
                                               truncate_prompt, validate_prompt)
 from slipstream.server.serving_reasoning import (ChatDeltas, constrain_after_reasoning,
-                                                 message_fields)
+                                                 message_fields, reasoning_tokens)
 from slipstream.model.tokenizer import ChatOptionError, ChatOptions
 from slipstream.server.serving_tools import (ToolDeltaStream, ToolPlan, plan_tools,
                                              reply_with_tools, template_messages)
@@ -132,9 +132,10 @@ def _chat_logprobs(state: ServingState, ids: list[int], lps, k: int) -> ChatLogp
 
 async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
     (out,) = await collect(state, [prep.request], prep.request_id)
-    choices, completion_tokens = [], 0
+    choices, completion_tokens, thinking = [], 0, 0
     for c in out.outputs:
         completion_tokens += len(c.token_ids)
+        thinking += _reasoning_tokens(state, prep, c.token_ids)
         lp = None
         if prep.top_logprobs is not None:
             lp = _chat_logprobs(state, c.token_ids, c.logprobs, prep.top_logprobs)
@@ -149,8 +150,24 @@ async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
                                   stop_reason=c.stop_reason))
     usage = UsageInfo(prompt_tokens=len(prep.prompt), completion_tokens=completion_tokens,
                       total_tokens=len(prep.prompt) + completion_tokens)
-    return ChatCompletionResponse(id=prep.request_id, model=state.model_name, choices=choices,
-                                  usage=usage).model_dump()
+    return _with_details(state, ChatCompletionResponse(
+        id=prep.request_id, model=state.model_name, choices=choices, usage=usage).model_dump(),
+        thinking)
+
+
+def _reasoning_tokens(state: ServingState, prep: PreparedChat, token_ids: list[int]) -> int:
+    if state.reasoning_parser is None:
+        return 0
+    return reasoning_tokens(state.reasoning_parser, state.need_tokenizer(), list(token_ids),
+                            prep.params.skip_special_tokens)
+
+
+def _with_details(state: ServingState, body: dict, thinking: int) -> dict:
+    """`body` whose usage has completion_tokens_details.reasoning_tokens, with a reasoning
+    parser (without one the usage stays as the completions endpoint's)."""
+    if state.reasoning_parser is not None and body.get("usage") is not None:
+        body["usage"]["completion_tokens_details"] = {"reasoning_tokens": thinking}
+    return body
 
 
 async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: PromptRun) -> AsyncIterator[str]:
@@ -162,6 +179,9 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
     deltas = ChatDeltas(state.reasoning_parser)
     parsing = prep.tools is not None and prep.tools.parser is not None
     tool_streams = {idx: ToolDeltaStream(prep.tools) for idx in range(req.n)} if parsing else {}
+    counting = (state.reasoning_parser is not None and req.stream_options is not None
+                and bool(req.stream_options.include_usage))
+    replies: dict[int, list[int]] = {idx: [] for idx in range(req.n)}  # for reasoning_tokens
 
     def chunk(idx: int, delta: dict, lp: ChatLogprobs | None = None, finish=None, stop_reason=None) -> str:
         # a plain dict, not the pydantic models: this runs once per streamed chunk
@@ -181,6 +201,8 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
             raise err
         for c in out.outputs:
             completion_tokens += len(c.new_token_ids)
+            if counting:
+                replies[c.index].extend(c.new_token_ids)
             lp = None
             if prep.top_logprobs is not None:
                 lp = _chat_logprobs(state, c.new_token_ids, c.new_logprobs, prep.top_logprobs)
@@ -203,9 +225,10 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
         n = len(prep.prompt)
         usage = UsageInfo(prompt_tokens=n, completion_tokens=completion_tokens,
                           total_tokens=n + completion_tokens)
-        yield sse(ChatCompletionChunk(id=prep.request_id, created=created,
-                                      model=state.model_name, choices=[],
-                                      usage=usage).model_dump())
+        thinking = sum(_reasoning_tokens(state, prep, ids) for ids in replies.values())
+        yield sse(_with_details(state, ChatCompletionChunk(
+            id=prep.request_id, created=created, model=state.model_name, choices=[],
+            usage=usage).model_dump(), thinking))
 
 
 def stream_chat(state: ServingState, prep: PreparedChat, run: PromptRun) -> AsyncIterator[str]:

@@ -1,6 +1,7 @@
 """The reasoning parser in chat (`--reasoning-parser`): a reply's thinking goes to
 `reasoning_content` and `reasoning` (vLLM sends both names), its answer to `content`; a
-stream sends deltas of the same names; a structured output constrains only the answer."""
+stream sends deltas of the same names; a structured output constrains only the answer;
+`reasoning_tokens` counts the thinking's tokens for the usage's reasoning_tokens."""
 from __future__ import annotations
 
 from typing import Any
@@ -18,6 +19,33 @@ def message_fields(parser: ReasoningParser | None, text: str) -> dict[str, Any]:
         return {"content": text}
     reasoning, content = parser.split(text)
     return {"content": content, "reasoning_content": reasoning, "reasoning": reasoning}
+
+
+def reasoning_tokens(parser: ReasoningParser | None, tokenizer, token_ids: list[int],
+                     skip_special_tokens: bool = True) -> int:
+    """How many of a reply's tokens are its thinking: those up to and with the one that
+    completes the closing tag (the tags count as thinking), all of them when the thinking
+    never closed; 0 without a parser or when the reply did not think. The reply's text is
+    decoded as the reply was (`skip_special_tokens`) and the boundary found by bisecting
+    on the length of decoded prefixes, a few decodes a reply."""
+    if parser is None or not token_ids:
+        return 0
+
+    def decoded(k: int) -> str:
+        return tokenizer.decode(token_ids[:k], skip_special_tokens=skip_special_tokens)
+
+    text = decoded(len(token_ids))
+    end = parser.reasoning_length(text)
+    if end == 0 or end >= len(text):
+        return len(token_ids) if end else 0
+    lo, hi = 1, len(token_ids)  # the fewest tokens whose text reaches past the thinking
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(decoded(mid)) >= end:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def reasoning_delta(reasoning: str, content: str) -> dict[str, str]:

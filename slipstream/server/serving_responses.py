@@ -196,9 +196,13 @@ def output_items(message: dict) -> list[dict]:
     return items
 
 
-def usage(prompt_tokens: int, output_tokens: int) -> dict:
+def usage(chat_usage: dict) -> dict:
+    """A chat usage as the Responses API's (reasoning_tokens: the thinking's tokens, with a
+    reasoning parser)."""
+    prompt_tokens, output_tokens = chat_usage["prompt_tokens"], chat_usage["completion_tokens"]
+    thinking = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
     return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": thinking},
             "total_tokens": prompt_tokens + output_tokens}
 
 
@@ -245,8 +249,7 @@ async def complete_response(state: ServingState, store: ResponseStore,
     chat = await complete_chat(state, prep.chat)
     choice = chat["choices"][0]
     output = output_items(choice["message"])
-    u = chat["usage"]
     response = response_object(state, prep, status_of(choice["finish_reason"]), output,
-                               usage_=usage(u["prompt_tokens"], u["completion_tokens"]))
+                               usage_=usage(chat["usage"]))
     remember(store, prep, response)
     return response

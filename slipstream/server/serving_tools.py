@@ -17,7 +17,8 @@ from typing import Any
 
 from slipstream.sampling.structured import StructuredOutputsParams
 from slipstream.server.errors import bad_request
-from slipstream.server.tool_parsers import ToolCall, ToolParser
+from slipstream.server.tool_parsers import ToolParser
+from slipstream.server.tool_parsers.base import new_call_id
 
 __all__ = ["ToolPlan", "plan_tools", "template_messages", "reply_with_tools", "ToolDeltaStream"]
 
@@ -139,27 +140,49 @@ def reply_with_tools(plan: ToolPlan | None, text: str) -> tuple[str | None, list
 
 
 class ToolDeltaStream:
-    """One streamed choice's deltas: content without markup, and OpenAI's tool-call deltas
-    (the call's index, id, type and name first, then its arguments)."""
+    """One streamed choice's deltas: content without markup, and OpenAI's tool-call deltas.
+    A call's first delta has its index, id, type, name and arguments ""; then its arguments
+    come in fragments as the model writes them (the sure prefixes the parser tells), the
+    last fragment when the call is whole; the fragments concatenate to the arguments the
+    unstreamed reply has."""
 
     def __init__(self, plan: ToolPlan):
         self.plan = plan
-        self.stream = plan.parser.stream()
-        self.calls = 0
+        self.stream = plan.parser.stream(partial=True)
+        self.ids: dict[int, str] = {}  # the calls begun: index -> id
+        self.sent: dict[int, str] = {}  # the arguments sent of each
+
+    @property
+    def calls(self) -> int:
+        return len(self.ids)
 
     def feed(self, text: str, finished: bool) -> tuple[str, list[dict]]:
         """(content delta, tool-call deltas) for a piece of the reply."""
         d = self.stream.feed(text)
-        content, calls = d.content, d.tool_calls
+        content, calls, partial = d.content, d.tool_calls, d.partial
         if finished:
             end = self.stream.finish()
             content, calls = content + end.content, calls + end.tool_calls
-        return content, [delta for call in calls for delta in self._deltas(call)]
+            partial = []
+        deltas: list[dict] = []
+        for call in calls:
+            deltas += self._grow(call.index, call.name, call.arguments, call.id)
+        for p in partial:
+            deltas += self._grow(p.index, p.name, p.arguments)
+        return content, deltas
 
-    def _deltas(self, call: ToolCall) -> list[dict]:
-        if self.calls and not self.plan.parallel:
+    def _grow(self, index: int, name: str, arguments: str, call_id: str | None = None) -> list[dict]:
+        """The deltas that take call `index` to `arguments` (a prefix of its final text)."""
+        if index and not self.plan.parallel:
             return []
-        index, self.calls = self.calls, self.calls + 1
-        return [{"index": index, "id": call.id, "type": "function",
-                 "function": {"name": call.name, "arguments": ""}},
-                {"index": index, "function": {"arguments": call.arguments}}]
+        out = []
+        if index not in self.ids:
+            self.ids[index] = call_id or new_call_id()
+            self.sent[index] = ""
+            out.append({"index": index, "id": self.ids[index], "type": "function",
+                        "function": {"name": name, "arguments": ""}})
+        sent = self.sent[index]
+        if len(arguments) > len(sent) and arguments.startswith(sent):
+            self.sent[index] = arguments
+            out.append({"index": index, "function": {"arguments": arguments[len(sent):]}})
+        return out

@@ -53,6 +53,13 @@ class ReasoningParser:
         whole = splitter.feed(text) + splitter.finish()
         return splitter.result(whole)
 
+    def reasoning_length(self, text: str) -> int:
+        """How many characters at the start of a whole output are its thinking, its tags
+        included (0: it did not think; all of them: it never left the thinking)."""
+        splitter = self.splitter()
+        whole = splitter.feed(text) + splitter.finish()
+        return len(text) - len(whole.content) if splitter.thought else 0
+
     def reasoning_format(self) -> dict[str, Any]:
         """The xgrammar structural-tag format of the free thinking part that comes before a
         structured output's constraint (grammar.py)."""

@@ -7,6 +7,12 @@ generated text in pieces, it gives content deltas and whole tool calls, holding 
 that may still become markup, so markup never reaches the content. `extract` is the same
 machine fed the whole text at once, so a stream split anywhere assembles to what `extract`
 returns. Markup that does not read as a call (malformed JSON, no name) stays content.
+
+A stream made with `partial=True` (the server's) also tells the calls still being written
+(`StreamDelta.partial`: each call's index, name and the sure prefix of its arguments, from
+the family's `partial_calls`), so their arguments can be streamed as they are generated. A
+call told that way is committed: should its markup then turn out malformed, that markup is
+dropped rather than given out as content (the client already has the call).
 """
 from __future__ import annotations
 
@@ -15,8 +21,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["ToolCall", "ExtractedToolCalls", "StreamDelta", "ToolParser", "ToolCallStream",
-           "NEED_MORE", "new_call_id"]
+from slipstream.server.tool_parsers.partial import arguments_prefix, partial_json
+
+__all__ = ["NEED_MORE", "ExtractedToolCalls", "PartialCall", "StreamDelta", "ToolCall",
+           "ToolCallStream", "ToolParser", "new_call_id"]
 
 
 def new_call_id() -> str:
@@ -29,6 +37,7 @@ class ToolCall:
     arguments: str  # a JSON object's text
     id: str = field(default_factory=new_call_id)
     type: str = "function"
+    index: int = 0  # its place among the reply's calls
 
     def to_openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": self.type,
@@ -42,9 +51,19 @@ class ExtractedToolCalls:
 
 
 @dataclass
+class PartialCall:
+    """A call still being written: its name is whole, `arguments` is the sure prefix of its
+    final arguments text (partial.py)."""
+    index: int
+    name: str
+    arguments: str
+
+
+@dataclass
 class StreamDelta:
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)  # calls completed by this piece
+    partial: list[PartialCall] = field(default_factory=list)  # calls still being written
 
 
 NEED_MORE = None  # read_calls: the text so far may still become a call
@@ -92,6 +111,12 @@ class ToolParser:
         markup), unless only whitespace (between calls: dropped); (0, []) ends the tool section, and is never the answer at a start marker."""
         raise NotImplementedError
 
+    def partial_calls(self, text: str) -> list[tuple[str, Any, bool]]:
+        """The calls being written in `text` (as read_calls gets it, while it answers
+        NEED_MORE): (name, arguments so far, whether they are whole), only calls whose name
+        is whole and whose arguments have begun. A family without it streams each call whole."""
+        return []
+
     def extract(self, text: str) -> ExtractedToolCalls:
         stream = ToolCallStream(self)
         first, last = stream.feed(text), stream.finish()
@@ -99,8 +124,8 @@ class ToolParser:
         calls = first.tool_calls + last.tool_calls
         return ExtractedToolCalls(content if content or not calls else None, calls)
 
-    def stream(self) -> ToolCallStream:
-        return ToolCallStream(self)
+    def stream(self, partial: bool = False) -> ToolCallStream:
+        return ToolCallStream(self, partial)
 
     # helpers for the families
     @staticmethod
@@ -134,6 +159,29 @@ class ToolParser:
                 return False
             return NEED_MORE
 
+    @staticmethod
+    def partial_call_of(text: str, pos: int,
+                        args_keys: tuple[str, ...] = ("arguments", "parameters")) -> list:
+        """partial_calls' entry for a call object starting at `pos` ({"name", args_keys[i]:
+        {...}}): whole if it decodes, else read by partial-json-parser; [] until its name is
+        followed by the arguments' opening brace."""
+        whole = True
+        try:
+            value, _ = _DECODER.raw_decode(text, pos)
+        except ValueError:
+            value, whole = partial_json(text[pos:]), False
+        return ToolParser.partial_entry(value, whole, args_keys)
+
+    @staticmethod
+    def partial_entry(value: Any, whole: bool, args_keys: tuple[str, ...]) -> list:
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            return []
+        for key in args_keys:  # the key call_of reads the arguments from
+            if key in value:
+                args = value[key]  # a dict once its brace is written: the name is whole
+                return [(value["name"], args, whole)] if isinstance(args, dict) else []
+        return []
+
 
 _DECODER = json.JSONDecoder()
 
@@ -164,12 +212,14 @@ def _closes(text: str, pos: int) -> bool:
 class ToolCallStream:
     """Feed generated text, get content and completed tool calls (see the module doc)."""
 
-    def __init__(self, parser: ToolParser):
+    def __init__(self, parser: ToolParser, partial: bool = False):
         self.parser = parser
+        self.partial = partial
         self.pending = ""  # text not yet given out
         self.in_tools = False
         self.seen_text = False  # anything but whitespace given out as content yet
-        self.count = 0
+        self.count = 0  # calls completed (and committed calls whose markup broke)
+        self.told = 0  # calls told as partial: indices below it are committed
 
     def feed(self, text: str) -> StreamDelta:
         self.pending += text
@@ -201,12 +251,20 @@ class ToolCallStream:
                 self.seen_text = True
                 continue
             if calls:
-                out.tool_calls.extend(ToolCall(c["name"], c["arguments"]) for c in calls)
+                out.tool_calls.extend(ToolCall(c["name"], c["arguments"], index=self.count + i)
+                                      for i, c in enumerate(calls))
                 self.count += len(calls)
+            elif self.told > self.count:  # committed calls whose markup broke: dropped
+                self.count = self.told
             elif self.pending[:used].strip():  # markup that is no call: content
                 out.content += self.pending[:used]
                 self.seen_text = True
+            self.told = max(self.told, self.count)
             self.pending = self.pending[used:]
+        if self.partial and self.in_tools and self.pending and not final:
+            for i, (name, args, whole) in enumerate(self.parser.partial_calls(self.pending)):
+                out.partial.append(PartialCall(self.count + i, name, arguments_prefix(args, whole)))
+            self.told = max(self.told, self.count + len(out.partial))
         return out
 
     def _find_start(self, final: bool) -> tuple[int, bool]:

@@ -44,3 +44,11 @@ class HermesToolParser(ToolParser):
         if close < 0:
             return NEED_MORE if not final else (len(text), [])
         return close + len(CLOSE), []
+
+    def partial_calls(self, text: str) -> list[tuple[str, Any, bool]]:
+        lead = len(text) - len(text.lstrip())
+        if not text.startswith(OPEN, lead):
+            return []
+        body = lead + len(OPEN)
+        body += len(text[body:]) - len(text[body:].lstrip())
+        return self.partial_call_of(text, body, ("arguments",))

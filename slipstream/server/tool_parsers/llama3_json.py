@@ -19,7 +19,9 @@ class Llama3JsonToolParser(ToolParser):
     call_end = "}"
     call_separator = "; "
 
-    def read_calls(self, text: str, final: bool) -> tuple[int, list[dict[str, Any]]] | None:
+    @staticmethod
+    def _call_start(text: str) -> int:
+        """Where the next call's JSON would start: after whitespace, the tag or a ";"."""
         pos = len(text) - len(text.lstrip())
         if text.startswith(PYTHON_TAG, pos):
             pos += len(PYTHON_TAG)
@@ -27,6 +29,10 @@ class Llama3JsonToolParser(ToolParser):
         elif text.startswith(";", pos):
             pos += 1
             pos += len(text[pos:]) - len(text[pos:].lstrip())
+        return pos
+
+    def read_calls(self, text: str, final: bool) -> tuple[int, list[dict[str, Any]]] | None:
+        pos = self._call_start(text)
         if pos >= len(text):
             return NEED_MORE if not final else (len(text), [])
         if text[pos] != "{":
@@ -39,3 +45,9 @@ class Llama3JsonToolParser(ToolParser):
         end, value = found
         call = self.call_of(value, ("parameters", "arguments"))
         return end, [call] if call else []
+
+    def partial_calls(self, text: str) -> list[tuple[str, Any, bool]]:
+        pos = self._call_start(text)
+        if pos >= len(text) or text[pos] != "{":
+            return []
+        return self.partial_call_of(text, pos, ("parameters", "arguments"))
