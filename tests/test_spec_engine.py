@@ -89,14 +89,15 @@ def test_speculation_off_adds_no_stats(tiny_model):
     assert not any(k.startswith("spec_") for k in llm.engine.stats())
 
 
-def test_smollm2_greedy_ngram_equals_plain_and_accepts_drafts():
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_smollm2_greedy_ngram_equals_plain_and_accepts_drafts(async_scheduling):
     """The real SmolLM2 (embedded GGUF) copying lists it was given: prompt lookup drafts the
     copies, many drafts are accepted, the tokens are those of plain decoding."""
     prompt = ("Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape.\n"
               "Copy: apple, banana, cherry, date, elderberry, fig, grape.\nList: red, green, blue, "
               "yellow, purple.\nCopy:")
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    common = dict(device="cpu", max_model_len=512, max_num_seqs=4)
+    common = dict(device="cpu", max_model_len=512, max_num_seqs=4, async_scheduling=async_scheduling)
     plain = LLM(None, **common).generate([prompt], params)[0].outputs[0]
     llm = LLM(None, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                         "prompt_lookup_max": 4, "prompt_lookup_min": 2}, **common)
@@ -148,3 +149,26 @@ def test_metrics_and_bench_read_the_speculation_counters(tiny_model):
     assert summary["mean_accepted_length"] == stats["spec_mean_accepted_length"] >= 1.0
     assert speculation_summary(stats, stats, 3)["drafted"] == 0
     assert speculation_summary({}, {"num_running": 0}, 3) == {}
+
+
+@pytest.mark.slow
+def test_mixed_workload_with_preemption_prefix_hits_and_stop_strings(tokenized_tiny):
+    """The async-equivalence mix (stop strings, EOS, seeds, temperatures, shared prefixes,
+    staggered arrivals, aborts) in a KV cache small enough to preempt: with n-gram speculation
+    every request that was not aborted gets plain decoding's tokens, text and finish reason."""
+    from async_mix import mix, run_mix
+
+    reqs = mix(tokenized_tiny)
+    common = dict(device="cpu", max_model_len=256, num_kv_blocks=24, max_num_batched_tokens=64,
+                  max_num_seqs=12, debug_kv=True)
+    plain = run_mix(LLM(tokenized_tiny, async_scheduling=False, **common), reqs)
+    aborted = {rid for rid, (_, _, reason) in plain.items() if reason == "abort"}
+    for async_scheduling in (False, True):
+        llm = LLM(tokenized_tiny, async_scheduling=async_scheduling, speculative_config=NGRAM, **common)
+        got = run_mix(llm, reqs)
+        assert {r: v for r, v in got.items() if r not in aborted and v[2] != "abort"} == \
+            {r: v for r, v in plain.items() if r not in aborted and r in got and got[r][2] != "abort"}
+        assert len(got) == len(plain)
+        stats = llm.engine.stats()
+        assert stats["spec_num_accepted_tokens"] > 0 and llm.engine.scheduler.num_preemptions > 0
+        assert llm.engine.pool.num_free == llm.engine.pool.num_blocks

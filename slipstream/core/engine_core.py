@@ -116,6 +116,7 @@ class EngineCore:
             if tp > 1:
                 raise ValueError("speculative_config needs tensor_parallel_size=1 for now")
             self.scheduler.speculative = SpecScheduling(config.speculative_config, self.max_model_len)
+            self.scheduler.speculative.device = async_mode  # (drafts made on the GPU)
         self.timeline = Timeline() if config.trace else None
         self.loop = StepLoop(self.scheduler, self.runner, 2 if async_mode else 1, self.timeline)
         self.requests: dict[str, Request] = {}
@@ -302,6 +303,8 @@ class EngineCore:
             raise RuntimeError("cannot switch modes while batches are in flight")
         self.async_scheduling = enabled
         self.loop.depth = 2 if enabled else 1
+        if self.scheduler.speculative is not None:
+            self.scheduler.speculative.device = enabled
 
     def reset_prefix_cache(self) -> None:
         """Forget cached prefixes (benchmarks run the same prompts twice)."""

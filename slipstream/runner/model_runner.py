@@ -48,8 +48,9 @@ class Launched:
     # states wait in the slot's `sample_hidden`), its sampling waits for its token bitmask
     # (`finish_launch`); the step's shape until then
     pending_shape: StepShape | None = None
-    # a batch with drafts: pinned host (emitted tokens [S, k + 1], counts [S]) (runner/speculative.py)
-    spec_out: tuple[torch.Tensor, torch.Tensor] | None = None
+    # a batch with drafts: pinned host (emitted tokens [S, k + 1], their counts [S], drafts
+    # verified [S]) (runner/speculative.py)
+    spec_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def needs_mask(self) -> bool:
@@ -390,6 +391,7 @@ class ModelRunner:
         if launched.spec_out is not None:
             result.spec_tokens = launched.spec_out[0].numpy().copy()
             result.num_emitted = launched.spec_out[1].numpy().copy()
+            result.num_drafted = launched.spec_out[2].numpy().copy()
         if launched.prompt_logprobs is not None:  # (its compute finished before d2h_done)
             result.prompt_logprobs = [(lp.cpu().numpy(), ids.cpu().numpy()) for lp, ids in launched.prompt_logprobs]
         if self.trace_origin is not None and self.streams.cuda:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from slipstream.runner.inputs import fill_inputs
+from slipstream.runner.spec_device import DeviceDraftInputs, prepare_device_drafts
 from slipstream.sampling.columns import ALL_COLUMNS
 from slipstream.sampling.sampler import GREEDY_EPS, SamplingTensors, processed_logits
 
@@ -36,16 +37,28 @@ class SpecBuffers:
     """One slot's verification outputs: emitted tokens and their counts, device and host."""
     tokens: torch.Tensor  # int32 [max_seqs, k + 1]
     num_emitted: torch.Tensor  # int32 [max_seqs]
+    drafted: torch.Tensor  # int32 [max_seqs]: drafts each row verified
     host_tokens: torch.Tensor
     host_num_emitted: torch.Tensor
+    host_drafted: torch.Tensor
 
     @classmethod
     def new(cls, max_seqs: int, k: int, device: torch.device) -> "SpecBuffers":
         pin = device.type == "cuda"
         tokens = torch.full((max_seqs, k + 1), -1, dtype=torch.int32, device=device)
         num = torch.zeros(max_seqs, dtype=torch.int32, device=device)
-        return cls(tokens, num, torch.zeros(tokens.shape, dtype=torch.int32, pin_memory=pin),
+        return cls(tokens, num, torch.zeros_like(num), torch.zeros(tokens.shape, dtype=torch.int32, pin_memory=pin),
+                   torch.zeros(num.shape, dtype=torch.int32, pin_memory=pin),
                    torch.zeros(num.shape, dtype=torch.int32, pin_memory=pin))
+
+    def download(self, S: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copy the first S rows out (current stream); the pinned host views."""
+        out = []
+        for dev, host in ((self.tokens, self.host_tokens), (self.num_emitted, self.host_num_emitted),
+                          (self.drafted, self.host_drafted)):
+            host[:S].copy_(dev[:S], non_blocking=True)
+            out.append(host[:S])
+        return tuple(out)
 
 
 def spec_buffers(runner, slot_index: int, k: int) -> SpecBuffers:
@@ -67,6 +80,7 @@ def launch_speculative(runner, batch, launched_cls):
     S, spec = len(batch.sampled), batch.spec
     bufs = spec_buffers(runner, slot.index, spec.k)
     rows = np.flatnonzero(spec.num_drafts > 0)
+    device_drafting = spec.draft_tokens is None
     # the drafting rows' query tokens in the step, k + 1 a row (the last one repeated)
     last = slot.host.logits_indices[:S][rows].astype(np.int64)
     nd = spec.num_drafts[rows].astype(np.int64)
@@ -80,16 +94,27 @@ def launch_speculative(runner, batch, launched_cls):
         slot.upload(batch.num_seqs)
         dev = runner.device
         verify_in = (torch.as_tensor(rows, dtype=torch.long).to(dev, non_blocking=True),
-                     torch.as_tensor(positions.ravel()).to(dev, non_blocking=True),
-                     torch.as_tensor(spec.draft_tokens[rows]).to(dev, non_blocking=True),
-                     torch.as_tensor(spec.num_drafts[rows]).to(dev, non_blocking=True))
+                     torch.as_tensor(positions.ravel()).to(dev, non_blocking=True))
+        if device_drafting:
+            dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
+            uploaded = verify_in + dd_in.tensors()
+        else:
+            verify_in += (torch.as_tensor(spec.draft_tokens[rows]).to(dev, non_blocking=True),
+                          torch.as_tensor(spec.num_drafts[rows]).to(dev, non_blocking=True))
+            uploaded = verify_in
         slot.h2d_done.record()
+    if s.cuda:  # made on the h2d stream, read on the compute stream
+        for t in uploaded:
+            t.record_stream(s.compute)
     with s.on(s.compute):
         s.wait(s.compute, slot.h2d_done)
         s.wait(s.compute, slot.d2h_done)
         slot.compute_start.record()
         for row, prompt, outputs in batch.penalty_resets:
             runner.penalties.reset_row(row, prompt, outputs)
+        if device_drafting:
+            prev = spec_buffers(runner, 1 - slot.index, spec.k)
+            verify_in += prepare_device_drafts(runner, slot, shape, spec, dd_in, prev.num_emitted)
         hidden = runner.forward_hidden(slot, shape)
         launched.prompt_logprobs = runner.prompt_logprobs(hidden, spans) if spans else None
         logits = runner.logits(slot, shape, hidden)
@@ -104,10 +129,8 @@ def launch_speculative(runner, batch, launched_cls):
         s.wait(s.d2h, slot.compute_done)
         slot.d2h_start.record()
         slot.download(S, launched.num_logprobs)
-        bufs.host_tokens[:S].copy_(bufs.tokens[:S], non_blocking=True)
-        bufs.host_num_emitted[:S].copy_(bufs.num_emitted[:S], non_blocking=True)
+        launched.spec_out = bufs.download(S)
         slot.d2h_done.record()
-    launched.spec_out = (bufs.host_tokens[:S], bufs.host_num_emitted[:S])
     return launched
 
 
@@ -122,6 +145,7 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     bufs.tokens[:S].fill_(-1)
     bufs.tokens[:S, 0].copy_(d.tokens[:S])
     bufs.num_emitted[:S].fill_(1)
+    bufs.drafted[:S].zero_()
     logits = runner.model.compute_logits(hidden.index_select(0, positions))
     cols = {c.name: getattr(d, c.name)[:S].index_select(0, rows).repeat_interleave(K1) for c in ALL_COLUMNS}
     token_index = (d.token_index[:S].index_select(0, rows)[:, None]
@@ -136,4 +160,5 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     out, num = out.to(torch.int32), num.to(torch.int32)
     bufs.tokens[:S].index_copy_(0, rows, out)
     bufs.num_emitted[:S].index_copy_(0, rows, num)
+    bufs.drafted[:S].index_copy_(0, rows, num_drafts.to(torch.int32))
     d.tokens[:S].index_copy_(0, rows, out.gather(1, (num.long() - 1)[:, None]).squeeze(1))

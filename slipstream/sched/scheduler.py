@@ -85,6 +85,7 @@ class BatchResult:
     # [S, k + 1] (-1 past them), and their count [S]; `tokens` holds the last of them
     spec_tokens: np.ndarray | None = None
     num_emitted: np.ndarray | None = None
+    num_drafted: np.ndarray | None = None  # int32 [S]: the drafts each row verified
 
 
 class _BatchBuilder:
@@ -99,7 +100,9 @@ class _BatchBuilder:
         self.sampled: list[Request] = []
         self.penalty_resets: list[tuple[int, list[int], list[int]]] = []
         self.prompt_logprobs: list[tuple[int, int, int, int]] = []
-        self.drafts: list[np.ndarray] | None = None  # per sampling row, when speculation is on
+        # per sampling row while rows draft: host drafts, or the count of the GPU's draft slots
+        self.drafts: list[np.ndarray | int] | None = None
+        self.shift: list[int] | None = None  # per sequence row, with device drafting (SpecBatch.shift_src)
 
 
 class Scheduler:
@@ -146,6 +149,8 @@ class Scheduler:
 
     def _release(self, req: Request) -> None:
         self.pool.free(req.block_ids[req.num_freed_blocks:])
+        if self.speculative is not None:
+            self.speculative.forget(req)
         row = req.row
         self.in_flight.release_later(lambda: self.table.release(row))
         req.block_ids, req.block_keys, req.row, req.num_computed = [], [], -1, 0
@@ -165,12 +170,16 @@ class Scheduler:
         preempted = self.num_preemptions
         stalled = False
         spec = self.speculative
+        drafting = False
         if spec is not None:
-            b.drafts = []
-            self.drafting = spec.enabled_for(len(self.running), chain(self.running, self.waiting))
+            drafting = spec.enabled_for(len(self.running), chain(self.running, self.waiting))
+            # (device drafting: rows after a verification step still need their shift)
+            drafting = drafting or bool(spec.device and spec.verifying)
+            b.drafts, b.shift = ([], [] if spec.device else None) if drafting else (None, None)
+            self.drafting = drafting and not spec.device
         # (rows that draft take their own loop: a plain step's loop stays as it is)
-        i = len(self.running) if self.drafting else 0
-        if self.drafting:
+        i = len(self.running) if drafting else 0
+        if drafting:
             budget, stalled = self._schedule_drafting(b, budget)
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -193,6 +202,7 @@ class Scheduler:
     def _schedule_drafting(self, b: _BatchBuilder, budget: int) -> tuple[int, bool]:
         """The running requests' part of `schedule` when rows draft (the loop of a plain step,
         plus the drafts); returns the budget left and whether a request stalled."""
+        spec = self.speculative
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -200,13 +210,18 @@ class Scheduler:
                 i += 1
                 continue
             n = min(req.num_tokens_with_pending - req.num_computed, budget)
-            drafts = self._drafts(req, budget - n) if n == 1 else None
-            m = 0 if drafts is None else len(drafts)
-            if not self._reserve(req, req.num_computed + n + m):
+            drafts, m, shift = None, 0, 0
+            if spec.device:  # the GPU drafts k tokens; the step before may shift the row
+                shift = spec.k if req.num_pending and req in spec.verifying else 0
+                m = spec.k if n == 1 and spec.may_verify(req, budget - n) else 0
+            elif n == 1:  # drafted here, now
+                drafts = self._drafts(req, budget - n)
+                m = 0 if drafts is None else len(drafts)
+            if not self._reserve(req, min(req.num_computed + n + m + shift, self.table.token_ids.shape[1])):
                 return budget, req.status is Status.RUNNING
-            if m:  # the step's inputs past the known tokens (rewritten as tokens arrive)
+            if drafts is not None:  # the step's inputs past the known tokens (rewritten as tokens arrive)
                 self.table.token_ids[req.row, req.num_tokens:req.num_tokens + m] = drafts
-            self._add(b, req, n + m, drafts)
+            self._add(b, req, n, m, drafts, shift > 0)
             budget -= n + m
             i += 1
         return budget, False
@@ -276,8 +291,12 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _add(self, b: _BatchBuilder, req: Request, n: int, drafts: np.ndarray | None = None) -> None:
-        """Schedule `n` tokens of `req` (its last `len(drafts)` are drafts, when given)."""
+    def _add(self, b: _BatchBuilder, req: Request, n: int, num_drafts: int = 0,
+             drafts: np.ndarray | None = None, shift: bool = False) -> None:
+        """Schedule `n` tokens of `req`, then `num_drafts` draft slots (`drafts`: their host
+        tokens; None: the GPU drafts them).  `num_computed` counts the `n` only: the drafts'
+        KV slots are reserved, and become computed tokens only once accepted (`update`).
+        `shift`: the GPU moves the row by what its previous step accepted past one token."""
         start = req.num_computed
         carry = -1
         if start >= req.num_tokens:  # its input is the token batch N-1 is still drawing
@@ -289,18 +308,23 @@ class Scheduler:
             self._add_prompt_logprobs(b, req, start, n)
         b.requests.append(req)
         b.start.append(start)
-        b.num_new.append(n)
+        b.num_new.append(n + num_drafts)
         b.carry.append(carry)
+        if b.shift is not None:
+            b.shift.append(carry if shift else -1)
+            self.speculative.verifying.discard(req)
+            if num_drafts:
+                self.speculative.verifying.add(req)
         req.num_computed = start + n
         self._register_blocks(req)
-        if req.num_computed - (0 if drafts is None else len(drafts)) == req.num_tokens_with_pending:
+        if req.num_computed == req.num_tokens_with_pending:
             b.sample_seq.append(len(b.requests) - 1)
             b.token_index.append(req.num_scheduled_outputs)
             req.last_sample = (b.batch_id, len(b.sampled))
             b.sampled.append(req)
             req.num_pending += 1
             if b.drafts is not None:
-                b.drafts.append(_NO_DRAFTS if drafts is None else drafts)
+                b.drafts.append(num_drafts if drafts is None else drafts)
 
     def _free_behind_window(self, req: Request, start: int) -> None:
         """Free the blocks below the oldest key of the query at `start` (this step's first;
@@ -351,7 +375,11 @@ class Scheduler:
         batch.penalty_resets = b.penalty_resets
         batch.prompt_logprobs = b.prompt_logprobs
         if b.drafts is not None:
-            batch.spec = self.speculative.batch(b.drafts)
+            batch.spec = self.speculative.batch(b.drafts, b.shift, b.requests)
+            if batch.spec is not None and batch.spec.shift_src is not None:
+                batch.max_seq_len = min(batch.max_seq_len + batch.spec.k, self.table.token_ids.shape[1])
+        elif self.speculative is not None and self.speculative.device:
+            self.speculative.unsynced(b.requests)  # (this step writes no device history)
         if self.pool.debug:
             batch.blocks = frozenset(x for r in b.requests for x in r.block_ids[r.num_freed_blocks:])
         return batch
@@ -412,13 +440,16 @@ class Scheduler:
         the first that ends the request; then its KV is trusted up to its last known token
         only: the rejected drafts' entries past it are rewritten before any query reads them."""
         emitted = int(result.num_emitted[j])
-        self.speculative.record(int(spec.num_drafts[j]), emitted)
+        if result.num_drafted[j]:  # (device drafting: a row may have found none)
+            self.speculative.record(int(result.num_drafted[j]), emitted)
         if req.finished:
             return
         for token in result.spec_tokens[j, :emitted].tolist():
             if self._append_token(req, token, result, j):
                 return
-        req.num_computed = req.num_tokens - 1
+        if req.status is Status.RUNNING:  # (a preempted request recomputes from 0)
+            # every step still in flight for it is counted as one token, as always
+            req.num_computed = req.num_tokens - 1 + req.num_pending
 
     @staticmethod
     def _grammar_reason(req: Request, token: int, reason: str | None) -> str | None:
@@ -462,9 +493,6 @@ class Scheduler:
         if req.logprobs is None:
             req.logprobs = []
         req.logprobs.append(entry)
-
-
-_NO_DRAFTS = np.zeros(0, np.int32)
 
 
 def _logprob_entry(token: int, lps: list[float], top_ids: list[int], k: int) -> dict[int, float]:

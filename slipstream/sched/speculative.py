@@ -22,7 +22,7 @@ accepts, so the engine's loop waits for a batch with drafts before it schedules 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,8 +34,16 @@ from slipstream.spec.config import SpeculativeConfig
 class SpecBatch:
     """The drafts of a batch's sampling rows (rows that draft nothing have 0)."""
     k: int  # columns of draft_tokens: the configured num_speculative_tokens
-    draft_tokens: np.ndarray  # int32 [S, k], -1 past a row's drafts
-    num_drafts: np.ndarray  # int32 [S]
+    # int32 [S, k], -1 past a row's drafts; None: the GPU drafts them (device drafting)
+    draft_tokens: np.ndarray | None
+    num_drafts: np.ndarray  # int32 [S]: host drafts, or the GPU's draft slots (k or 0)
+    # device drafting: per sequence row, the previous batch's sample row whose emitted count
+    # shifts this row (positions, lengths, slots, token index), or -1
+    shift_src: np.ndarray | None = None
+    # device drafting: (table row, known tokens) to write into the device token history first
+    history_resets: list[tuple[int, list[int]]] = field(default_factory=list)
+    min_n: int = 1  # n-gram lengths the GPU's drafter matches
+    max_n: int = 1
 
 
 @dataclass
@@ -77,6 +85,30 @@ class SpecScheduling:
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
         self.stats = SpecStats()
+        # device drafting (asynchronous scheduling): the GPU drafts from a device-side token
+        # history right before the step, once the previous step's accepted tokens are there
+        self.device = False
+        self.verifying: set[Request] = set()  # requests whose newest step in flight verifies drafts
+        self.synced: set[Request] = set()  # requests whose device token history is complete
+
+    def forget(self, req: Request) -> None:
+        """`req` left the running set (finished or preempted): its row goes back."""
+        self.verifying.discard(req)
+        self.synced.discard(req)
+
+    def unsynced(self, requests) -> None:
+        """A plain step ran these requests: their device histories miss its tokens."""
+        for req in requests:
+            self.synced.discard(req)
+
+    def may_verify(self, req: Request, budget: int) -> bool:
+        """Device drafting: whether `req` gets k draft slots this step.  Its true position is
+        unknown by up to k (its step in flight may accept k drafts), so its KV is reserved
+        for 1 + 2k tokens, within the context."""
+        p = req.params
+        return (req.num_pending <= 1 and budget >= self.k and not p.uses_penalties and p.logprobs is None
+                and req.num_scheduled_outputs >= p.min_tokens
+                and req.num_computed + 1 + 2 * self.k <= self.max_model_len)
 
     def enabled_for(self, num_running: int, requests) -> bool:
         """Whether this step drafts at all: within disable_by_batch_size, and no grammar."""
@@ -103,16 +135,32 @@ class SpecScheduling:
         drafts = propose_ngram(tokens, self.k, c.prompt_lookup_min, c.prompt_lookup_max)
         return np.asarray(drafts, np.int32)[:limit]
 
-    def batch(self, drafts: list[np.ndarray]) -> SpecBatch | None:
-        """The batch's SpecBatch from each sampling row's drafts; None when none drafted."""
-        if not any(len(d) for d in drafts):
+    def batch(self, drafts: list, shift: list[int] | None, requests: list[Request]) -> SpecBatch | None:
+        """The batch's SpecBatch from each sampling row's drafts (host drafts, or the count of
+        the GPU's draft slots) and, with device drafting, each sequence row's shift source;
+        None when no row drafts and none shifts."""
+        if self.device:
+            num = np.array(drafts, np.int32)
+            shift_src = np.array(shift, np.int32)
+            if not num.any() and not (shift_src >= 0).any():
+                self.unsynced(requests)
+                return None
+            if num.any():
+                self.stats.num_spec_steps += 1
+            resets = [(r.row, r.token_ids()) for r in requests if r not in self.synced]
+            self.synced.update(requests)
+            c = self.config
+            return SpecBatch(self.k, None, num, shift_src, resets, c.prompt_lookup_min, c.prompt_lookup_max)
+        drafts = [d for d in drafts]
+        if not any(not isinstance(d, int) for d in drafts):  # (an int: no drafts for that row)
             return None
         S = len(drafts)
         tokens = np.full((S, self.k), -1, np.int32)
         num = np.zeros(S, np.int32)
         for j, d in enumerate(drafts):
-            tokens[j, :len(d)] = d
-            num[j] = len(d)
+            if not isinstance(d, int):
+                tokens[j, :len(d)] = d
+                num[j] = len(d)
         self.stats.num_spec_steps += 1
         return SpecBatch(self.k, tokens, num)
 

@@ -1,0 +1,122 @@
+"""Device drafting: under asynchronous scheduling, batch N+1 is built before batch N's
+accepted counts are known, so the GPU finishes N+1's inputs at the start of its step.
+
+The scheduler lays a row out as if every step in flight emits one token; a row whose
+previous step (N) verified drafts is `shift_src`-marked, and the GPU moves it by
+delta = (N's emitted count for it) - 1 (0 for rows of N without drafts):
+
+- positions and the row's sequence length += delta; the slot mapping is recomputed from
+  the block table at the moved positions (the scheduler reserved KV for k more tokens);
+- the sampling row's token index += delta (a draw at output index i always uses the noise
+  of (seed, i), so the draws are those of the synchronous loop);
+- the row's first input is N's last emitted token (the carry-over: the verification step
+  leaves it in the slot's `tokens`);
+- every input token is written into the device token history (`DeviceHistory`: one row of
+  max_model_len tokens a request-table row) at its position, and each verifying row's k
+  drafts come from `spec.ngram.propose_ngram_device` over its history up to its first
+  input, then go into its input ids (and the history).  The history of a request is reset
+  from the host's known tokens the first time it runs in such a step (admission, after
+  preemption, after plain steps, which write none).
+
+Nothing here waits for the host: N+1 is launched before N's counts are read back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from slipstream.ops.carry import carry_over
+
+
+class DeviceHistory:
+    """int32 [rows, max_model_len] token history on the device, made at first use."""
+
+    def __init__(self, num_rows: int, max_model_len: int, device: torch.device) -> None:
+        self.tokens = torch.zeros(num_rows, max_model_len, dtype=torch.int32, device=device)
+
+    def reset(self, resets: list[tuple[int, list[int]]]) -> None:
+        for row, tokens in resets:
+            if tokens:
+                self.tokens[row, :len(tokens)] = torch.as_tensor(tokens, dtype=torch.int32).to(self.tokens.device)
+
+
+@dataclass
+class DeviceDraftInputs:
+    """The host-known indices a device-drafting step needs, on the device."""
+    shift_src: torch.Tensor  # int64 [B]
+    token_seq: torch.Tensor  # int64 [T]: sequence row of each token
+    table_rows: torch.Tensor  # int64 [B]: request-table row of each sequence row
+    sample_seq: torch.Tensor  # int64 [S]
+    first_token: torch.Tensor  # int64 [R]: each verifying row's first input token
+    verify_table_rows: torch.Tensor  # int64 [R]
+
+    @classmethod
+    def upload(cls, batch, host, rows: np.ndarray, device: torch.device) -> "DeviceDraftInputs":
+        """`rows`: the verifying rows' sampling-row indices."""
+        B, S = batch.num_seqs, len(batch.sampled)
+        qsl = host.query_start_loc[:B + 1].astype(np.int64)
+        token_seq = np.repeat(np.arange(B), np.diff(qsl))
+        vseq = batch.sample_seq[rows].astype(np.int64)
+
+        def dev(a) -> torch.Tensor:
+            return torch.as_tensor(np.ascontiguousarray(a, np.int64)).to(device, non_blocking=True)
+
+        return cls(dev(batch.spec.shift_src), dev(token_seq), dev(batch.rows), dev(batch.sample_seq[:S]),
+                   dev(qsl[vseq]), dev(batch.rows[vseq]))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.shift_src, self.token_seq, self.table_rows, self.sample_seq, self.first_token,
+                self.verify_table_rows)
+
+
+def history(runner) -> DeviceHistory:
+    h = getattr(runner, "spec_history", None)
+    if h is None:
+        h = runner.spec_history = DeviceHistory(runner.opts.max_num_seqs + 1, runner.max_model_len, runner.device)
+    return h
+
+
+def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs,
+                          prev_num_emitted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the compute stream, before the forward pass: shift the rows, carry the first
+    tokens over, write the history, draft. Returns the verifying rows' drafts int32 [R, k]
+    and their counts int32 [R] (also placed in the step's input ids)."""
+    d = slot.dev
+    T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
+    src = inp.shift_src
+    delta = torch.where(src >= 0, prev_num_emitted.index_select(0, src.clamp(min=0)).long() - 1,
+                        torch.zeros_like(src))
+    pos = d.positions[:T]
+    pos += delta.index_select(0, inp.token_seq).to(pos.dtype)
+    d.seq_lens[:B] += delta.to(d.seq_lens.dtype)
+    d.token_index[:S] += delta.index_select(0, inp.sample_seq).to(d.token_index.dtype)
+    bs = runner.block_size
+    p = pos.long()
+    blocks = d.block_table[:B][inp.token_seq, p // bs].long()
+    moved = blocks * bs + p % bs
+    sm = d.slot_mapping[:T]
+    sm.copy_(torch.where(sm >= 0, moved.to(sm.dtype), sm))
+    input_ids = d.input_ids[:T]
+    carry_over(input_ids, d.carry_idx[:T], runner.slots[1 - slot.index].dev.tokens)
+    h = history(runner)
+    h.reset(spec.history_resets)
+    h.tokens[inp.table_rows.index_select(0, inp.token_seq), p] = input_ids
+    k = spec.k
+    first = inp.first_token
+    p0 = p.index_select(0, first)
+    drafts, num = _propose(h.tokens.index_select(0, inp.verify_table_rows), (p0 + 1).to(torch.int32), k,
+                           spec.min_n, spec.max_n)
+    offsets = torch.arange(1, k + 1, device=first.device)[None, :]
+    input_ids[(first[:, None] + offsets).reshape(-1)] = drafts.reshape(-1).to(input_ids.dtype)
+    h.tokens[inp.verify_table_rows[:, None].expand(-1, k), p0[:, None] + offsets] = drafts
+    return drafts, num
+
+
+def _propose(history_rows: torch.Tensor, lengths: torch.Tensor, k: int, min_n: int, max_n: int):
+    from slipstream.spec.ngram import propose_ngram_device
+    if history_rows.shape[0] == 0:
+        z = torch.zeros(0, k, dtype=torch.int32, device=history_rows.device)
+        return z, torch.zeros(0, dtype=torch.int32, device=history_rows.device)
+    return propose_ngram_device(history_rows, lengths, k, min_n, max_n)
