@@ -7,9 +7,14 @@ split length, recomputed the same way by every kernel that needs it), `_merge_sp
 log-sum-exp merge, in the decode kernel's last split or in the separate pass).
 
 An FP8 cache (KV_FP8, `ops/kv_quant.py`): K and V tiles are loaded as float8_e4m3fn and
-upcast to q's dtype (exact: every e4m3 value is a bf16 / fp16 value) before their dots; the
-host folds k_scale into qk_scale and the kernels multiply the output by v_scale (attention
-is linear in V).  Without it the kernels compile as they did (benchmarks/ptx_diff.py).
+upcast before their dots to float16 (float32 for a float32 q), exactly: every e4m3 value is
+a float16 value, and e4m3 -> float16 is one conversion for two values on sm_89+, where
+bf16 would take a second one a value.  A bf16 q is cast to float16 once
+(`_fp8_dot_q`: exact for |q| in [2^-14, 65504], the range of attention's queries), so the
+products are those of the bf16 kernel and P is rounded to float16 (3 more bits than bf16).
+The host folds k_scale into qk_scale and the kernels multiply the output by v_scale
+(attention is linear in V).  Without KV_FP8 the kernels compile as they did
+(benchmarks/ptx_diff.py).
 """
 from __future__ import annotations
 
@@ -32,6 +37,12 @@ def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def _fp8_dot_q(q):
+    """q in the dtype of the FP8 cache's dots (module doc): float16 for a bf16 q."""
+    return q.to(tl.float16 if q.dtype == tl.bfloat16 else q.dtype)
 
 
 @triton.jit
@@ -339,6 +350,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
     else:
         q = tl.load(q_ptr + q_tok * stride_qt + (head0 + offs_g[:, None]) * stride_qh + offs_d[None, :],
                     mask=gmask[:, None], other=0.0)
+    if KV_FP8:
+        q = _fp8_dot_q(q)
     if not PREFETCH:
         acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
                                                                    stride_vch, BLOCK_G, HEAD_DIM)

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_start
-from slipstream.ops.triton_attention_kernels import _attend_tile, _row_start, _zero_tail
+from slipstream.ops.triton_attention_kernels import _attend_tile, _fp8_dot_q, _row_start, _zero_tail
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_tokens"])  # vary per step: no recompiles
@@ -60,6 +60,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + (q_start + r_tok[:, None]) * stride_qt + (head0 + r_head[:, None]) * stride_qh
                 + offs_d[None, :], mask=rmask[:, None], other=0.0)
+    if KV_FP8:
+        q = _fp8_dot_q(q)
     row_pos = ctx + r_tok
 
     acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
