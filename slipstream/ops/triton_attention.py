@@ -50,8 +50,10 @@ where some row's window begins, and reads no position below that key (its block 
 been freed: sched/scheduler.py frees blocks behind every window early).
 
 FP8 cache (float8_e4m3fn K and V, `kv_scales`: the layer's per-tensor scales,
-`ops/kv_quant.py`): the KV_FP8 constexpr of both kernels; tiles are upcast to q's dtype as
-they are loaded, k_scale is folded into the softmax scale and v_scale into the output.
+`ops/kv_quant.py`): the KV_FP8 constexpr of both kernels; tiles are upcast to float16 as
+they are loaded (float32 for a float32 q; a bf16 q is cast to float16:
+`triton_attention_kernels`' doc), k_scale is folded into the softmax scale and v_scale into
+the output.
 Launches for a cache of q's dtype pass no FP8 argument and compile as they did.
 
 Everything is CUDA-graph safe: no host syncs; grids depend only on tensor shapes and the
