@@ -78,6 +78,15 @@ def test_gemm_matches_the_activation_quantized_reference(block):
     torch.testing.assert_close(y.float(), ref, atol=3e-2, rtol=2e-2)
 
 
+def test_gemm_adds_the_residual_in_place_rounded_once():
+    w = _weight(48, 96, (16, 32), True)
+    x, r = _x(7, 96), _x(7, 48, seed=6)
+    expect = (r.float() + fp8_linear_ref(x.float(), w, quantize_input=True)).to(r.dtype)
+    out = fp8_gemm(x, w, None, TINY_GEMM, residual=r, out=r)
+    assert out.data_ptr() == r.data_ptr()
+    torch.testing.assert_close(r.float(), expect.float(), atol=3e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("block", [None, (16, 32)])
 def test_gemm_rows_are_batch_invariant(block):
     """A row's bits do not depend on the rows around it or their number."""
@@ -131,6 +140,8 @@ def test_gpu_gemm_and_scaled_mm_at_8b_sizes(n, k, m, block):
     tol = dict(atol=3e-2 * ref.abs().max().item() / 8, rtol=2e-2)
     torch.testing.assert_close(fp8_gemm(x, w, b).float(), ref, **tol)
     torch.testing.assert_close(fp8_linear(x, w, b).float(), ref, **tol)  # _scaled_mm or the block GEMM
+    r = _x(m, n, seed=7)
+    torch.testing.assert_close(fp8_linear_add_(r.clone(), x, w, b).float(), r.float() + ref, **tol)
     inv = fp8_linear(x, w, batch_invariant=True)
     assert torch.equal(fp8_linear(x[:1], w, batch_invariant=True), inv[:1])
 

@@ -12,7 +12,8 @@ norm's product, SiLU·mul into the down product), with these paths:
   (ops/triton_fp8_quant.py, gamma folded into that pass) and `torch._scaled_mm` (cuBLASLt FP8)
   multiplies with row-wise scales.
 - CUDA, block weights, and every FP8 product in batch-invariant mode: the Triton FP8 GEMM
-  (ops/triton_fp8_gemm.py), per-token-and-128-column activation scales for blocks.
+  (ops/triton_fp8_gemm.py), per-token-and-128-column activation scales for blocks; the
+  residual of `fp8_linear_add_` is added in its epilogue (one rounding, as cuBLAS's beta = 1).
 
 Batch invariance: the Triton FP8 GEMM and the per-token quantization give a row the same bits
 in any batch (one tile config for every M, no split over K); cuBLASLt picks its kernel from M
@@ -79,6 +80,9 @@ def fp8_linear_add_(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, bias: torc
     if _gemv_applies(x, batch_invariant) and out.is_contiguous():
         from slipstream.ops.triton_fp8_gemv import fp8_gemv
         return fp8_gemv(x, w, bias, residual=out, out=out)
+    if x.is_cuda and (w.block is not None or batch_invariant) and out.dim() == 2 and out.stride(1) == 1:
+        from slipstream.ops.triton_fp8_gemm import fp8_gemm  # the residual added in its epilogue
+        return fp8_gemm(x.reshape(-1, x.shape[-1]), w, bias, residual=out, out=out)
     return out.add_(fp8_linear(x, w, bias, batch_invariant))
 
 

@@ -40,11 +40,11 @@ DEFAULT_FP8_GEMM_CONFIG = Fp8GemmConfig()
 
 
 @triton.jit
-def _fp8_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, c_ptr, M, N, K,
-                     stride_am, stride_asm, stride_wn, stride_wsn, stride_cm,
+def _fp8_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, M, N, K,
+                     stride_am, stride_asm, stride_wn, stride_wsn, stride_rm, stride_cm,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_M: tl.constexpr, BN_S: tl.constexpr, BLOCK_SCALES: tl.constexpr,
-                     HAS_BIAS: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -77,25 +77,34 @@ def _fp8_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, c_ptr, M, N, K,
         acc = acc * a_s[:, None] * w_s[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    omask = mmask[:, None] & nmask[None, :]
+    if HAS_RES:  # out += product, rounded once (the residual stream may be `c` itself)
+        acc += tl.load(r_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :], mask=omask,
+                       other=0.0).to(tl.float32)
     tl.store(c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :],
-             acc.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+             acc.to(c_ptr.dtype.element_ty), mask=omask)
 
 
 def fp8_gemm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
-             cfg: Fp8GemmConfig = DEFAULT_FP8_GEMM_CONFIG) -> torch.Tensor:
-    """x [M, K] (times w.gamma) @ W^T (+ bias), in x's dtype."""
+             cfg: Fp8GemmConfig = DEFAULT_FP8_GEMM_CONFIG, residual: torch.Tensor | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (times w.gamma) @ W^T (+ bias) (+ residual [M, N]) into `out` (new if None; it
+    may be `residual` itself), in x's dtype."""
     n, k = w.shape
     m = x.shape[0]
     block_k = w.block[1] if w.block is not None else cfg.block_k
     q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
+    res = residual if residual is not None else out
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     _fp8_gemm_kernel[grid](
-        q, s, w.qweight, w.scale, bias if bias is not None else w.scale, out, m, n, k,
-        q.stride(0), s.stride(0), w.qweight.stride(0), w.scale.stride(0), out.stride(0),
+        q, s, w.qweight, w.scale, bias if bias is not None else w.scale, res, out, m, n, k,
+        q.stride(0), s.stride(0), w.qweight.stride(0), w.scale.stride(0), res.stride(0), out.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GROUP_M=cfg.group_m,
         BN_S=w.block[0] if w.block is not None else 1, BLOCK_SCALES=w.block is not None,
-        HAS_BIAS=bias is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return out
