@@ -214,3 +214,36 @@ def test_a_committed_call_whose_markup_breaks_is_not_content():
     text = '<tool_call>\n{"name": "f", "arguments": {"city": "Paris"}\n</tool_call> after'
     content, got = _deltas("hermes", text)
     assert content == " after" and got[0][0]["function"]["name"] == "f"
+
+
+def test_a_long_string_argument_is_not_read_again_at_every_piece():
+    # inside a string value the pieces are decoded alone (arguments_stream.GrowingString):
+    # the family's partial read, linear in the call's length, runs a few times, not per piece
+    code = 'def f(x):\n    return x * 2  # "é" \\ 😀\n' * 300
+    args = json.dumps({"path": "a.py", "code": code})
+    text = f'<tool_call>\n{{"name": "write", "arguments": {args}}}\n</tool_call>'
+    parser = get_tool_parser("hermes")
+    reads = []
+    real = parser.partial_calls
+    parser.partial_calls = lambda pending: reads.append(len(pending)) or real(pending)
+    stream, fragments = parser.stream(partial=True), []
+    for i in range(0, len(text), 3):
+        fragments += [a.fragment for a in stream.feed(text[i:i + 3]).arguments]
+    fragments += [a.fragment for a in stream.finish().arguments]
+    (call,) = parser.extract(text).tool_calls
+    assert "".join(fragments) == call.arguments and json.loads(call.arguments)["code"] == code
+    assert len(fragments) > len(text) // 6
+    assert len(reads) < 40, len(reads)  # the pieces number len(text) / 3, over 4000
+
+
+def test_string_piece_holds_back_a_cut_escape_and_stops_at_the_closing_quote():
+    from slipstream.server.tool_parsers.partial import string_piece
+
+    assert string_piece(r"ab\n") == ("ab\n", "")
+    assert string_piece("ab\\") == ("ab", "\\")
+    assert string_piece(r"ab\u00") == ("ab", r"\u00")
+    assert string_piece(r"a\ud83d") == ("a", r"\ud83d")  # the pair's low half not yet come
+    assert string_piece(r"a\ud83d\ude") == ("a", r"\ud83d\ude")
+    assert string_piece(r"a\ud83d\ude00b") == ("a😀b", "")
+    assert string_piece(r'a\"b') == ('a"b', "")
+    assert string_piece('ab"') is None and string_piece("a\x01") is None

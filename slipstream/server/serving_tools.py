@@ -150,7 +150,6 @@ class ToolDeltaStream:
         self.plan = plan
         self.stream = plan.parser.stream(partial=True)
         self.ids: dict[int, str] = {}  # the calls begun: index -> id
-        self.sent: dict[int, str] = {}  # the arguments sent of each
 
     @property
     def calls(self) -> int:
@@ -159,30 +158,17 @@ class ToolDeltaStream:
     def feed(self, text: str, finished: bool) -> tuple[str, list[dict]]:
         """(content delta, tool-call deltas) for a piece of the reply."""
         d = self.stream.feed(text)
-        content, calls, partial = d.content, d.tool_calls, d.partial
+        content, fragments = d.content, d.arguments
         if finished:
             end = self.stream.finish()
-            content, calls = content + end.content, calls + end.tool_calls
-            partial = []
+            content, fragments = content + end.content, fragments + end.arguments
         deltas: list[dict] = []
-        for call in calls:
-            deltas += self._grow(call.index, call.name, call.arguments, call.id)
-        for p in partial:
-            deltas += self._grow(p.index, p.name, p.arguments)
+        for f in fragments:
+            if f.index and not self.plan.parallel:
+                continue
+            if f.index not in self.ids:
+                self.ids[f.index] = new_call_id()
+                deltas.append({"index": f.index, "id": self.ids[f.index], "type": "function",
+                               "function": {"name": f.name, "arguments": ""}})
+            deltas.append({"index": f.index, "function": {"arguments": f.fragment}})
         return content, deltas
-
-    def _grow(self, index: int, name: str, arguments: str, call_id: str | None = None) -> list[dict]:
-        """The deltas that take call `index` to `arguments` (a prefix of its final text)."""
-        if index and not self.plan.parallel:
-            return []
-        out = []
-        if index not in self.ids:
-            self.ids[index] = call_id or new_call_id()
-            self.sent[index] = ""
-            out.append({"index": index, "id": self.ids[index], "type": "function",
-                        "function": {"name": name, "arguments": ""}})
-        sent = self.sent[index]
-        if len(arguments) > len(sent) and arguments.startswith(sent):
-            self.sent[index] = arguments
-            out.append({"index": index, "function": {"arguments": arguments[len(sent):]}})
-        return out

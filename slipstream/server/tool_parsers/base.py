@@ -8,11 +8,11 @@ that may still become markup, so markup never reaches the content. `extract` is 
 machine fed the whole text at once, so a stream split anywhere assembles to what `extract`
 returns. Markup that does not read as a call (malformed JSON, no name) stays content.
 
-A stream made with `partial=True` (the server's) also tells the calls still being written
-(`StreamDelta.partial`: each call's index, name and the sure prefix of its arguments, from
-the family's `partial_calls`), so their arguments can be streamed as they are generated. A
-call told that way is committed: should its markup then turn out malformed, that markup is
-dropped rather than given out as content (the client already has the call).
+A stream made with `partial=True` (the server's) also gives the calls' arguments as they are
+written (`StreamDelta.arguments`: fragments of each call's final arguments text, from the
+family's `partial_calls`; arguments_stream.py). A call told that way is committed: should
+its markup then turn out malformed, that markup is dropped rather than given out as content
+(the client already has the call).
 """
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from slipstream.server.tool_parsers.partial import arguments_prefix, partial_json
+from slipstream.server.tool_parsers.arguments_stream import ArgumentsDelta, ArgumentsTeller
+from slipstream.server.tool_parsers.partial import partial_json
 
-__all__ = ["NEED_MORE", "ExtractedToolCalls", "PartialCall", "StreamDelta", "ToolCall",
+__all__ = ["NEED_MORE", "ArgumentsDelta", "ExtractedToolCalls", "StreamDelta", "ToolCall",
            "ToolCallStream", "ToolParser", "new_call_id"]
 
 
@@ -51,19 +52,10 @@ class ExtractedToolCalls:
 
 
 @dataclass
-class PartialCall:
-    """A call still being written: its name is whole, `arguments` is the sure prefix of its
-    final arguments text (partial.py)."""
-    index: int
-    name: str
-    arguments: str
-
-
-@dataclass
 class StreamDelta:
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)  # calls completed by this piece
-    partial: list[PartialCall] = field(default_factory=list)  # calls still being written
+    arguments: list[ArgumentsDelta] = field(default_factory=list)  # partial streams only
 
 
 NEED_MORE = None  # read_calls: the text so far may still become a call
@@ -214,12 +206,12 @@ class ToolCallStream:
 
     def __init__(self, parser: ToolParser, partial: bool = False):
         self.parser = parser
-        self.partial = partial
         self.pending = ""  # text not yet given out
         self.in_tools = False
         self.seen_text = False  # anything but whitespace given out as content yet
         self.count = 0  # calls completed (and committed calls whose markup broke)
         self.told = 0  # calls told as partial: indices below it are committed
+        self.teller = ArgumentsTeller(parser.partial_calls) if partial else None
 
     def feed(self, text: str) -> StreamDelta:
         self.pending += text
@@ -237,12 +229,14 @@ class ToolCallStream:
                 if content:
                     out.content += content
                     self.seen_text = self.seen_text or bool(content.strip())
-                    self.pending = self.pending[start:]
+                    self._cut(start)
                 if hold:
                     break
                 self.in_tools = True
                 continue
-            read = self.parser.read_calls(self.pending, final)
+            # inside a string value (partial streams know) no call can be whole yet
+            in_string = self.teller is not None and not final and self.teller.in_string(self.pending)
+            read = NEED_MORE if in_string else self.parser.read_calls(self.pending, final)
             if read is NEED_MORE:
                 break
             used, calls = read
@@ -251,8 +245,10 @@ class ToolCallStream:
                 self.seen_text = True
                 continue
             if calls:
-                out.tool_calls.extend(ToolCall(c["name"], c["arguments"], index=self.count + i)
-                                      for i, c in enumerate(calls))
+                for i, c in enumerate(calls):
+                    out.tool_calls.append(ToolCall(c["name"], c["arguments"], index=self.count + i))
+                    if self.teller is not None:
+                        out.arguments += self.teller.finish(self.count + i, c["name"], c["arguments"])
                 self.count += len(calls)
             elif self.told > self.count:  # committed calls whose markup broke: dropped
                 self.count = self.told
@@ -260,12 +256,17 @@ class ToolCallStream:
                 out.content += self.pending[:used]
                 self.seen_text = True
             self.told = max(self.told, self.count)
-            self.pending = self.pending[used:]
-        if self.partial and self.in_tools and self.pending and not final:
-            for i, (name, args, whole) in enumerate(self.parser.partial_calls(self.pending)):
-                out.partial.append(PartialCall(self.count + i, name, arguments_prefix(args, whole)))
-            self.told = max(self.told, self.count + len(out.partial))
+            self._cut(used)
+        if self.teller is not None and self.in_tools and self.pending and not final:
+            fragments, writing = self.teller.tell(self.pending, self.count)
+            out.arguments += fragments
+            self.told = max(self.told, self.count + writing)
         return out
+
+    def _cut(self, used: int) -> None:
+        self.pending = self.pending[used:]
+        if self.teller is not None:
+            self.teller.cut()
 
     def _find_start(self, final: bool) -> tuple[int, bool]:
         """(where a tool section starts in the pending text, or how much of it is content

@@ -1,4 +1,4 @@
-"""Streaming a tool call's arguments while they are generated.
+"""Streaming a tool call's arguments while they are generated: reading unfinished JSON.
 
 A call's final `arguments` is its JSON object re-serialized (`json.dumps`, ensure_ascii off),
 not the model's raw text, so the streamed fragments must be pieces of that canonical text.
@@ -7,17 +7,19 @@ what is open); `arguments_prefix` writes the part of its canonical text that can
 change: everything but the closing brackets and the last value's unsure tail (a number or
 literal may still grow, a string's last character may be half an escape or half a
 surrogate pair). Each such prefix is a prefix of the final arguments, so the fragments
-(each prefix minus what was sent) concatenate to them.
+(each prefix minus what was sent) concatenate to them. `string_piece` decodes more raw
+text of a string value alone (arguments_stream.py's fast path).
 """
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from partial_json_parser import Allow
 from partial_json_parser import loads as _loads
 
-__all__ = ["arguments_prefix", "partial_json"]
+__all__ = ["arguments_prefix", "escaped", "last_string", "partial_json", "string_piece"]
 
 
 def partial_json(text: str) -> Any:
@@ -58,3 +60,40 @@ def arguments_prefix(arguments: Any, complete: bool) -> str:
     if not isinstance(arguments, dict):
         return ""
     return _full(arguments) if complete else _open(arguments)
+
+
+def last_string(value: Any) -> str | None:
+    """The last value inside `value` (the arguments being written), if it is a string."""
+    while isinstance(value, (dict, list)) and value:
+        value = value[next(reversed(value))] if isinstance(value, dict) else value[-1]
+    return value if isinstance(value, str) else None
+
+
+# in a JSON string's raw text: an escape (maybe cut by the end) or a closing quote
+_PIECE = re.compile(r'\\(?:u[0-9a-fA-F]{0,4}|.?)|"', re.DOTALL)
+
+
+def string_piece(raw: str) -> tuple[str, str] | None:
+    """More raw text of a JSON string, from a point outside any escape: (its decoded text,
+    the raw tail held back: an escape cut by the end, or a high surrogate whose pair has
+    not come); None when the string closes in it or it is not string text."""
+    cut, high = len(raw), None  # high: the escape of a high surrogate just before
+    for m in _PIECE.finditer(raw):
+        tok = m.group()
+        if tok == '"':
+            return None
+        if m.end() == len(raw) and (len(tok) < 2 or tok[1] == "u" and len(tok) < 6):
+            cut = high.start() if high is not None and high.end() == m.start() else m.start()
+        elif len(tok) == 6 and tok[1] == "u" and 0xD800 <= int(tok[2:], 16) <= 0xDBFF:
+            high = m
+            if m.end() == len(raw):
+                cut = m.start()
+    try:
+        return json.loads('"' + raw[:cut] + '"'), raw[cut:]
+    except ValueError:  # a raw control character, an unknown escape
+        return None
+
+
+def escaped(text: str) -> str:
+    """`text` as it is written inside a canonical JSON string."""
+    return _full(text)[1:-1]
