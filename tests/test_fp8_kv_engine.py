@@ -62,6 +62,17 @@ def test_the_bench_floor_counts_one_byte_a_kv_element():
     assert fp8.weight_bytes == bf16.weight_bytes
 
 
+def test_dummy_weights_from_a_config_folder_with_fp8(tiny_model, tmp_path):
+    # the bench workloads' way: a folder with a config.json only, dummy weights; no scales
+    import shutil
+    folder, _ = tiny_model("llama")
+    shutil.copy(f"{folder}/config.json", tmp_path / "config.json")
+    llm = engine(str(tmp_path), load_format="dummy", kv_cache_dtype="fp8")
+    assert llm.engine.runner.kv_caches[0][0].dtype == FP8_DTYPE
+    assert all(layer.self_attn.kv_scales is None for layer in llm.engine.model.layers)
+    assert len(llm.generate([prompt(9, 1)], GREEDY)[0].token_ids) == GREEDY.max_tokens
+
+
 def test_kv_cache_dtype_option():
     assert EngineConfig(kv_cache_dtype="fp8_e4m3").kv_cache_dtype == "fp8_e4m3"
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):

@@ -82,7 +82,7 @@ class EngineCore:
                                  "(check the config's sizes, e.g. max_position_embeddings)") from None
             self.dtype = next(self.model.parameters()).dtype
             self.model.set_batch_invariant(config.batch_invariant)
-            load_kv_scales(self.model, self.source, config.kv_cache_dtype)
+            load_kv_scales(self.model, self.source, config.kv_cache_dtype, config.load_format)
         weights_s = time.perf_counter() - start
         self.max_model_len = self._max_model_len()
         async_mode = config.async_scheduling

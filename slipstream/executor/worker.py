@@ -103,7 +103,8 @@ def _build(rank, size, config: dict, opts: dict, init_method: str, device: torch
         raise RuntimeError(f"the model does not fit: its rank-{rank} shard alone exhausts {device} "
                            f"memory ({e}); use more ranks, a smaller model or dtype") from None
     model.set_batch_invariant(config["batch_invariant"])
-    load_kv_scales(model, config["model_source"], config.get("kv_cache_dtype", "auto"))
+    load_kv_scales(model, config["model_source"], config.get("kv_cache_dtype", "auto"),
+                   config["load_format"])
     dtype = next(model.parameters()).dtype
     return ModelRunner(model, model_config, RunnerOptions(**opts), device, dtype, setup=False)
 

@@ -73,15 +73,22 @@ def set_kv_scales(model, scales: list[KVScales]) -> None:
         layer.self_attn.kv_scales = sc
 
 
-def load_kv_scales(model, source: str, kv_cache_dtype: str) -> list[KVScales] | None:
+def load_kv_scales(model, source: str, kv_cache_dtype: str,
+                   load_format: str = "auto") -> list[KVScales] | None:
     """With an FP8 cache, the checkpoint's scales into `model` (None and nothing set when the
-    cache is not FP8, the source is not a safetensors folder, or it carries no scales)."""
-    if kv_cache_dtype == "auto" or not os.path.isdir(source):
+    cache is not FP8, the weights are not read from the source (dummy weights: a folder with
+    a config.json only), the source is not a safetensors folder, or it carries no scales)."""
+    if kv_cache_dtype == "auto" or load_format == "dummy" or not _has_safetensors(source):
         return None
     scales = checkpoint_kv_scales(source, len(model.layers))
     if scales is not None:
         set_kv_scales(model, scales)
     return scales
+
+
+def _has_safetensors(source: str) -> bool:
+    return os.path.isdir(source) and any(name.endswith((".safetensors", ".safetensors.index.json"))
+                                         for name in os.listdir(source))
 
 
 def _check_scheme(folder: str) -> None:
