@@ -392,3 +392,12 @@ def test_a_gguf_model_is_quantized_at_load():
                  (ref.layers[-1].self_attn.o_proj, fp8.layers[-1].self_attn.o_proj)):
         w = a.weight  # o and down have no folded norm: the checkpoint's values
         _assert_within_e4m3(b.fp8.dequantized(torch.float32), w, expand_scale(b.weight_scale, tuple(w.shape), None))
+
+
+def test_load_config_gives_the_scheme_load_model_builds(tiny_model):
+    """(A tensor-parallel engine reads the config without the weights: its bench floor and
+    checks see the FP8 scheme the ranks load.)"""
+    from slipstream.model.loader import load_config
+    src, _ = tiny_model("llama")
+    assert load_config(src).quantization is None
+    assert load_config(src, "fp8") == load_model(src, quantization="fp8")[1]

@@ -65,7 +65,7 @@ class EngineCore:
         self._gpu_used_at_start = gpu_memory_in_use(self.device) if tp == 1 else 0
         if tp > 1:  # the ranks load their shards (executor/)
             self.model = None
-            self.model_config = load_config(self.source)
+            self.model_config = load_config(self.source, config.quantization, config.load_format)
             check_tensor_parallel(self.model_config, tp, self.device)
             self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
         else:

@@ -117,13 +117,19 @@ def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig, device) -> torc
     return _DTYPES[name]
 
 
-def load_config(source: str | os.PathLike | None) -> ModelConfig:
-    """The ModelConfig of a source, without loading weights."""
+def load_config(source: str | os.PathLike | None, quantization: str | None = None,
+                load_format: str = "auto") -> ModelConfig:
+    """The ModelConfig of a source, without loading weights; with `quantization` (and the
+    load format, for dummy weights) its FP8 scheme as `load_model` would build the model."""
     path = resolve_model_source(source)
     if path.endswith(".gguf"):
         from slipstream.model.gguf import GGUFFile
-        return GGUFFile(path).config()
-    return ModelConfig.from_json_file(path if path.endswith(".json") else os.path.join(path, "config.json"))
+        config = GGUFFile(path).config()
+    else:
+        config = ModelConfig.from_json_file(path if path.endswith(".json") else os.path.join(path, "config.json"))
+    if quantization is None:
+        return config
+    return _with_quantization(config, quantization, (load_format or "auto").lower() == "dummy")
 
 
 def load_model(source: str | os.PathLike | None, load_format: str = "auto", dtype="auto",
