@@ -159,5 +159,38 @@ def test_reasoning_tokens_follow_the_decoded_text_of_multibyte_tokens():
     thought = "<think>é 😀</think>ok"
     ids = tok.encode(thought, add_special_tokens=False)
     assert len(ids) > len(thought)  # é and 😀 are several byte tokens
-    assert reasoning_tokens(qwen3, tok, ids) == len("<think>é 😀</think>".encode())
-    assert reasoning_tokens(None, tok, ids) == 0 and reasoning_tokens(qwen3, tok, []) == 0
+    assert reasoning_tokens(qwen3, tok, ids, thought) == len("<think>é 😀</think>".encode())
+    assert reasoning_tokens(None, tok, ids, thought) == 0
+    assert reasoning_tokens(qwen3, tok, [], "") == 0
+
+
+@pytest.mark.parametrize("thinking,answer", [(1, 1), (3, 500), (500, 3), (257, 256), (64, 0)])
+def test_reasoning_tokens_from_either_side(thinking, answer):
+    # searched from the shorter side (the answer's tokens when the thinking is long), the
+    # count is the same: every thinking length against every answer length
+    from fake_async_llm import FakeTokenizer
+    from slipstream.server.reasoning_parsers import get_reasoning_parser
+    from slipstream.server.serving_reasoning import reasoning_tokens
+
+    tok, qwen3 = FakeTokenizer(), get_reasoning_parser("qwen3")
+    text = "<think>" + "t" * thinking + "</think>" + "a" * answer
+    ids = tok.encode(text, add_special_tokens=False) + [2]  # and EOS, decoded to nothing
+    expected = len("<think></think>") + thinking if answer else len(ids)  # no answer: all
+    assert reasoning_tokens(qwen3, tok, ids, text) == expected
+
+
+@pytest.mark.parametrize("answer", ["4.", " The answer is 4, é 😀 " * 40])
+def test_reasoning_tokens_with_a_real_tokenizer(answer):
+    # SmolLM2's byte-level BPE: the count is the fewest leading tokens whose text reaches
+    # past the closing tag, found by brute force here, whichever side is searched
+    from slipstream.model.tokenizer import load_tokenizer
+    from slipstream.server.reasoning_parsers import get_reasoning_parser
+    from slipstream.server.serving_reasoning import reasoning_tokens
+
+    tok, qwen3 = load_tokenizer(None), get_reasoning_parser("qwen3")
+    text = "<think>Adding: 2 + 2, café 😀 " * 20 + "</think>" + answer
+    ids = tok.encode(text, add_special_tokens=False)
+    decoded = tok.decode(ids)
+    end = decoded.index("</think>") + len("</think>")
+    brute = next(k for k in range(len(ids) + 1) if len(tok.decode(ids[:k])) >= end)
+    assert reasoning_tokens(qwen3, tok, ids, decoded) == brute

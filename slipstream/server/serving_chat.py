@@ -135,7 +135,7 @@ async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
     choices, completion_tokens, thinking = [], 0, 0
     for c in out.outputs:
         completion_tokens += len(c.token_ids)
-        thinking += _reasoning_tokens(state, prep, c.token_ids)
+        thinking += _reasoning_tokens(state, prep, c.token_ids, c.text)
         lp = None
         if prep.top_logprobs is not None:
             lp = _chat_logprobs(state, c.token_ids, c.logprobs, prep.top_logprobs)
@@ -155,11 +155,11 @@ async def complete_chat(state: ServingState, prep: PreparedChat) -> dict:
         thinking)
 
 
-def _reasoning_tokens(state: ServingState, prep: PreparedChat, token_ids: list[int]) -> int:
+def _reasoning_tokens(state: ServingState, prep: PreparedChat, token_ids, text: str) -> int:
     if state.reasoning_parser is None:
         return 0
     return reasoning_tokens(state.reasoning_parser, state.need_tokenizer(), list(token_ids),
-                            prep.params.skip_special_tokens)
+                            text, prep.params.skip_special_tokens)
 
 
 def _with_details(state: ServingState, body: dict, thinking: int) -> dict:
@@ -181,7 +181,7 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
     tool_streams = {idx: ToolDeltaStream(prep.tools) for idx in range(req.n)} if parsing else {}
     counting = (state.reasoning_parser is not None and req.stream_options is not None
                 and bool(req.stream_options.include_usage))
-    replies: dict[int, list[int]] = {idx: [] for idx in range(req.n)}  # for reasoning_tokens
+    replies = {idx: ([], []) for idx in range(req.n)}  # tokens and text, for reasoning_tokens
 
     def chunk(idx: int, delta: dict, lp: ChatLogprobs | None = None, finish=None, stop_reason=None) -> str:
         # a plain dict, not the pydantic models: this runs once per streamed chunk
@@ -202,7 +202,8 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
         for c in out.outputs:
             completion_tokens += len(c.new_token_ids)
             if counting:
-                replies[c.index].extend(c.new_token_ids)
+                replies[c.index][0].extend(c.new_token_ids)
+                replies[c.index][1].append(c.new_text)
             lp = None
             if prep.top_logprobs is not None:
                 lp = _chat_logprobs(state, c.new_token_ids, c.new_logprobs, prep.top_logprobs)
@@ -225,7 +226,8 @@ async def _stream_chat_events(state: ServingState, prep: PreparedChat, run: Prom
         n = len(prep.prompt)
         usage = UsageInfo(prompt_tokens=n, completion_tokens=completion_tokens,
                           total_tokens=n + completion_tokens)
-        thinking = sum(_reasoning_tokens(state, prep, ids) for ids in replies.values())
+        thinking = sum(_reasoning_tokens(state, prep, ids, "".join(texts))
+                       for ids, texts in replies.values())
         yield sse(_with_details(state, ChatCompletionChunk(
             id=prep.request_id, created=created, model=state.model_name, choices=[],
             usage=usage).model_dump(), thinking))

@@ -22,26 +22,39 @@ def message_fields(parser: ReasoningParser | None, text: str) -> dict[str, Any]:
 
 
 def reasoning_tokens(parser: ReasoningParser | None, tokenizer, token_ids: list[int],
-                     skip_special_tokens: bool = True) -> int:
+                     text: str, skip_special_tokens: bool = True) -> int:
     """How many of a reply's tokens are its thinking: those up to and with the one that
     completes the closing tag (the tags count as thinking), all of them when the thinking
-    never closed; 0 without a parser or when the reply did not think. The reply's text is
-    decoded as the reply was (`skip_special_tokens`) and the boundary found by bisecting
-    on the length of decoded prefixes, a few decodes a reply."""
+    never closed; 0 without a parser or when the reply did not think. `text` is the reply
+    as decoded (`skip_special_tokens` as it was). The boundary is searched from the shorter
+    side, decoding only the tokens of that side (doubling, then bisecting): a long thinking
+    with a short answer costs decodes of the answer's few tokens, not of the whole reply."""
     if parser is None or not token_ids:
         return 0
-
-    def decoded(k: int) -> str:
-        return tokenizer.decode(token_ids[:k], skip_special_tokens=skip_special_tokens)
-
-    text = decoded(len(token_ids))
     end = parser.reasoning_length(text)
     if end == 0 or end >= len(text):
         return len(token_ids) if end else 0
-    lo, hi = 1, len(token_ids)  # the fewest tokens whose text reaches past the thinking
+    n = len(token_ids)
+
+    def length(a: int, b: int) -> int:
+        return len(tokenizer.decode(token_ids[a:b], skip_special_tokens=skip_special_tokens))
+
+    if end <= len(text) - end:  # the fewest leading tokens whose text reaches past the thinking
+        return _first(lambda k: length(0, k) >= end, n)
+    answer = len(text) - end  # else: the most trailing tokens whose text fits in the answer
+    return n - (_first(lambda m: length(n - m, n) > answer, n) - 1)
+
+
+def _first(pred, n: int) -> int:
+    """The least k in 1..n with pred(k), pred growing with k (n where none is below it)."""
+    hi = 1
+    while hi < n and not pred(hi):
+        hi *= 2
+    hi = min(hi, n)
+    lo = hi // 2 + 1 if hi > 1 else 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(decoded(mid)) >= end:
+        if pred(mid):
             hi = mid
         else:
             lo = mid + 1
