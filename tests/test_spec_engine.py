@@ -171,4 +171,37 @@ def test_mixed_workload_with_preemption_prefix_hits_and_stop_strings(tokenized_t
         assert len(got) == len(plain)
         stats = llm.engine.stats()
         assert stats["spec_num_accepted_tokens"] > 0 and llm.engine.scheduler.num_preemptions > 0
+        while llm.engine.has_work():  # a step drawn past a request's end may still be in flight
+            llm.engine.step()
         assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+def test_a_grammar_turns_drafting_off_and_keeps_its_meaning(tokenized_tiny):
+    """A constrained request arriving while rows draft (sync and async: rows still to be
+    shifted on the GPU) follows its grammar, and every request gets plain decoding's tokens."""
+    from slipstream import StructuredOutputsParams
+
+    free = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    constrained = SamplingParams(max_tokens=24, temperature=0,
+                                 structured_outputs=StructuredOutputsParams(regex=r"[ab]{2,6}\."))
+
+    def run(llm):
+        for i, prompt in enumerate(_prompts()[:3]):
+            llm.add_request(prompt, free, request_id=f"free{i}")
+        done, step = {}, 0
+        while llm.has_unfinished_requests() or step < 4:
+            if step == 3:
+                llm.add_request("Answer me", constrained, request_id="json")
+            for out in llm.step():
+                if out.finished:
+                    done[out.request_id] = (out.outputs[0].token_ids, out.outputs[0].finish_reason)
+            step += 1
+        return done
+
+    common = dict(device="cpu", max_model_len=256, max_num_seqs=8)
+    plain = run(LLM(tokenized_tiny, **common))
+    for async_scheduling in (False, True):
+        llm = LLM(tokenized_tiny, async_scheduling=async_scheduling, speculative_config=NGRAM, **common)
+        assert run(llm) == plain
+        assert llm.engine.stats()["spec_num_draft_tokens"] > 0
+        assert llm.engine.stats()["constrained_requests"] == 1

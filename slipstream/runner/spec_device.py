@@ -30,6 +30,15 @@ import torch
 from slipstream.ops.carry import carry_over
 
 
+def to_device(a, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host array on `device` without blocking the host: on CUDA through pinned memory (a
+    copy from pageable memory would first wait for the stream to drain)."""
+    t = torch.as_tensor(a, dtype=dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 class DeviceHistory:
     """int32 [rows, max_model_len] token history on the device, made at first use."""
 
@@ -39,7 +48,7 @@ class DeviceHistory:
     def reset(self, resets: list[tuple[int, list[int]]]) -> None:
         for row, tokens in resets:
             if tokens:
-                self.tokens[row, :len(tokens)] = torch.as_tensor(tokens, dtype=torch.int32).to(self.tokens.device)
+                self.tokens[row, :len(tokens)] = to_device(tokens, self.tokens.device, torch.int32)
 
 
 @dataclass
@@ -61,7 +70,7 @@ class DeviceDraftInputs:
         vseq = batch.sample_seq[rows].astype(np.int64)
 
         def dev(a) -> torch.Tensor:
-            return torch.as_tensor(np.ascontiguousarray(a, np.int64)).to(device, non_blocking=True)
+            return to_device(np.ascontiguousarray(a, np.int64), device)
 
         return cls(dev(batch.spec.shift_src), dev(token_seq), dev(batch.rows), dev(batch.sample_seq[:S]),
                    dev(qsl[vseq]), dev(batch.rows[vseq]))

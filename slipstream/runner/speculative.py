@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from slipstream.runner.inputs import fill_inputs
-from slipstream.runner.spec_device import DeviceDraftInputs, prepare_device_drafts
+from slipstream.runner.spec_device import DeviceDraftInputs, prepare_device_drafts, to_device
 from slipstream.sampling.columns import ALL_COLUMNS
 from slipstream.sampling.sampler import GREEDY_EPS, SamplingTensors, processed_logits
 
@@ -93,14 +93,12 @@ def launch_speculative(runner, batch, launched_cls):
         slot.h2d_start.record()
         slot.upload(batch.num_seqs)
         dev = runner.device
-        verify_in = (torch.as_tensor(rows, dtype=torch.long).to(dev, non_blocking=True),
-                     torch.as_tensor(positions.ravel()).to(dev, non_blocking=True))
+        verify_in = (to_device(rows.astype(np.int64), dev), to_device(positions.ravel(), dev))
         if device_drafting:
             dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
             uploaded = verify_in + dd_in.tensors()
         else:
-            verify_in += (torch.as_tensor(spec.draft_tokens[rows]).to(dev, non_blocking=True),
-                          torch.as_tensor(spec.num_drafts[rows]).to(dev, non_blocking=True))
+            verify_in += (to_device(spec.draft_tokens[rows], dev), to_device(spec.num_drafts[rows], dev))
             uploaded = verify_in
         slot.h2d_done.record()
     if s.cuda:  # made on the h2d stream, read on the compute stream
@@ -121,7 +119,7 @@ def launch_speculative(runner, batch, launched_cls):
         if batch.suppress:
             r = [j for j, ids in batch.suppress for _ in ids]
             c = [t for _, ids in batch.suppress for t in ids]
-            logits[torch.tensor(r, device=dev), torch.tensor(c, device=dev)] = float("-inf")
+            logits[to_device(r, dev, torch.long), to_device(c, dev, torch.long)] = float("-inf")
         runner.sample(slot, shape, logits)
         verify(runner, slot, shape, hidden, bufs, S, *verify_in)
         slot.compute_done.record()
@@ -146,6 +144,8 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     bufs.tokens[:S, 0].copy_(d.tokens[:S])
     bufs.num_emitted[:S].fill_(1)
     bufs.drafted[:S].zero_()
+    if R == 0:  # (device drafting: a step that only shifts rows)
+        return
     logits = runner.model.compute_logits(hidden.index_select(0, positions))
     cols = {c.name: getattr(d, c.name)[:S].index_select(0, rows).repeat_interleave(K1) for c in ALL_COLUMNS}
     token_index = (d.token_index[:S].index_select(0, rows)[:, None]

@@ -170,17 +170,17 @@ class Scheduler:
         preempted = self.num_preemptions
         stalled = False
         spec = self.speculative
-        drafting = False
+        drafting = allowed = False
         if spec is not None:
-            drafting = spec.enabled_for(len(self.running), chain(self.running, self.waiting))
+            allowed = spec.enabled_for(len(self.running), chain(self.running, self.waiting))
             # (device drafting: rows after a verification step still need their shift)
-            drafting = drafting or bool(spec.device and spec.verifying)
+            drafting = allowed or bool(spec.device and spec.verifying)
             b.drafts, b.shift = ([], [] if spec.device else None) if drafting else (None, None)
             self.drafting = drafting and not spec.device
         # (rows that draft take their own loop: a plain step's loop stays as it is)
         i = len(self.running) if drafting else 0
         if drafting:
-            budget, stalled = self._schedule_drafting(b, budget)
+            budget, stalled = self._schedule_drafting(b, budget, allowed)
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             if req.all_done_scheduling:
@@ -199,9 +199,10 @@ class Scheduler:
             return None
         return self._finalize(b)
 
-    def _schedule_drafting(self, b: _BatchBuilder, budget: int) -> tuple[int, bool]:
+    def _schedule_drafting(self, b: _BatchBuilder, budget: int, allowed: bool) -> tuple[int, bool]:
         """The running requests' part of `schedule` when rows draft (the loop of a plain step,
-        plus the drafts); returns the budget left and whether a request stalled."""
+        plus the drafts, if `allowed`, and the shifts); returns the budget left and whether a
+        request stalled."""
         spec = self.speculative
         i = 0
         while i < len(self.running) and budget > 0:
@@ -213,7 +214,7 @@ class Scheduler:
             drafts, m, shift = None, 0, 0
             if spec.device:  # the GPU drafts k tokens; the step before may shift the row
                 shift = spec.k if req.num_pending and req in spec.verifying else 0
-                m = spec.k if n == 1 and spec.may_verify(req, budget - n) else 0
+                m = spec.k if allowed and n == 1 and spec.may_verify(req, budget - n) else 0
             elif n == 1:  # drafted here, now
                 drafts = self._drafts(req, budget - n)
                 m = 0 if drafts is None else len(drafts)
@@ -262,6 +263,8 @@ class Scheduler:
                 break
             if req.num_pending or not self.table.num_free_rows:
                 break  # a token still in flight for it, or rows still coming back late
+            if req.grammar is not None and self.speculative is not None and self.speculative.verifying:
+                break  # a constrained batch samples late: not beside rows still to be shifted
             tokens = req.token_ids()
             # Leave at least one token to compute: its logits draw the next token.
             keys = self.pool.block_keys(tokens, (len(tokens) - 1) // bs)

@@ -16,9 +16,16 @@ logprobs, while min_tokens still masks its stop tokens, or while any request has
 (a constrained batch samples late, `StepLoop._sample_deferred`): such rows keep their exact
 meaning and are just not sped up.  Above `disable_by_batch_size` running rows no row drafts.
 
-Asynchronous scheduling: a drafting row's next input depends on how many drafts the step
-accepts, so the engine's loop waits for a batch with drafts before it schedules the next
-(`StepLoop`); batches without drafts keep the one-step-ahead overlap.
+Synchronous loop: the drafts are proposed here (`propose_ngram` over the known tokens), and
+a step with drafts is completed before the next is scheduled (`Scheduler.drafting`).
+
+Asynchronous loop (`device`): the next step is scheduled before this one's accepted counts
+are known.  A row is laid out as if every step in flight emits one token (`num_computed` =
+known tokens - 1 + steps in flight, as in plain decoding), a row that may draft gets k draft
+slots whose tokens the GPU proposes (runner/spec_device.py), and a row whose step in flight
+verifies drafts (`verifying`) is marked to be shifted on the GPU by that step's emitted
+count - 1, its KV reserved for the k extra positions.  `synced` tracks whose device token
+history holds every known token (plain steps write none).
 """
 from __future__ import annotations
 
