@@ -771,6 +771,12 @@ def launch_every_kernel(ta, te, tf, tg) -> None:
     k8 = torch.zeros(4, 16, 8, D, dtype=FP8_DTYPE)
     te.qkv_epilogue_triton(torch.zeros(T, 48 * D, dtype=bf), pos, cs, k8, k8.clone(), slots, 32, 8, D,
                            norm_w, norm_w, 1e-5, hidden=h, kv_scales=sc)
+    # and one row of the 0.6B shape with the qkv epilogue inside the decode kernel, storing FP8
+    q, kc, vc, meta = make_batch([(512, 1)], 8, 2, 128, 16, bf, seed=0)
+    qkv = torch.zeros(1, (16 + 16) * 128, dtype=bf)
+    epi = QKVEpilogue(torch.zeros(1, dtype=torch.int32), build_cos_sin_cache(torch.ones(64), 64), norm_w, norm_w)
+    ta.paged_attention_triton(qkv[:, :16 * 128].view(1, 16, 128), kc.to(FP8_DTYPE), vc.to(FP8_DTYPE), meta, 0.1,
+                              epilogue=epi, kv_scales=sc)
 
 
 def compile_for_hopper(ptx_dir: str | None = None) -> None:
@@ -811,7 +817,7 @@ def test_kernels_compile_for_hopper():
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 35, r.stdout
+    assert r.stdout.count("compiled") == 36, r.stdout
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes

@@ -212,16 +212,31 @@ def test_sliding_window_reads_fp8():
     torch.testing.assert_close(out.cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
-def test_no_epilogue_inside_the_decode_kernel_with_an_fp8_cache():
-    # the small-decode path that stores K/V from inside the decode kernel writes the cache in
-    # qkv's dtype only: an FP8 cache takes the epilogue kernel, then the decode kernel
-    from slipstream.ops.metadata import QKVEpilogue
+@pytest.mark.parametrize("norms,splits,prefetch", [(True, 3, 8), (False, 1, 0)])
+def test_decode_with_the_epilogue_inside_stores_fp8(norms, splits, prefetch, monkeypatch):
+    # a small decode batch runs the qkv epilogue inside the decode kernel (one kernel a layer):
+    # with an FP8 cache it stores the newest K/V quantized, as the epilogue kernel does, and
+    # reads them back after its barrier; the newest slots start as NaN, so a read before the
+    # store fails
+    from test_attention_kernels import (_decode_launches, attention_with_epilogue_inside, epilogue_case)
+
     from slipstream.ops.triton_attention import epilogue_in_decode_applies
-    q, kc, vc, k8, v8, meta = fp8_case([(20, 1)], 2, 2, 32, 8, seed=11)
-    qkv = torch.zeros(1, (4 + 4) * 32, dtype=torch.bfloat16)
-    epi = QKVEpilogue(torch.zeros(1, dtype=torch.int32), build_cos_sin_cache(torch.ones(16), 64))
-    assert epilogue_in_decode_applies(qkv, epi, kc, meta, 4)
-    assert not epilogue_in_decode_applies(qkv, epi, k8, meta, 4)
+    launches = _decode_launches(monkeypatch)
+    qkv, epi, kc, vc, meta = epilogue_case([0, 1, 7, 9, 17, 50], 2, 2, 16, 8, torch.bfloat16, seed=12, norms=norms)
+    k8, v8 = to_fp8(kc, SCALES.k_scale), to_fp8(vc, SCALES.v_scale)
+    assert epilogue_in_decode_applies(qkv, epi, k8, meta, 4)
+    cfg = replace(SMALL_DECODE, prefetch_batch=prefetch)
+    k2, v2 = k8.clone(), v8.clone()
+    q = qkv_epilogue_triton(qkv.clone(), epi.positions, epi.cos_sin_cache, k2, v2, meta.slot_mapping, 4, 2, 16,
+                            epi.q_norm_weight, epi.k_norm_weight, epi.eps, kv_scales=SCALES)
+    two = paged_attention_triton(q, k2, v2, meta, 0.25, decode_config=cfg, num_splits=splits, kv_scales=SCALES)
+    one = attention_with_epilogue_inside(qkv, epi, k8, v8, meta, 4, decode_config=cfg, num_splits=splits,
+                                         kv_scales=SCALES)
+    assert [kw.get("EPILOGUE", False) for kw in launches] == [False, True]
+    assert not torch.isnan(one.float()).any()
+    for got, want in ((k8, k2), (v8, v2)):  # the same helpers: the same bytes
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    torch.testing.assert_close(one.float(), two.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_scales_reach_the_kernels():

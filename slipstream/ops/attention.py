@@ -99,14 +99,14 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
     On CUDA a small decode batch whose qkv is finished (one row on the GEMV) runs both in
     one kernel (the decode kernel with the epilogue inside:
     `triton_attention.epilogue_in_decode_applies`), else the epilogue kernel, then the
-    attention kernels (always for an FP8 cache).  qkv's contents are consumed either way.
+    attention kernels.  qkv's contents are consumed either way.
     `kv_scales`: an FP8 cache's per-tensor scales (ops/kv_quant.py; None: 1.0)."""
     if qkv.is_cuda and not batch_invariant:
         from slipstream.ops import triton_attention as ta
         if ta.epilogue_in_decode_applies(qkv, epi, k_cache, meta, num_heads):
             raw_q = qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
             return ta.paged_attention_triton(raw_q, k_cache, v_cache, meta, scale, epilogue=epi,
-                                             window=window)
+                                             window=window, kv_scales=kv_scales)
     q = qkv_epilogue(qkv, epi.positions, epi.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
                      num_heads, num_kv_heads, head_dim, q_norm_weight=epi.q_norm_weight,
                      k_norm_weight=epi.k_norm_weight, eps=epi.eps, hidden=epi.hidden, bias=epi.bias,

@@ -110,7 +110,6 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
     qkv), and the kernel does the qkv epilogue's work itself (`attention_after_qkv`, which
     checks `epilogue_in_decode_applies`).  kv_scales: an FP8 cache's scales (None: 1.0)."""
     cfg = config or DEFAULT_DECODE_CONFIG
-    assert epilogue is None or not is_fp8(k_cache), "the qkv epilogue in the decode kernel stores no FP8"
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -156,7 +155,7 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
         MERGE=merge, SINGLE_ONLY=subset, NUM_KV_HEADS=num_kv_heads, IEEE=ieee, UPCAST=upcast,
         PREFETCH=0 < num_rows <= cfg.prefetch_batch, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl, **_epilogue_args(epilogue, q, meta), **_window_arg(window),
-        **_fp8_args(k_cache, kv_scales))
+        **_fp8_args(k_cache, kv_scales, epilogue is not None))
     if split and not merge:
         assert not subset, "a row subset needs split_counters (the reduce pass runs over every row)"
         _decode_reduce_kernel[(num_seqs, num_kv_heads)](
@@ -174,12 +173,16 @@ def _qk_scale(scale: float, k_cache: torch.Tensor, kv_scales: KVScales | None) -
     return scale * LOG2E
 
 
-def _fp8_args(k_cache: torch.Tensor, kv_scales: KVScales | None) -> dict:
-    """The kernels' FP8 arguments; none for a cache of q's dtype, so those launches stay as
-    they were."""
+def _fp8_args(k_cache: torch.Tensor, kv_scales: KVScales | None, stores: bool = False) -> dict:
+    """The kernels' FP8 arguments (`stores`: the decode kernel's epilogue stores the newest
+    K/V too); none for a cache of q's dtype, so those launches stay as they were."""
     if not is_fp8(k_cache):
         return {}
-    return {"v_scale": (kv_scales or UNIT_SCALES).v_scale, "KV_FP8": True}
+    sc = kv_scales or UNIT_SCALES
+    args = {"v_scale": sc.v_scale, "KV_FP8": True}
+    if stores:
+        args.update(k_inv_scale=sc.inv_k, v_inv_scale=sc.inv_v)
+    return args
 
 
 def _window_arg(window: int | None) -> dict:
@@ -213,7 +216,8 @@ def epilogue_in_decode_applies(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: tor
     decode batch (one token a row, every token in a row) of at most
     `DecodeConfig.epilogue_batch` rows whose qkv is finished (the one-row GEMV applied the
     folded norm's row scale and the bias: `ops/linear.py`), and whose q/k norms and cache
-    keep qkv's dtype (the epilogue kernel's float32-intermediate variants stay separate).
+    keep qkv's dtype (the epilogue kernel's float32-intermediate variants stay separate; an
+    FP8 cache is stored quantized, as that kernel does).
     An unfinished qkv stays with the epilogue kernel: a first version that applied the row
     scale in every decode program made seed-8b-bs8 2.3% slower (4.71 -> 4.82 ms a step
     on the H200; benchmarks/notes/kernel-notes.md)."""
@@ -225,7 +229,8 @@ def epilogue_in_decode_applies(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: tor
     same = [torch.promote_types(w.dtype, qkv.dtype) == qkv.dtype
             for w in (epi.q_norm_weight, epi.k_norm_weight) if w is not None]
     head_dim = k_cache.shape[-1]
-    return all(same) and k_cache.dtype == qkv.dtype and qkv.shape[1] == (num_heads + 2 * k_cache.shape[2]) * head_dim
+    return all(same) and (k_cache.dtype == qkv.dtype or is_fp8(k_cache)) \
+        and qkv.shape[1] == (num_heads + 2 * k_cache.shape[2]) * head_dim
 
 
 def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,

@@ -281,8 +281,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                    pos_ptr=None, cs_ptr=None, slot_ptr=None, qw_ptr=None, kw_ptr=None, stride_cs=None,
                    eps=None, EPILOGUE: tl.constexpr = False, Q_NORM: tl.constexpr = False,
                    K_NORM: tl.constexpr = False, WINDOW: tl.constexpr = 0,
-                   v_scale=None, KV_FP8: tl.constexpr = False):
-    # KV_FP8: an FP8 cache (module doc); qk_scale carries k_scale, the output gets v_scale.
+                   v_scale=None, KV_FP8: tl.constexpr = False, k_inv_scale=None, v_inv_scale=None):
+    # KV_FP8: an FP8 cache (module doc); qk_scale carries k_scale, the output gets v_scale;
+    # with EPILOGUE the newest K/V are stored times k_inv_scale / v_inv_scale.
     # WINDOW > 0: a row attends to its last WINDOW positions only (its query is the newest);
     # the splits divide those.
     # EPILOGUE (small decode batches, `DecodeConfig.epilogue_batch`): this kernel also does the
@@ -346,7 +347,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
         q = decode_epilogue(q_ptr + q_tok * stride_qt, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, cos, sin,
                             slot, kvh, NUM_KV_HEADS, eps, stride_kcb, stride_kcs, stride_kch, stride_vcb,
                             stride_vcs, stride_vch, (start <= seq_len - 1) & (seq_len - 1 < end),
-                            GROUP, BLOCK_G, HEAD_DIM // 2, BLOCK_SIZE, Q_NORM, K_NORM)
+                            GROUP, BLOCK_G, HEAD_DIM // 2, BLOCK_SIZE, Q_NORM, K_NORM,
+                            k_inv_scale, v_inv_scale, KV_FP8)
     else:
         q = tl.load(q_ptr + q_tok * stride_qt + (head0 + offs_g[:, None]) * stride_qh + offs_d[None, :],
                     mask=gmask[:, None], other=0.0)

@@ -206,7 +206,8 @@ def decode_epilogue_inputs(pos_ptr, cs_ptr, slot_ptr, t, stride_cs, HALF: tl.con
 def decode_epilogue(row, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, cos, sin, slot, kvh, n_kv_heads, eps,
                     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stores,
                     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr):
+                    BLOCK_SIZE: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+                    k_inv_scale=None, v_inv_scale=None, KV_FP8: tl.constexpr = False):
     """The qkv epilogue of one decode row for one KV head, inside the decode kernel's program
     (`triton_attention.decode_attention(epilogue=)`), for a finished qkv row (no row scale
     or bias left to apply): returns the program's rotated q heads [BLOCK_G, 2 * HALF] (rows
@@ -214,14 +215,16 @@ def decode_epilogue(row, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr, cos, sin, slo
     kernel stores; and, where `stores` (the program whose split holds the row's newest
     position), writes the row's K and V of head kvh into the cache as `_epi_k` / `_epi_v`
     do, then waits at a barrier so that the program's own tile loads after it read them.
-    Only for norm and cache dtypes equal to qkv's (no float32 intermediate: the host checks)."""
+    Only for norm dtypes equal to qkv's and a cache of qkv's dtype or FP8 (KV_FP8: k and v
+    quantized with the reciprocal scales as `_epi_k` / `_epi_v` do; the host checks)."""
     n_q_heads = n_kv_heads * GROUP
     if stores:
         _epi_k(row, row, row, row, row, kw_ptr, row, k_cache_ptr, 0, kvh, n_q_heads, n_kv_heads,
                eps, 0, stride_kcb, stride_kcs, stride_kch, cos, sin, slot,
-               HALF, 1, BLOCK_SIZE, K_NORM, False, False, False, 0, 1, True)
+               HALF, 1, BLOCK_SIZE, K_NORM, False, False, False, 0, 1, True, k_inv_scale, KV_FP8)
         _epi_v(row, row, row, row, v_cache_ptr, 0, kvh, n_q_heads, n_kv_heads, eps,
-               stride_vcb, stride_vcs, stride_vch, slot, 2 * HALF, 1, BLOCK_SIZE, False, False, 0, 1, True)
+               stride_vcb, stride_vcs, stride_vch, slot, 2 * HALF, 1, BLOCK_SIZE, False, False, 0, 1, True,
+               v_inv_scale, KV_FP8)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, HALF)
     mask = (g < GROUP)[:, None] & (d < HALF)[None, :]
