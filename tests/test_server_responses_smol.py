@@ -1,8 +1,9 @@
 """/v1/responses on `slipstream serve` with the embedded SmolLM2 (CPU), through the official
 openai client: greedy text equals chat's for the same conversation, the stream assembles
 to the whole response, previous_response_id continues a conversation, an unknown id is a
-404, --reasoning-parser leaves an unconstrained reply of a model that does not think all
-answer, and text.format's schema holds after a free think block."""
+404, DELETE removes a stored response, --reasoning-parser leaves an unconstrained reply of a
+model that does not think all answer (no reasoning tokens), and text.format's schema holds
+after a free think block (its tokens counted as reasoning tokens)."""
 from __future__ import annotations
 
 import openai
@@ -35,6 +36,8 @@ def test_text_equals_chat_and_the_stream_equals_the_whole(client):
     assert r.usage.input_tokens == chat.usage.prompt_tokens
     assert r.usage.output_tokens == chat.usage.completion_tokens
     assert [i.type for i in r.output] == ["message"]  # SmolLM2 does not think
+    assert r.usage.output_tokens_details.reasoning_tokens == 0
+    assert chat.usage.completion_tokens_details.reasoning_tokens == 0
     text, kinds = "", []
     with client.responses.stream(model="smol", instructions="Answer in one word.", input=QUESTION,
                                  max_output_tokens=8, temperature=0) as stream:
@@ -56,6 +59,11 @@ def test_previous_response_id_and_an_unknown_id(client):
     assert client.responses.retrieve(second.id).output_text == second.output_text
     with pytest.raises(openai.NotFoundError, match="resp_unknown"):
         client.responses.create(model="smol", previous_response_id="resp_unknown", input="x")
+    client.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError, match=second.id):
+        client.responses.retrieve(second.id)
+    with pytest.raises(openai.NotFoundError, match=second.id):
+        client.responses.delete(second.id)
 
 
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "London", "Rome"]}},
@@ -73,3 +81,8 @@ def test_text_format_after_an_optional_think_block(client):
     assert r.status == "completed" and r.output[-1].type == "message"
     assert [i.type for i in r.output[:-1]] in ([], ["reasoning"])
     assert json.loads(r.output_text)["city"] in ("Paris", "London", "Rome")
+    thinking = r.usage.output_tokens_details.reasoning_tokens
+    if r.output[0].type == "reasoning":  # the think block's tokens, not the JSON's
+        assert 0 < thinking < r.usage.output_tokens
+    else:
+        assert thinking == 0
