@@ -31,6 +31,7 @@ from slipstream.sched.block_pool import BlockPool
 from slipstream.sched.in_flight import InFlight
 from slipstream.sched.request import Request, Status
 from slipstream.sched.request_table import RequestTable
+from slipstream.sched.spec_steps import SpeculativeSteps
 from slipstream.sched.speculative import SpecBatch, SpecScheduling
 from slipstream.sched.structured_outputs import StructuredOutputs
 
@@ -105,7 +106,7 @@ class _BatchBuilder:
         self.shift: list[int] | None = None  # per sequence row, with device drafting (SpecBatch.shift_src)
 
 
-class Scheduler:
+class Scheduler(SpeculativeSteps):
     def __init__(self, pool: BlockPool, table: RequestTable, max_num_seqs: int,
                  max_num_batched_tokens: int, sliding_window: int | None = None) -> None:
         self.pool = pool
@@ -198,41 +199,6 @@ class Scheduler:
         if not b.requests:
             return None
         return self._finalize(b)
-
-    def _schedule_drafting(self, b: _BatchBuilder, budget: int, allowed: bool) -> tuple[int, bool]:
-        """The running requests' part of `schedule` when rows draft (the loop of a plain step,
-        plus the drafts, if `allowed`, and the shifts); returns the budget left and whether a
-        request stalled."""
-        spec = self.speculative
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            if req.all_done_scheduling:
-                i += 1
-                continue
-            n = min(req.num_tokens_with_pending - req.num_computed, budget)
-            drafts, m, shift = None, 0, 0
-            if spec.device:  # the GPU drafts k tokens; the step before may shift the row
-                shift = spec.k if req.num_pending and req in spec.verifying else 0
-                m = spec.k if allowed and n == 1 and spec.may_verify(req, budget - n) else 0
-            elif n == 1:  # drafted here, now
-                drafts = self._drafts(req, budget - n)
-                m = 0 if drafts is None else len(drafts)
-            if not self._reserve(req, min(req.num_computed + n + m + shift, self.table.token_ids.shape[1])):
-                return budget, req.status is Status.RUNNING
-            if drafts is not None:  # the step's inputs past the known tokens (rewritten as tokens arrive)
-                self.table.token_ids[req.row, req.num_tokens:req.num_tokens + m] = drafts
-            self._add(b, req, n, m, drafts, shift > 0)
-            budget -= n + m
-            i += 1
-        return budget, False
-
-    def _drafts(self, req: Request, budget: int) -> np.ndarray | None:
-        limit = min(self.speculative.max_drafts(req), budget)
-        if limit <= 0:
-            return None
-        drafts = self.speculative.propose(req, self.table.token_ids[req.row, :req.num_tokens], limit)
-        return drafts if len(drafts) else None
 
     def _reserve(self, req: Request, num_tokens: int) -> bool:
         """Give `req` blocks for `num_tokens`, preempting the newest running requests.
@@ -437,22 +403,6 @@ class Scheduler:
             self.finish(req, reason, req.error)
             return True
         return False
-
-    def _take_verified(self, req: Request, spec: SpecBatch, result: BatchResult, j: int) -> None:
-        """A drafting row's emitted tokens (the accepted drafts, then the target's own), cut at
-        the first that ends the request; then its KV is trusted up to its last known token
-        only: the rejected drafts' entries past it are rewritten before any query reads them."""
-        emitted = int(result.num_emitted[j])
-        if result.num_drafted[j]:  # (device drafting: a row may have found none)
-            self.speculative.record(int(result.num_drafted[j]), emitted)
-        if req.finished:
-            return
-        for token in result.spec_tokens[j, :emitted].tolist():
-            if self._append_token(req, token, result, j):
-                return
-        if req.status is Status.RUNNING:  # (a preempted request recomputes from 0)
-            # every step still in flight for it is counted as one token, as always
-            req.num_computed = req.num_tokens - 1 + req.num_pending
 
     @staticmethod
     def _grammar_reason(req: Request, token: int, reason: str | None) -> str | None:
