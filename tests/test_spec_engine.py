@@ -205,3 +205,17 @@ def test_a_grammar_turns_drafting_off_and_keeps_its_meaning(tokenized_tiny):
         assert run(llm) == plain
         assert llm.engine.stats()["spec_num_draft_tokens"] > 0
         assert llm.engine.stats()["constrained_requests"] == 1
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_drafting_starts_when_the_batch_shrinks(tiny_model, async_scheduling):
+    """disable_by_batch_size=2 with four requests of different lengths: the first steps run
+    plain (graph-shaped, no drafts), drafting starts once two requests remain (async: device
+    histories reset from the host's tokens), and the tokens are plain decoding's."""
+    folder, _ = tiny_model("llama")
+    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in (6, 12, 30, 40)]
+    cfg = dict(NGRAM, disable_by_batch_size=2)
+    _, plain = _run(folder, _prompts(), params, async_scheduling=async_scheduling)
+    llm, spec = _run(folder, _prompts(), params, async_scheduling=async_scheduling, speculative_config=cfg)
+    assert spec == plain
+    assert llm.engine.stats()["spec_num_draft_tokens"] > 0
