@@ -219,3 +219,36 @@ def test_drafting_starts_when_the_batch_shrinks(tiny_model, async_scheduling):
     llm, spec = _run(folder, _prompts(), params, async_scheduling=async_scheduling, speculative_config=cfg)
     assert spec == plain
     assert llm.engine.stats()["spec_num_draft_tokens"] > 0
+
+
+def test_bench_takes_the_speculative_config_flag(tiny_model, tmp_path, monkeypatch, capsys):
+    """`slipstream bench --speculative-config` runs both modes with identical outputs and reports
+    the drafts; a bad value is a one-line error (exit 2)."""
+    import json
+
+    from slipstream.bench import workloads
+    from slipstream.cli.main import main
+
+    folder, _ = tiny_model("llama")
+    params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True) for _ in _prompts()]
+    monkeypatch.setitem(workloads.WORKLOADS, "spec-unit", lambda: workloads.Workload(
+        "spec-unit", folder, _prompts(), params, dict(max_num_seqs=4, max_model_len=128)))
+    flag = json.dumps(NGRAM)
+    assert main(["bench", "--workload", "spec-unit", "--device", "cpu", "--speculative-config", flag,
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "identical outputs: True" in out and "async: speculation:" in out and "sync: speculation:" in out
+    summary = json.loads((tmp_path / "spec-unit.json").read_text())
+    for mode in ("sync", "async"):
+        s = summary["results"][mode]["speculation"]
+        assert s["drafted"] > 0 and s["accepted"] <= s["drafted"] and s["steps_with_drafts"] <= s["steps"]
+    assert main(["bench", "--workload", "spec-unit", "--device", "cpu", "--speculative-config",
+                 '{"method": "ngram", "num_speculative_tokens": 99}']) == 2
+    assert "num_speculative_tokens must be an integer in [1, 16]" in capsys.readouterr().err
+
+
+def test_methods_the_engine_does_not_run_yet_are_refused(tiny_model):
+    folder, _ = tiny_model("llama")
+    with pytest.raises(ValueError, match="method 'draft_model' is not supported by the engine yet"):
+        LLM(folder, device="cpu", max_model_len=64,
+            speculative_config={"method": "draft_model", "model": folder, "num_speculative_tokens": 2})
