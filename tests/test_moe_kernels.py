@@ -1,5 +1,5 @@
-"""The fused MoE layer's Triton kernels (under TRITON_INTERPRET=1 on the CPU) against the
-per-expert loop, `fused_moe_ref`: the sort and pad by expert, and the two grouped GEMMs at
+"""The fused MoE layer's Triton kernels (on the GPU, or under TRITON_INTERPRET=1 on the CPU)
+against the per-expert loop, `fused_moe_ref` (on the CPU): the sort and pad by expert, and the two grouped GEMMs at
 tiny sizes, including a step where some experts get no token, one where every token routes
 to the same experts, one row (decode), and bf16; untouched experts' weights are never read."""
 from __future__ import annotations
@@ -9,9 +9,18 @@ import torch
 
 from slipstream.ops.moe import fused_moe_ref, route
 from slipstream.ops.triton_moe import MoEConfig, align_by_expert, fused_moe_triton, moe_config
+from test_attention_kernels import DEVICE, tolerances
 
 HIDDEN, INTER = 64, 32
 SMALL = MoEConfig(block_m=16, block_n=32, block_k=32)
+# float32 dots are IEEE on both; the GPU sums in another order (and its exp is approximate)
+F32_TOL = (dict(rtol=1e-5, atol=1e-5) if DEVICE == "cpu"
+           else dict(zip(("atol", "rtol"), tolerances(torch.float32))))
+
+
+def _dev(*tensors: torch.Tensor):
+    """The tensors on DEVICE, where the Triton kernels run (the references stay on the CPU)."""
+    return tuple(t.to(DEVICE) for t in tensors)
 
 
 def _weights(num_experts: int, dtype=torch.float32, seed: int = 0):
@@ -45,7 +54,7 @@ def test_route_renormalises_only_when_asked():
 @pytest.mark.parametrize("num_tokens,num_experts,top_k,block_m", [(1, 8, 2, 16), (9, 6, 3, 16), (40, 4, 2, 32)])
 def test_align_groups_pads_and_names_the_experts(num_tokens, num_experts, top_k, block_m):
     _, ids = _routing(num_tokens, num_experts, top_k, seed=num_tokens)
-    a = align_by_expert(ids, num_experts, block_m)
+    a = align_by_expert(*_dev(ids), num_experts, block_m)
     n = ids.numel()
     flat = ids.reshape(-1).tolist()
     counts = [flat.count(e) for e in range(num_experts)]
@@ -82,8 +91,8 @@ def test_fused_moe_equals_the_per_expert_loop(case):
     if only is not None:
         assert set(ids.unique().tolist()) <= set(only)
     ref = fused_moe_ref(x, w_gate_up, w_down, weights, ids)
-    torch.testing.assert_close(fused_moe_triton(x, w_gate_up, w_down, weights, ids, SMALL), ref,
-                               rtol=1e-5, atol=1e-5)
+    out = fused_moe_triton(*_dev(x, w_gate_up, w_down, weights, ids), SMALL)
+    torch.testing.assert_close(out.cpu(), ref, **F32_TOL)
 
 
 def test_fused_moe_bf16_and_the_default_tiles():
@@ -91,9 +100,10 @@ def test_fused_moe_bf16_and_the_default_tiles():
     x = torch.randn(6, HIDDEN, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     weights, ids = _routing(6, 8, 2, seed=6)
     ref = fused_moe_ref(x, w_gate_up, w_down, weights, ids)
-    out = fused_moe_triton(x, w_gate_up, w_down, weights, ids)  # moe_config's tiles, clipped
+    out = fused_moe_triton(*_dev(x, w_gate_up, w_down, weights, ids))  # moe_config's tiles, clipped
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    atol, rtol = tolerances(torch.bfloat16)
+    torch.testing.assert_close(out.cpu().float(), ref.float(), rtol=rtol, atol=atol)
 
 
 def test_only_the_routed_experts_weights_are_read():
@@ -104,9 +114,9 @@ def test_only_the_routed_experts_weights_are_read():
     w_gate_up[idle] = float("nan")
     w_down[idle] = float("nan")
     x = torch.randn(1, HIDDEN, generator=torch.Generator().manual_seed(8))
-    out = fused_moe_triton(x, w_gate_up, w_down, weights, ids, SMALL)
+    out = fused_moe_triton(*_dev(x, w_gate_up, w_down, weights, ids), SMALL).cpu()
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, fused_moe_ref(x, w_gate_up, w_down, weights, ids), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, fused_moe_ref(x, w_gate_up, w_down, weights, ids), **F32_TOL)
 
 
 def test_tiles_grow_with_the_rows_per_expert():
@@ -158,9 +168,9 @@ def test_fused_moe_adds_into_the_residual_stream_with_one_rounding():
     h = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
     weights, ids = _routing(5, 8, 2, seed=11)
     want = (h.float() + fused_moe_ref(x, w_gate_up, w_down, weights, ids).float())
-    ref_h, tri_h = h.clone(), h.clone()
+    ref_h, (tri_h,) = h.clone(), _dev(h.clone())
     assert fused_moe_ref(x, w_gate_up, w_down, weights, ids, residual=ref_h) is ref_h
-    assert fused_moe_triton(x, w_gate_up, w_down, weights, ids, SMALL, residual=tri_h) is tri_h
+    assert fused_moe_triton(*_dev(x, w_gate_up, w_down, weights, ids), SMALL, residual=tri_h) is tri_h
     scale = want.abs().max().item()  # a few bf16 steps of the largest value
     torch.testing.assert_close(ref_h.float(), want, rtol=0, atol=2e-2 * scale)
-    torch.testing.assert_close(tri_h.float(), ref_h.float(), rtol=0, atol=2e-2 * scale)
+    torch.testing.assert_close(tri_h.cpu().float(), ref_h.float(), rtol=0, atol=2e-2 * scale)

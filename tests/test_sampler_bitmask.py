@@ -1,6 +1,7 @@
 """The token bitmask of structured outputs inside the sampler: the torch path and the Triton
-kernel (interpreter on CPU) draw only allowed tokens, agree with each other, and equal sampling
-the masked logits; logprobs are those of the constrained distribution."""
+kernel (on the GPU, or its interpreter on the CPU) draw only allowed tokens, agree with each
+other on the same device, and equal sampling the masked logits; logprobs are those of the
+constrained distribution."""
 import pytest
 import torch
 
@@ -8,6 +9,7 @@ from slipstream.sampling.grammar.bitmask import allocate_bitmask, fill_only_allo
 from slipstream.sampling.sampler import SamplerFlags, SamplingTensors, masked_logits, sample
 
 V = 300  # not a multiple of 32: the last word is partial
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # both paths run here (the Triton kernel must)
 
 
 def make_case(top: bool):
@@ -22,10 +24,10 @@ def make_case(top: bool):
     t = SamplingTensors.from_lists(
         [0.0, 0.9, 0.0, 1.3, 0.7, 2.0], seed=[1, 2, 3, 4, 5, 6], token_index=[0, 3, 1, 9, 2, 4],
         top_k=[0, 20, 0, 0, 0, 0] if top else None, top_p=[1.0, 0.8, 1.0, 1.0, 1.0, 1.0] if top else None,
-        min_p=[0.0, 0.0, 0.0, 0.1, 0.0, 0.0])
-    t.bitmask = bitmask
+        min_p=[0.0, 0.0, 0.0, 0.1, 0.0, 0.0], device=DEVICE)
+    t.bitmask = bitmask.to(DEVICE)
     flags = SamplerFlags(use_top_k_top_p=top, use_penalties=False, num_logprobs=3 if top else 0)
-    return logits, t, flags
+    return logits.to(DEVICE), t, flags
 
 
 def allowed(bitmask: torch.Tensor, row: int, token: int) -> bool:
