@@ -252,3 +252,19 @@ def test_methods_the_engine_does_not_run_yet_are_refused(tiny_model):
     with pytest.raises(ValueError, match="method 'draft_model' is not supported by the engine yet"):
         LLM(folder, device="cpu", max_model_len=64,
             speculative_config={"method": "draft_model", "model": folder, "num_speculative_tokens": 2})
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_rows_at_the_end_of_the_context(tiny_model, async_scheduling):
+    """Requests that run up to max_model_len: drafts (and, async, the KV reserved for a shift)
+    never reach past the context, and the tokens are plain decoding's."""
+    folder, _ = tiny_model("llama")
+    prompts = _prompts()
+    params = [SamplingParams(max_tokens=64 - len(p), temperature=0, ignore_eos=True) for p in prompts]
+    kw = dict(async_scheduling=async_scheduling, max_num_batched_tokens=64)
+    llm = LLM(folder, device="cpu", max_model_len=64, max_num_seqs=8, debug_kv=True, **kw)
+    plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    llm = LLM(folder, device="cpu", max_model_len=64, max_num_seqs=8, debug_kv=True, speculative_config=NGRAM, **kw)
+    spec = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert spec == plain and [len(t) for t in spec] == [p.max_tokens for p in params]
+    assert llm.engine.stats()["spec_num_draft_tokens"] > 0

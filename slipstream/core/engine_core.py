@@ -56,6 +56,8 @@ class EngineCore:
 
     def _build(self, config: EngineConfig, tokenizer, grammar_tokenizer) -> None:
         self.config = config
+        if config.speculative_config is not None:
+            SpecScheduling.check(config.speculative_config, config.tensor_parallel_size)
         self.device = resolve_device(config.device)
         self.source = resolve_model_source(config.model)
         start = time.perf_counter()
@@ -113,8 +115,6 @@ class EngineCore:
         hf_tokenizer = grammar_tokenizer if grammar_tokenizer is not None else getattr(tokenizer, "hf", None)
         self.scheduler.structured_outputs = StructuredOutputs(lambda: self._grammar_backend(hf_tokenizer))
         if config.speculative_config is not None:
-            if tp > 1:
-                raise ValueError("speculative_config needs tensor_parallel_size=1 for now")
             self.scheduler.speculative = SpecScheduling(config.speculative_config, self.max_model_len)
             self.scheduler.speculative.device = async_mode  # (drafts made on the GPU)
         self.timeline = Timeline() if config.trace else None

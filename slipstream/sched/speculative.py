@@ -84,10 +84,17 @@ class SpecScheduling:
     """The drafter (n-gram prompt lookup over the request's own tokens, on the host) and the
     per-request rules of who drafts how many."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    @staticmethod
+    def check(config: SpeculativeConfig, tensor_parallel_size: int) -> None:
+        """One-line errors for what the engine cannot run yet (before any weight loads)."""
         if config.method != "ngram":
             raise ValueError(f"speculative_config.method {config.method!r} is not supported by the "
                              "engine yet; use 'ngram'")
+        if tensor_parallel_size > 1:
+            raise ValueError("speculative_config needs tensor_parallel_size=1 for now")
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.check(config, 1)
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
