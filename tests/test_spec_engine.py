@@ -2,11 +2,8 @@
 speculation off, sync and async, with drafts actually accepted; stop tokens, max_tokens and
 rows that may not draft keep their meaning; the stats count drafts."""
 import pytest
-import spec_stand_ins
 
 from slipstream import LLM, SamplingParams
-
-spec_stand_ins.install()
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
