@@ -1,6 +1,6 @@
 """The fused MoE layer's Triton kernels (on the GPU, or under TRITON_INTERPRET=1 on the CPU)
-against the per-expert loop, `fused_moe_ref` (on the CPU): the sort and pad by expert, and the two grouped GEMMs at
-tiny sizes, including a step where some experts get no token, one where every token routes
+against the per-expert loop, `fused_moe_ref` (on the CPU): the sort and pad by expert, and the
+two grouped GEMMs at tiny sizes, including a step where some experts get no token, one where every token routes
 to the same experts, one row (decode), and bf16; untouched experts' weights are never read."""
 from __future__ import annotations
 
