@@ -19,7 +19,17 @@ import torch.nn.functional as F
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights float32 [T, k], expert ids int32 [T, k]): softmax over the experts in float32,
-    the k largest, divided by their sum when `renormalize`. Graph-safe torch ops."""
+    the k largest, divided by their sum when `renormalize`. On CUDA one Triton kernel
+    (`slipstream.ops.triton_route`: one launch a layer instead of ~5), `route_ref` otherwise."""
+    if router_logits.is_cuda:
+        from slipstream.ops.triton_route import route_applies, route_triton
+        if route_applies(router_logits, top_k):
+            return route_triton(router_logits, top_k, renormalize)
+    return route_ref(router_logits, top_k, renormalize)
+
+
+def route_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route` in torch ops (the CPU path and the oracle); graph-safe."""
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
