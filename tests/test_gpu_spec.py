@@ -35,7 +35,7 @@ def test_smollm2_ngram_equals_plain_decoding_on_the_gpu(dtype, batch_invariant):
         assert _tokens(llm, prompts, greedy) == ref_greedy
         assert _tokens(llm, prompts, sampled) == ref_sampled
         stats = llm.engine.stats()
-        assert stats["spec_num_accepted_tokens"] > 20 and stats["spec_mean_accepted_length"] > 2.0, stats
+        assert stats["spec_num_accepted_tokens"] > 20 and stats["spec_mean_accepted_length"] > 1.5, stats
         del llm
 
 

@@ -28,7 +28,8 @@ class SpeculativeSteps:
             drafts, m, shift = None, 0, 0
             if spec.device:  # the GPU drafts k tokens; the step before may shift the row
                 shift = spec.k if req.num_pending and req in spec.verifying else 0
-                m = spec.k if allowed and n == 1 and spec.may_verify(req, budget - n) else 0
+                m = spec.k if allowed and n == 1 and spec.may_verify(
+                    req, budget - n, self.table.token_ids[req.row, :req.num_tokens]) else 0
             elif n == 1:  # drafted here, now
                 drafts = self._drafts(req, budget - n)
                 m = 0 if drafts is None else len(drafts)

@@ -115,14 +115,21 @@ class SpecScheduling:
         for req in requests:
             self.synced.discard(req)
 
-    def may_verify(self, req: Request, budget: int) -> bool:
+    def may_verify(self, req: Request, budget: int, tokens: np.ndarray) -> bool:
         """Device drafting: whether `req` gets k draft slots this step.  Its true position is
         unknown by up to k (its step in flight may accept k drafts), so its KV is reserved
-        for 1 + 2k tokens, within the context."""
+        for 1 + 2k tokens, within the context.  Only a row whose known `tokens` already end
+        in an n-gram seen before gets slots: the GPU's lookup (over these and the tokens in
+        flight) rarely finds one otherwise, and a row with slots makes the step a
+        verification step (eager, k + 1 query tokens a row) even when it drafts nothing."""
         p = req.params
-        return (req.num_pending <= 1 and budget >= self.k and not p.uses_penalties and p.logprobs is None
+        if not (req.num_pending <= 1 and budget >= self.k and not p.uses_penalties and p.logprobs is None
                 and req.num_scheduled_outputs >= p.min_tokens
-                and req.num_computed + 1 + 2 * self.k <= self.max_model_len)
+                and req.num_computed + 1 + 2 * self.k <= self.max_model_len):
+            return False
+        from slipstream.spec.ngram import propose_ngram
+        c = self.config
+        return len(propose_ngram(tokens, 1, c.prompt_lookup_min, c.prompt_lookup_max)) > 0
 
     def enabled_for(self, num_running: int, requests) -> bool:
         """Whether this step drafts at all: within disable_by_batch_size, and no grammar."""
