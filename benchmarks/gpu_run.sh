@@ -237,7 +237,7 @@ for stage in "$@"; do
                run "bench-$w" "${BENCH_TIMEOUT:-300}" python3 -m slipstream.cli bench --workload "$w" --mode async --out "$RES/$w" ${BENCH_ARGS:-}
              done ;;
     # the pytest files of $TESTS, GPU tests included (kernels run on CUDA where a GPU is present)
-    pytests) run pytests "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider $TESTS ;;
+    pytests) run pytests "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider $TESTS ${TEST_K:+-k "$TEST_K"} ;;
     *) echo "unknown stage $stage" | tee -a "$LOG" ;;
   esac
 done
