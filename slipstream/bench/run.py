@@ -65,10 +65,14 @@ def run_bench(a, workload, engine_options: dict) -> int:
     # Warm-up: every prompt, 2 tokens each, so the timed runs meet the same prefill batch
     # shapes with their kernels compiled and cuBLAS plans chosen (otherwise the first mode
     # run pays for it).
+    # A constrained workload's decode graphs (runner/split_graphs.py) are captured at a
+    # shape's first constrained use: its warm-up requests end one step apart, so the batch
+    # shrinks through every decode size and the timed runs replay graphs, as a server does
+    # once it has run a while, rather than capturing them.
     for i, (prompt, p) in enumerate(zip(workload.prompts, workload.params)):
         add_prompt(engine, f"warm-up-{i}", prompt,  # (a grammar compiles here, once)
-                   SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True,
-                                  structured_outputs=p.structured_outputs))
+                   SamplingParams(max_tokens=2 + i if constrained else 2, temperature=p.temperature,
+                                  ignore_eos=True, structured_outputs=p.structured_outputs))
     run_until_done(engine)
     freeze_gc()
 
