@@ -1,15 +1,19 @@
 """The router's top-k kernel, `route_triton` (under TRITON_INTERPRET=1 on the CPU), against
 `route_ref`, the torch path: the expert ids exactly and the weights within float32 rounding, on
 tie-free logits (ties are ordered by torch's CPU topk as it happens to, so they get a test of
-their own: lower expert id first). On a GPU the same tests run on CUDA tensors, and one replays
-`route` in a CUDA graph on new logits."""
+their own: lower expert id first). The fused router linear, `route_linear_triton`, the same way
+on inputs whose products sum exactly in any order. On a GPU the same tests run on CUDA tensors,
+and two replay the kernels in a CUDA graph on new inputs."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+import torch.nn.functional as F
+
 from slipstream.ops.moe import route, route_ref
-from slipstream.ops.triton_route import route_applies, route_triton
+from slipstream.ops.triton_route import (new_route_counter, route_applies, route_linear_applies,
+                                         route_linear_triton, route_triton)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # float32 rounding: the softmax's sum over up to 512 terms may be added in another order than
@@ -126,3 +130,95 @@ def test_route_dispatches_to_the_kernel_and_replays_in_a_cuda_graph():
         want_w, want_ids = route_ref(logits, 8, True)
         assert torch.equal(ids, want_ids)
         torch.testing.assert_close(weights, want_w, **TOL)
+
+
+def _stable_route(logits: torch.Tensor, top_k: int, renormalize: bool):
+    """`route_ref` with ties to the lower expert id (a stable descending sort)."""
+    probs = torch.softmax(logits.float(), -1)
+    weights, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+    weights, ids = weights[:, :top_k], ids[:, :top_k]
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def _exact_router(num_tokens: int, num_experts: int, hidden: int, dtype: torch.dtype, seed: int):
+    """x [T, H] and the router's weight [E, H] in eighths from -1/2 to 1/2: every product is a
+    multiple of 1/64 and every sum of them is exact in float32, in any order, so the kernel's
+    logits round to x's dtype exactly as F.linear's do. Triton's interpreter rounds float32 to
+    bf16 toward zero (the GPU to nearest even, as torch), so there x has 4 nonzero entries a
+    row: each logit is at most 1 in size, exact in bf16, and no rounding mode matters."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-4, 5, (num_tokens, hidden), generator=g).float() / 8
+    if DEVICE == "cpu" and dtype != torch.float32:
+        keep = torch.rand(num_tokens, hidden, generator=g).argsort(-1)[:, :4]
+        x = torch.zeros_like(x).scatter_(1, keep, x.gather(1, keep))
+    w = torch.randint(-4, 5, (num_experts, hidden), generator=g).float() / 8
+    return x.to(dtype).to(DEVICE), w.to(dtype).to(DEVICE)
+
+
+# (tokens, experts, hidden, k, renormalize)
+LINEAR_CASES = [
+    (1, 128, 2048, 8, True),  # the Qwen3-30B-A3B decode row
+    (16, 60, 96, 4, False),  # the most rows it takes; experts not a power of two
+    (3, 8, 32, 2, True),  # Mixtral's k
+    (5, 128, 200, 8, False),  # hidden not a power of two
+]
+
+
+@pytest.mark.quick_sample(4)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("num_tokens,num_experts,hidden,top_k,renormalize", LINEAR_CASES)
+def test_route_linear_triton_equals_linear_then_route(num_tokens, num_experts, hidden, top_k, renormalize, dtype):
+    x, w = _exact_router(num_tokens, num_experts, hidden, dtype, seed=num_tokens + hidden)
+    counter = new_route_counter(x.device)
+    assert route_linear_applies(x, w, top_k)
+    # the logits (multiples of 1/64 in a narrow range) tie often: ties to the lower id
+    want_w, want_ids = _stable_route(F.linear(x.float(), w.float()).to(dtype), top_k, renormalize)
+    for _ in range(2):  # the counter is back to zero after a call: a second call works alike
+        weights, ids = route_linear_triton(x, w, top_k, renormalize, counter)
+        assert counter.item() == 0
+        assert weights.dtype == torch.float32 and ids.dtype == torch.int32
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(weights, want_w, **TOL)
+
+
+def test_route_linear_shapes_it_does_not_take():
+    w = torch.zeros(128, 64)
+    assert route_linear_applies(torch.zeros(16, 64), w, 8)
+    assert not route_linear_applies(torch.zeros(17, 64), w, 8)  # prefill: the GEMM, then route
+    assert not route_linear_applies(torch.zeros(1, 64, dtype=torch.bfloat16), w, 8)  # dtypes differ
+    assert not route_linear_applies(torch.zeros(1, 16384), torch.zeros(128, 16384), 8)
+    with pytest.raises(ValueError, match="route_linear_triton"):
+        route_linear_triton(torch.zeros(17, 64), w, 8, True, new_route_counter(torch.device("cpu")))
+
+
+@pytest.mark.gpu
+def test_route_linear_replays_in_a_cuda_graph():
+    # the counter must come back to zero on every replay, or the next one finds no last program
+    x = torch.zeros(2, 2048, device="cuda", dtype=torch.bfloat16)
+    w = _exact_router(1, 128, 2048, torch.bfloat16, seed=0)[1]
+    counter = new_route_counter(x.device)
+    weights = torch.zeros(2, 8, device="cuda")
+    ids = torch.zeros(2, 8, device="cuda", dtype=torch.int32)
+
+    def step():
+        wt, i = route_linear_triton(x, w, 8, True, counter)
+        weights.copy_(wt)
+        ids.copy_(i)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compiles
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in range(1, 6):
+        x.copy_(_exact_router(2, 128, 2048, torch.bfloat16, seed)[0])
+        graph.replay()
+        want_w, want_ids = _stable_route(F.linear(x.float(), w.float()).to(torch.bfloat16), 8, True)
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(weights, want_w, **TOL)
+    assert counter.item() == 0

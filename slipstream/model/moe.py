@@ -30,7 +30,7 @@ from slipstream.model.config import ModelConfig
 from slipstream.model.llama import Attention, Linear, LlamaForCausalLM, RMSNorm, _empty, fold_norm
 from slipstream.model.parallel import TPGroup
 from slipstream.ops.fused import rms_norm
-from slipstream.ops.moe import fused_moe, route
+from slipstream.ops.moe import fused_moe, route, route_linear, route_linear_applies
 
 # architecture -> the checkpoint's names: (block, gate, up, down) as in
 # model.layers.{i}.{block}.experts.{e}.{gate}.weight and model.layers.{i}.{block}.gate.weight
@@ -57,10 +57,18 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(config.hidden_size, config.num_experts, False, dtype, device)
         self.experts = Experts(config.num_experts, config.hidden_size, inter, dtype, device)
         self.tp = tp
+        # the fused router's count of its finished programs (`route_linear`): one a layer, so
+        # no two launches that may overlap share it
+        self.register_buffer("route_counter", torch.zeros(1, dtype=torch.int32, device=device), persistent=False)
 
     def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Adds the block's output for x (the normalised h) into the residual stream h."""
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        gate = self.gate
+        if gate.bias is None and not gate.batch_invariant and route_linear_applies(x, gate.weight, self.top_k):
+            # decode sizes: the router's linear and its top-k in one launch
+            weights, ids = route_linear(x, gate.weight, self.top_k, self.renormalize, self.route_counter)
+        else:
+            weights, ids = route(gate(x), self.top_k, self.renormalize)
         experts = self.experts
         if self.tp is None:  # the k outputs summed straight into h
             return fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids, residual=h)

@@ -1,6 +1,8 @@
 """Mixture-of-experts ops: the router's top-k and the fused MoE layer.
 
-`route` turns router logits into each token's k experts and their weights. `fused_moe`
+`route` turns router logits into each token's k experts and their weights (on CUDA one Triton
+kernel, `slipstream.ops.triton_route`; `route_linear` takes a decode step's router linear into
+it too). `fused_moe`
 runs the experts: out[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) over the
 k experts e = ids[t, j] of token t. `fused_moe_ref` is the per-expert loop in torch (the CPU
 path and the oracle); on CUDA `slipstream.ops.triton_moe` sorts the (token, expert) pairs by
@@ -13,8 +15,13 @@ given) and rounded once.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
+
+# decode-sized routers: the linear inside the top-k kernel (`route_linear`); 0 keeps them apart
+FUSED_ROUTE = os.environ.get("SLIPSTREAM_FUSED_ROUTE", "1") != "0"
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,6 +33,25 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
         if route_applies(router_logits, top_k):
             return route_triton(router_logits, top_k, renormalize)
     return route_ref(router_logits, top_k, renormalize)
+
+
+def route_linear_applies(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:
+    """Whether `route_linear` takes the router's linear into the top-k kernel: CUDA, up to 16
+    rows, x's dtype the weight's; `SLIPSTREAM_FUSED_ROUTE=0` in the environment says never
+    (A/B runs: the linear, then `route`)."""
+    if not (FUSED_ROUTE and x.is_cuda):
+        return False
+    from slipstream.ops.triton_route import route_linear_applies as applies
+    return applies(x, weight, top_k)
+
+
+def route_linear(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool,
+                 counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route(x @ weight^T, top_k, renormalize)` for a bias-free router in one launch
+    (`slipstream.ops.triton_route.route_linear_triton`) where `route_linear_applies`; `counter`
+    (int32 [1], zero) is the caller's own, one a layer."""
+    from slipstream.ops.triton_route import route_linear_triton
+    return route_linear_triton(x, weight, top_k, renormalize, counter)
 
 
 def route_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
