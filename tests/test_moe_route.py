@@ -222,3 +222,55 @@ def test_route_linear_replays_in_a_cuda_graph():
         assert torch.equal(ids, want_ids)
         torch.testing.assert_close(weights, want_w, **TOL)
     assert counter.item() == 0
+
+
+# --- compiled for Hopper without a GPU (the interpreter misses what only the compiler rejects) ---
+def compile_route_for_hopper() -> None:
+    """Each router kernel compiled for sm_90 as the host code launches it: the top-k at one row
+    (one warp), at 8192 rows, E=60, E=512 k=16; the fused router linear at 1 and 16 rows of
+    the Qwen3-30B-A3B shape. Prints each one's registers and local memory (spills)."""
+    import sys
+    import os
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import kernel_resources as kr
+    from test_attention_kernels import compile_launch_for_hopper, recorded_launches
+
+    import slipstream.ops.triton_route as tr
+    launches: list = []
+    bf = torch.bfloat16
+    with recorded_launches(tr, ["_route_kernel", "_route_linear_kernel"], launches):
+        tr.route_triton(torch.zeros(1, 128, dtype=bf), 8, True)
+        tr.route_triton(torch.zeros(8192, 128), 8, True)
+        tr.route_triton(torch.zeros(7, 60, dtype=bf), 4, False)
+        tr.route_triton(torch.zeros(3, 512, dtype=bf), 16, True)
+        counter = tr.new_route_counter(torch.device("cpu"))
+        tr.route_linear_triton(torch.zeros(1, 2048, dtype=bf), torch.zeros(128, 2048, dtype=bf), 8, True, counter)
+        tr.route_linear_triton(torch.zeros(16, 2048, dtype=bf), torch.zeros(128, 2048, dtype=bf), 8, True, counter)
+    for fn, args, kw in launches:
+        compiled, _, opts = compile_launch_for_hopper(fn, args, kw)
+        res = kr.resources(compiled.asm["cubin"])
+        print("compiled", fn.__name__, opts["num_warps"], "warps", res)
+        assert res["local"] == 0, f"{fn.__name__} spills: {res}"
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the GPU tests compile the kernels")
+def test_route_kernels_compile_for_hopper():
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.path.dirname(os.path.abspath(__file__)),
+                                                      env.get("PYTHONPATH")]))
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    assert r.stdout.count("compiled") == 6, r.stdout
+
+
+if __name__ == "__main__":
+    import sys
+    if "--compile-for-hopper" in sys.argv:
+        compile_route_for_hopper()
