@@ -224,6 +224,32 @@ def test_route_linear_replays_in_a_cuda_graph():
     assert counter.item() == 0
 
 
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_moe_block_takes_the_fused_router_where_it_applies(kind, tmp_path, monkeypatch):
+    # the block's decode-sized routing through `route_linear` (forced on the CPU: the kernel
+    # under the interpreter) gives the block's output of its linear-then-route path
+    import slipstream.model.moe as model_moe
+    from slipstream.model.loader import load_model
+    from test_moe_model import make_moe_model
+
+    make_moe_model(kind, str(tmp_path))
+    model, _ = load_model(str(tmp_path))
+    block = model.layers[0].mlp
+    g = torch.Generator().manual_seed(4)
+    h, x = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
+    want = block(h.clone(), x)
+    taken = []
+
+    def applies(x, weight, top_k):
+        taken.append(route_linear_applies(x, weight, top_k))
+        return taken[-1]
+
+    monkeypatch.setattr(model_moe, "route_linear_applies", applies)
+    got = block(h.clone(), x)
+    assert taken == [True] and int(block.route_counter.item()) == 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 # --- compiled for Hopper without a GPU (the interpreter misses what only the compiler rejects) ---
 def compile_route_for_hopper() -> None:
     """Each router kernel compiled for sm_90 as the host code launches it: the top-k at one row
