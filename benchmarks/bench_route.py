@@ -22,7 +22,12 @@ import torch
 from slipstream.bench.cuda_timing import time_graph
 from slipstream.ops.linear import linear
 from slipstream.ops.moe import route_ref
-from slipstream.ops.triton_route import new_route_counter, route_linear_applies, route_linear_triton, route_triton
+from slipstream.ops.triton_route import (
+    new_route_counter,
+    route_linear_applies,
+    route_linear_triton,
+    route_triton,
+)
 
 EXPERTS, TOP_K, HIDDEN, LAYERS = 128, 8, 2048, 48
 
@@ -49,10 +54,10 @@ def main() -> None:
         ref = route_ref(logits, TOP_K, True)
         tri = route_triton(logits, TOP_K, True)
         line = f"T={t:5d}"
-        forms = {"torch": lambda w, c: route_ref(linear(x, w), TOP_K, True),
-                 "triton": lambda w, c: route_triton(linear(x, w), TOP_K, True)}
+        forms = {"torch": lambda w, c, x=x: route_ref(linear(x, w), TOP_K, True),
+                 "triton": lambda w, c, x=x: route_triton(linear(x, w), TOP_K, True)}
         if route_linear_applies(x, gates[0], TOP_K):
-            forms["fused"] = lambda w, c: route_linear_triton(x, w, TOP_K, True, c)
+            forms["fused"] = lambda w, c, x=x: route_linear_triton(x, w, TOP_K, True, c)
         for name, form in forms.items():
             calls = [lambda w=w, c=c, form=form: form(w, c) for w, c in zip(gates, counters)]
             us = 1e3 * time_graph(calls) / LAYERS

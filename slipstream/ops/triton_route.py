@@ -46,7 +46,7 @@ from slipstream.ops.device import sm_count
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_gemv import choose_block_n
 
-__all__ = ["route_triton", "route_linear_triton", "new_route_counter", "MAX_EXPERTS", "MAX_TOP_K"]
+__all__ = ["MAX_EXPERTS", "MAX_TOP_K", "new_route_counter", "route_linear_triton", "route_triton"]
 
 MAX_EXPERTS = 512  # one row's probabilities are one register tile
 MAX_TOP_K = 16  # k picks, each a reduction over the row: unrolled
@@ -132,7 +132,7 @@ def _route_linear_kernel(x_ptr, w_ptr, logits_ptr, counter_ptr, weights_ptr, ids
     w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_w + offs_h[None, :],
                 mask=nmask[:, None] & hmask[None, :], other=0.0).to(tl.float32)
     pdl_start(USE_PDL)
-    for m in range(0, T):
+    for m in range(T):
         xr = tl.load(x_ptr + m * stride_x + offs_h, mask=hmask, other=0.0)
         logit = tl.sum(w * xr.to(tl.float32)[None, :], axis=1)
         # rounded to x's dtype, as the router linear's output is before `route` reads it
