@@ -20,8 +20,9 @@ import os
 import torch
 import torch.nn.functional as F
 
-# decode-sized routers: the linear inside the top-k kernel (`route_linear`); 0 keeps them apart
-FUSED_ROUTE = os.environ.get("SLIPSTREAM_FUSED_ROUTE", "1") != "0"
+# routers of up to this many rows: the linear inside the top-k kernel (`route_linear`; at most
+# triton_route.MAX_LINEAR_ROWS); 0 keeps them apart (A/B runs)
+FUSED_ROUTE_ROWS = int(os.environ.get("SLIPSTREAM_FUSED_ROUTE_ROWS", "16"))
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,10 +37,10 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
 
 
 def route_linear_applies(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:
-    """Whether `route_linear` takes the router's linear into the top-k kernel: CUDA, up to 16
-    rows, x's dtype the weight's; `SLIPSTREAM_FUSED_ROUTE=0` in the environment says never
-    (A/B runs: the linear, then `route`)."""
-    if not (FUSED_ROUTE and x.is_cuda):
+    """Whether `route_linear` takes the router's linear into the top-k kernel: CUDA, up to
+    `FUSED_ROUTE_ROWS` rows (`SLIPSTREAM_FUSED_ROUTE_ROWS` in the environment, 16 by default;
+    0: never, the linear and then `route`), x's dtype the weight's."""
+    if not (x.is_cuda and x.dim() == 2 and x.shape[0] <= FUSED_ROUTE_ROWS):
         return False
     from slipstream.ops.triton_route import route_linear_applies as applies
     return applies(x, weight, top_k)
