@@ -49,22 +49,26 @@ def test_stops_and_max_tokens_cut_the_accepted_drafts(tiny_model):
             assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
-def test_rows_that_may_not_draft_keep_their_meaning(tiny_model):
-    """Penalties, logprobs and min_tokens rows run without drafts beside drafting rows."""
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_rows_that_may_not_draft_keep_their_meaning(tiny_model, async_scheduling):
+    """Penalties and min_tokens rows run without drafts beside drafting rows; a row asking for
+    logprobs drafts and gets the logprobs (and top-k) of each emitted token."""
     folder, _ = tiny_model("llama")
     prompts = _prompts()
     params = [SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, repetition_penalty=1.3),
               SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=2),
               SamplingParams(max_tokens=20, temperature=0, min_tokens=10, stop_token_ids=[7]),
               SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)]
-    common = dict(device="cpu", max_model_len=256, max_num_seqs=8)
+    common = dict(device="cpu", max_model_len=256, max_num_seqs=8, async_scheduling=async_scheduling)
     plain = LLM(folder, **common).generate(prompts, params)
     llm = LLM(folder, speculative_config=NGRAM, **common)
     spec = llm.generate(prompts, params)
     for a, b in zip(plain, spec):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
-    assert [round(lp[t], 4) for lp, t in zip(spec[1].outputs[0].logprobs, spec[1].outputs[0].token_ids)] == \
-        [round(lp[t], 4) for lp, t in zip(plain[1].outputs[0].logprobs, plain[1].outputs[0].token_ids)]
+    def rounded(out):
+        return [{t: round(v, 4) for t, v in entry.items()} for entry in out.outputs[0].logprobs]
+
+    assert len(spec[1].outputs[0].logprobs) == 20 and rounded(spec[1]) == rounded(plain[1])
     assert llm.engine.stats()["spec_num_draft_tokens"] > 0
 
 
@@ -93,13 +97,17 @@ def test_smollm2_greedy_ngram_equals_plain_and_accepts_drafts(async_scheduling):
     prompt = ("Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape.\n"
               "Copy: apple, banana, cherry, date, elderberry, fig, grape.\nList: red, green, blue, "
               "yellow, purple.\nCopy:")
-    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, logprobs=3)
     common = dict(device="cpu", max_model_len=512, max_num_seqs=4, async_scheduling=async_scheduling)
     plain = LLM(None, **common).generate([prompt], params)[0].outputs[0]
     llm = LLM(None, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                         "prompt_lookup_max": 4, "prompt_lookup_min": 2}, **common)
     spec = llm.generate([prompt], params)[0].outputs[0]
     assert spec.token_ids == plain.token_ids and spec.text == plain.text
+    # the logprobs of accepted drafts too: the token's and the top 3, as plain decoding's
+    for got, want in zip(spec.logprobs, plain.logprobs, strict=True):
+        assert list(got) == list(want)
+        assert all(abs(got[t] - want[t]) < 1e-3 for t in want)
     stats = llm.engine.stats()
     assert stats["spec_num_accepted_tokens"] >= 12, stats
     assert stats["spec_mean_accepted_length"] > 2.0, stats

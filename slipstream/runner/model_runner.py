@@ -51,6 +51,7 @@ class Launched:
     # a batch with drafts: pinned host (emitted tokens [S, k + 1], their counts [S], drafts
     # verified [S]) (runner/speculative.py)
     spec_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    spec_logprobs: tuple[torch.Tensor, torch.Tensor] | None = None  # [S, k + 1, 1 + n], [S, k + 1, n]
 
     @property
     def needs_mask(self) -> bool:
@@ -392,6 +393,9 @@ class ModelRunner:
             result.spec_tokens = launched.spec_out[0].numpy().copy()
             result.num_emitted = launched.spec_out[1].numpy().copy()
             result.num_drafted = launched.spec_out[2].numpy().copy()
+            if launched.spec_logprobs is not None:
+                result.spec_logprobs = launched.spec_logprobs[0].numpy().copy()
+                result.spec_logprob_ids = launched.spec_logprobs[1].numpy().copy()
         if launched.prompt_logprobs is not None:  # (its compute finished before d2h_done)
             result.prompt_logprobs = [(lp.cpu().numpy(), ids.cpu().numpy()) for lp, ids in launched.prompt_logprobs]
         if self.trace_origin is not None and self.streams.cuda:

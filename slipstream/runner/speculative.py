@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from slipstream.runner.inputs import fill_inputs
+from slipstream.runner.slots import MAX_LOGPROBS
 from slipstream.runner.spec_device import DeviceDraftInputs, prepare_device_drafts, to_device
 from slipstream.sampling.columns import ALL_COLUMNS
 from slipstream.sampling.sampler import GREEDY_EPS, SamplingTensors, processed_logits
@@ -41,15 +42,30 @@ class SpecBuffers:
     host_tokens: torch.Tensor
     host_num_emitted: torch.Tensor
     host_drafted: torch.Tensor
+    # logprobs of the emitted tokens (rows asking for them): float32 [max_seqs, k + 1, 1 + n]
+    # (the token's, then the top n) and int32 [max_seqs, k + 1, n] ids, device then host
+    logprobs: torch.Tensor | None = None
+    logprob_ids: torch.Tensor | None = None
+    host_logprobs: torch.Tensor | None = None
+    host_logprob_ids: torch.Tensor | None = None
 
     @classmethod
     def new(cls, max_seqs: int, k: int, device: torch.device) -> "SpecBuffers":
         pin = device.type == "cuda"
         tokens = torch.full((max_seqs, k + 1), -1, dtype=torch.int32, device=device)
         num = torch.zeros(max_seqs, dtype=torch.int32, device=device)
+        lps = torch.zeros(max_seqs, k + 1, 1 + MAX_LOGPROBS, dtype=torch.float32, device=device)
+        ids = torch.zeros(max_seqs, k + 1, MAX_LOGPROBS, dtype=torch.int32, device=device)
         return cls(tokens, num, torch.zeros_like(num), torch.zeros(tokens.shape, dtype=torch.int32, pin_memory=pin),
                    torch.zeros(num.shape, dtype=torch.int32, pin_memory=pin),
-                   torch.zeros(num.shape, dtype=torch.int32, pin_memory=pin))
+                   torch.zeros(num.shape, dtype=torch.int32, pin_memory=pin),
+                   lps, ids, torch.zeros(lps.shape, dtype=torch.float32, pin_memory=pin),
+                   torch.zeros(ids.shape, dtype=torch.int32, pin_memory=pin))
+
+    def download_logprobs(self, S: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.host_logprobs[:S, :, :1 + n].copy_(self.logprobs[:S, :, :1 + n], non_blocking=True)
+        self.host_logprob_ids[:S, :, :n].copy_(self.logprob_ids[:S, :, :n], non_blocking=True)
+        return self.host_logprobs[:S, :, :1 + n], self.host_logprob_ids[:S, :, :n]
 
     def download(self, S: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Copy the first S rows out (current stream); the pinned host views."""
@@ -128,6 +144,8 @@ def launch_speculative(runner, batch, launched_cls):
         slot.d2h_start.record()
         slot.download(S, launched.num_logprobs)
         launched.spec_out = bufs.download(S)
+        if launched.num_logprobs:
+            launched.spec_logprobs = bufs.download_logprobs(S, launched.num_logprobs)
         slot.d2h_done.record()
     return launched
 
@@ -161,4 +179,11 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     bufs.tokens[:S].index_copy_(0, rows, out)
     bufs.num_emitted[:S].index_copy_(0, rows, num)
     bufs.drafted[:S].index_copy_(0, rows, num_drafts.to(torch.int32))
+    n = shape.flags.num_logprobs
+    if n:  # the model's distribution at each position (as the sampler's logprobs), emitted tokens
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        chosen = lp.gather(1, out.clamp(min=0).long().reshape(-1, 1))
+        top, top_ids = lp.topk(n, dim=-1)
+        bufs.logprobs[:S, :, :1 + n].index_copy_(0, rows, torch.cat([chosen, top], dim=1).view(R, K1, 1 + n))
+        bufs.logprob_ids[:S, :, :n].index_copy_(0, rows, top_ids.to(torch.int32).view(R, K1, n))
     d.tokens[:S].index_copy_(0, rows, out.gather(1, (num.long() - 1)[:, None]).squeeze(1))

@@ -87,6 +87,9 @@ class BatchResult:
     spec_tokens: np.ndarray | None = None
     num_emitted: np.ndarray | None = None
     num_drafted: np.ndarray | None = None  # int32 [S]: the drafts each row verified
+    # logprobs of a drafting row's emitted tokens: float32 [S, k + 1, 1 + n], int32 [S, k + 1, n]
+    spec_logprobs: np.ndarray | None = None
+    spec_logprob_ids: np.ndarray | None = None
 
 
 class _BatchBuilder:
@@ -385,7 +388,7 @@ class Scheduler(SpeculativeSteps):
             touched.append(req)
         return touched
 
-    def _append_token(self, req: Request, token: int, result: BatchResult, j: int) -> bool:
+    def _append_token(self, req: Request, token: int, result: BatchResult, j: int, i: int | None = None) -> bool:
         """Append one output token, then end the request if it stops it; True if it ended
         (a drafting row's tokens, one by one; `update`'s loop does the same inline for the
         one token of a plain row)."""
@@ -393,7 +396,7 @@ class Scheduler(SpeculativeSteps):
         if req.row >= 0:
             self.table.token_ids[req.row, req.num_tokens - 1] = token
         if result.logprobs is not None and req.params.logprobs is not None:
-            self._append_logprobs(req, token, result, j)
+            self._append_logprobs(req, token, result, j, i)
         reason = self._stop_reason(req, token)
         if req.matcher is not None:
             reason = self._grammar_reason(req, token, reason)
@@ -440,9 +443,12 @@ class Scheduler(SpeculativeSteps):
         return touched
 
     @staticmethod
-    def _append_logprobs(req: Request, token: int, result: BatchResult, j: int) -> None:
+    def _append_logprobs(req: Request, token: int, result: BatchResult, j: int, i: int | None = None) -> None:
+        """Sampling row j's logprobs (of its emitted token i, for a drafting row)."""
         k = req.params.logprobs
-        entry = _logprob_entry(token, result.logprobs[j, :1 + k].tolist(), result.logprob_ids[j, :k].tolist(), k)
+        lps, ids = ((result.logprobs[j], result.logprob_ids[j]) if i is None else
+                    (result.spec_logprobs[j, i], result.spec_logprob_ids[j, i]))
+        entry = _logprob_entry(token, lps[:1 + k].tolist(), ids[:k].tolist(), k)
         if req.logprobs is None:
             req.logprobs = []
         req.logprobs.append(entry)

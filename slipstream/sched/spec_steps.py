@@ -58,8 +58,8 @@ class SpeculativeSteps:
             self.speculative.record(int(result.num_drafted[j]), emitted)
         if req.finished:
             return
-        for token in result.spec_tokens[j, :emitted].tolist():
-            if self._append_token(req, token, result, j):
+        for i, token in enumerate(result.spec_tokens[j, :emitted].tolist()):
+            if self._append_token(req, token, result, j, i):
                 return
         if req.status is Status.RUNNING:  # (a preempted request recomputes from 0)
             # every step still in flight for it is counted as one token, as always

@@ -11,8 +11,8 @@ rejected drafts' KV entries are rewritten by later steps and never read: every l
 is at a position at or below the next written one.
 
 Rows that draft nothing this step run as plain decode rows.  A row never drafts when the
-draws need state that the accepted prefix changes (penalties), when its outputs carry
-logprobs, while min_tokens still masks its stop tokens, or while any request has a grammar
+draws need state that the accepted prefix changes (penalties), while min_tokens still masks
+its stop tokens, or while any request has a grammar
 (a constrained batch samples late, `StepLoop._sample_deferred`): such rows keep their exact
 meaning and are just not sped up.  Above `disable_by_batch_size` running rows no row drafts.
 
@@ -123,7 +123,7 @@ class SpecScheduling:
         flight) rarely finds one otherwise, and a row with slots makes the step a
         verification step (eager, k + 1 query tokens a row) even when it drafts nothing."""
         p = req.params
-        if not (req.num_pending <= 1 and budget >= self.k and not p.uses_penalties and p.logprobs is None
+        if not (req.num_pending <= 1 and budget >= self.k and not p.uses_penalties
                 and req.num_scheduled_outputs >= p.min_tokens
                 and req.num_computed + 1 + 2 * self.k <= self.max_model_len):
             return False
@@ -144,7 +144,7 @@ class SpecScheduling:
         emitted token counts) or the context."""
         p = req.params
         if (req.num_pending or req.num_computed != req.num_tokens - 1 or p.uses_penalties
-                or p.logprobs is not None or req.num_scheduled_outputs < p.min_tokens):
+                or req.num_scheduled_outputs < p.min_tokens):
             return 0
         return max(0, min(self.k, p.max_tokens - req.num_scheduled_outputs - 1,
                           self.max_model_len - req.num_tokens))
