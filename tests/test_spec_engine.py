@@ -51,8 +51,9 @@ def test_stops_and_max_tokens_cut_the_accepted_drafts(tiny_model):
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_rows_that_may_not_draft_keep_their_meaning(tiny_model, async_scheduling):
-    """Penalties and min_tokens rows run without drafts beside drafting rows; a row asking for
-    logprobs drafts and gets the logprobs (and top-k) of each emitted token."""
+    """min_tokens rows run without drafts beside drafting rows; rows with penalties draft
+    (each position penalised by the drafts before it); a row asking for logprobs drafts and
+    gets the logprobs (and top-k) of each emitted token."""
     folder, _ = tiny_model("llama")
     prompts = _prompts()
     params = [SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, repetition_penalty=1.3),
@@ -98,10 +99,20 @@ def test_smollm2_greedy_ngram_equals_plain_and_accepts_drafts(async_scheduling):
               "Copy: apple, banana, cherry, date, elderberry, fig, grape.\nList: red, green, blue, "
               "yellow, purple.\nCopy:")
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, logprobs=3)
+    # penalties light enough that the copy goes on: the drafts before a position count
+    penalised = [SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, frequency_penalty=0.3,
+                                presence_penalty=0.2),
+                 SamplingParams(max_tokens=32, temperature=0.7, seed=5, ignore_eos=True, repetition_penalty=1.1)]
     common = dict(device="cpu", max_model_len=512, max_num_seqs=4, async_scheduling=async_scheduling)
-    plain = LLM(None, **common).generate([prompt], params)[0].outputs[0]
+    plain_llm = LLM(None, **common)
+    plain = plain_llm.generate([prompt], params)[0].outputs[0]
+    plain_penalised = [o.outputs[0].token_ids for o in plain_llm.generate([prompt] * 2, penalised)]
     llm = LLM(None, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                         "prompt_lookup_max": 4, "prompt_lookup_min": 2}, **common)
+    before = llm.engine.stats()["spec_num_accepted_tokens"]
+    assert [o.outputs[0].token_ids for o in llm.generate([prompt] * 2, penalised)] == plain_penalised
+    assert llm.engine.stats()["spec_num_accepted_tokens"] > before  # drafts accepted under penalties
+    llm.engine.scheduler.speculative.stats.__init__()  # (the counts below are the next run's)
     spec = llm.generate([prompt], params)[0].outputs[0]
     assert spec.token_ids == plain.token_ids and spec.text == plain.text
     # the logprobs of accepted drafts too: the token's and the top 3, as plain decoding's

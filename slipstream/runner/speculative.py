@@ -22,6 +22,7 @@ so seeded runs are reproducible and do not depend on the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -150,6 +151,26 @@ def launch_speculative(runner, batch, launched_cls):
     return launched
 
 
+def _penalty_state_per_position(pen, state_rows: torch.Tensor, drawn: torch.Tensor, drafts: torch.Tensor,
+                                num_drafts: torch.Tensor) -> SimpleNamespace:
+    """The penalty state each of a drafting row's k + 1 positions sees (one row a position):
+    its counts plus the drafts before the position, which are its outputs if accepted.  The
+    plain draw of the step (`ModelRunner.sample`, at the row's last position) recorded a token
+    that is not the row's: it is taken back out of the counts."""
+    V = pen.vocab_size
+    ones = torch.ones_like(drawn, dtype=torch.int32)
+    pen.output_counts.view(-1).scatter_add_(0, state_rows * V + drawn.long(), -ones)
+    R, k = drafts.shape
+    counts = pen.output_counts.index_select(0, state_rows).repeat_interleave(k + 1, dim=0)  # [R * (k + 1), V]
+    i = torch.arange(k + 1, device=drafts.device)[None, :, None]
+    j = torch.arange(k, device=drafts.device)[None, None, :]
+    before = ((j < i) & (j < num_drafts.long()[:, None, None])).to(torch.int32)  # [R, k + 1, k]
+    at = torch.arange(R * (k + 1), device=drafts.device).view(R, k + 1, 1) * V + drafts.long().clamp(min=0)[:, None, :]
+    counts.view(-1).scatter_add_(0, at.reshape(-1), before.reshape(-1))
+    return SimpleNamespace(output_counts=counts,
+                           prompt_mask=pen.prompt_mask.index_select(0, state_rows).repeat_interleave(k + 1, dim=0))
+
+
 def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int, rows: torch.Tensor,
            positions: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> None:
     """Rejection-sample the drafting rows (`rows`, sampling-row indices) and write every
@@ -168,9 +189,14 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     cols = {c.name: getattr(d, c.name)[:S].index_select(0, rows).repeat_interleave(K1) for c in ALL_COLUMNS}
     token_index = (d.token_index[:S].index_select(0, rows)[:, None]
                    + torch.arange(K1, device=rows.device, dtype=torch.int32)[None, :]).reshape(-1)
-    t = SamplingTensors(token_index=token_index, state_row=d.state_row[:S].index_select(0, rows).repeat_interleave(K1),
-                        **cols)
-    target = processed_logits(logits, t, shape.flags, runner.penalties).view(R, K1, -1)
+    state_rows = d.state_row[:S].index_select(0, rows)
+    t = SamplingTensors(token_index=token_index, state_row=state_rows.repeat_interleave(K1), **cols)
+    state = runner.penalties
+    if shape.flags.use_penalties:
+        state = _penalty_state_per_position(runner.penalties, state_rows.long(), d.tokens[:S].index_select(0, rows),
+                                            drafts, num_drafts)
+        t.state_row = torch.arange(R * K1, dtype=torch.int32, device=rows.device)
+    target = processed_logits(logits, t, shape.flags, state).view(R, K1, -1)
     greedy = cols["temperature"].view(R, K1)[:, 0] < GREEDY_EPS
     out, num = rejection_sample(target, drafts, num_drafts, None, greedy,
                                 seed=cols["seed"].view(R, K1)[:, 0],
@@ -179,6 +205,10 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     bufs.tokens[:S].index_copy_(0, rows, out)
     bufs.num_emitted[:S].index_copy_(0, rows, num)
     bufs.drafted[:S].index_copy_(0, rows, num_drafts.to(torch.int32))
+    if shape.flags.use_penalties:  # the emitted tokens count from the next step on
+        V = runner.penalties.vocab_size
+        flat = state_rows.long()[:, None] * V + out.clamp(min=0).long()
+        runner.penalties.output_counts.view(-1).scatter_add_(0, flat.reshape(-1), (out >= 0).to(torch.int32).reshape(-1))
     n = shape.flags.num_logprobs
     if n:  # the model's distribution at each position (as the sampler's logprobs), emitted tokens
         lp = torch.log_softmax(logits.float(), dim=-1)

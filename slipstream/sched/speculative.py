@@ -10,9 +10,8 @@ tokens; `Scheduler.update` appends them (stop tokens and max_tokens cut the list
 rejected drafts' KV entries are rewritten by later steps and never read: every later query
 is at a position at or below the next written one.
 
-Rows that draft nothing this step run as plain decode rows.  A row never drafts when the
-draws need state that the accepted prefix changes (penalties), while min_tokens still masks
-its stop tokens, or while any request has a grammar
+Rows that draft nothing this step run as plain decode rows.  A row never drafts while
+min_tokens still masks its stop tokens, or while any request has a grammar
 (a constrained batch samples late, `StepLoop._sample_deferred`): such rows keep their exact
 meaning and are just not sped up.  Above `disable_by_batch_size` running rows no row drafts.
 
@@ -123,7 +122,7 @@ class SpecScheduling:
         flight) rarely finds one otherwise, and a row with slots makes the step a
         verification step (eager, k + 1 query tokens a row) even when it drafts nothing."""
         p = req.params
-        if not (req.num_pending <= 1 and budget >= self.k and not p.uses_penalties
+        if not (req.num_pending <= 1 and budget >= self.k
                 and req.num_scheduled_outputs >= p.min_tokens
                 and req.num_computed + 1 + 2 * self.k <= self.max_model_len):
             return False
@@ -143,7 +142,7 @@ class SpecScheduling:
         row whose draws keep their meaning with drafts, and never past max_tokens (every
         emitted token counts) or the context."""
         p = req.params
-        if (req.num_pending or req.num_computed != req.num_tokens - 1 or p.uses_penalties
+        if (req.num_pending or req.num_computed != req.num_tokens - 1
                 or req.num_scheduled_outputs < p.min_tokens):
             return 0
         return max(0, min(self.k, p.max_tokens - req.num_scheduled_outputs - 1,
