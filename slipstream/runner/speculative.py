@@ -10,11 +10,17 @@ of plain steps are untouched.  After the forward pass:
    sampler's state (penalty counts) as usual;
 2. the drafting rows' logits at all their k + 1 query positions (positions past a row's
    m + 1 repeat its last one and are never read) become the target distribution of each
-   position (`processed_logits`: temperature, top-k, top-p, min-p, exactly what the
-   sampler draws from), and `spec.rejection.rejection_sample` accepts a prefix of the
-   drafts and draws the token after it (greedy rows: the drafts equal to the argmax);
-3. the slot's `tokens` row of a drafting row becomes its last emitted token, and the
-   emitted tokens [S, k + 1] and their counts [S] are copied out beside the tokens.
+   position (`processed_logits`: penalties with the drafts before the position counted,
+   temperature, top-k, top-p, min-p, exactly what the sampler draws from), and
+   `spec.rejection.rejection_sample` accepts a prefix of the drafts and draws the token
+   after it (greedy rows: the drafts equal to the argmax);
+3. the slot's `tokens` row of a drafting row becomes its last emitted token (the penalty
+   counts take its emitted tokens instead of step 1's draw), and the emitted tokens
+   [S, k + 1], their counts [S] and, when asked, their logprobs are copied out beside the
+   tokens.
+
+With device drafting (asynchronous scheduling) the drafts are made on the GPU first
+(runner/spec_device.py).
 
 A draw at output index i of a request uses the noise of (its seed, i), as every draw does,
 so seeded runs are reproducible and do not depend on the batch.
