@@ -111,5 +111,9 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
                      num_heads, num_kv_heads, head_dim, q_norm_weight=epi.q_norm_weight,
                      k_norm_weight=epi.k_norm_weight, eps=epi.eps, hidden=epi.hidden, bias=epi.bias,
                      batch_invariant=batch_invariant, kv_scales=kv_scales)
+    if q.is_cuda and q.dtype != k_cache.dtype and k_cache.dtype != torch.float8_e4m3fn:
+        # Gemma 3's float32 q-norm leaves q in float32 over a bf16 cache: the kernels' dots
+        # take one dtype, and q rounded once to the cache's is what transformers attends with
+        q = q.to(k_cache.dtype)
     return paged_attention(q, k_cache, v_cache, meta, scale, batch_invariant=batch_invariant,
                            window=window, kv_scales=kv_scales)

@@ -288,9 +288,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _, num_kv_heads, hd = _check_cache(k_cache, v_cache)
     assert hd == head_dim and num_heads % num_kv_heads == 0
     assert q.stride(-1) == 1, "q head_dim must be contiguous"
-    # (Gemma 3's q leaves its float32 q-norm in float32 over a bf16 cache)
-    assert k_cache.dtype == v_cache.dtype and (k_cache.dtype == q.dtype or is_fp8(k_cache)
-                                               or q.dtype == torch.float32), \
+    assert k_cache.dtype == v_cache.dtype and (k_cache.dtype == q.dtype or is_fp8(k_cache)), \
         "the cache's dtype is neither q's nor float8_e4m3fn"
     if out is None:
         out = torch.empty_like(q)
