@@ -265,9 +265,9 @@ def test_bench_takes_the_speculative_config_flag(tiny_model, tmp_path, monkeypat
 
 def test_methods_the_engine_does_not_run_yet_are_refused(tiny_model):
     folder, _ = tiny_model("llama")
-    with pytest.raises(ValueError, match="method 'draft_model' is not supported by the engine yet"):
+    with pytest.raises(ValueError, match="method 'eagle3' is not supported by the engine yet"):
         LLM(folder, device="cpu", max_model_len=64,
-            speculative_config={"method": "draft_model", "model": folder, "num_speculative_tokens": 2})
+            speculative_config={"method": "eagle3", "model": folder, "num_speculative_tokens": 2})
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

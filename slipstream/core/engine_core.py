@@ -115,10 +115,9 @@ class EngineCore:
         hf_tokenizer = grammar_tokenizer if grammar_tokenizer is not None else getattr(tokenizer, "hf", None)
         self.scheduler.structured_outputs = StructuredOutputs(lambda: self._grammar_backend(hf_tokenizer))
         if config.speculative_config is not None:
-            self.scheduler.speculative = SpecScheduling(config.speculative_config, self.max_model_len)
-            self.scheduler.speculative.device = async_mode  # (drafts made on the GPU)
+            self._setup_speculation(config.speculative_config, async_mode)
         self.timeline = Timeline() if config.trace else None
-        self.loop = StepLoop(self.scheduler, self.runner, 2 if async_mode else 1, self.timeline)
+        self.loop = StepLoop(self.scheduler, self.runner, self._loop_depth(async_mode), self.timeline)
         self.requests: dict[str, Request] = {}
         self._ended: list[Request] = []  # rejected or aborted, reported by the next step
         self._seeds = random.Random(config.seed)
@@ -297,14 +296,31 @@ class EngineCore:
                     **dataclasses.asdict(self.scheduler.structured_outputs.stats()),
                     **(s.speculative.stats.as_dict() if s.speculative is not None else {}))
 
+    def _setup_speculation(self, spec_config, async_mode: bool) -> None:
+        spec = self.scheduler.speculative = SpecScheduling(spec_config, self.max_model_len)
+        if spec_config.method == "draft_model":  # drafts made on the host's request, step by step
+            from slipstream.runner.draft_model import DraftModelProposer
+            spec.drafter = DraftModelProposer(
+                spec_config.model, self.model_config.vocab_size, self.table.token_ids.shape[0],
+                self.max_model_len, self.config.block_size, self.device, self.dtype,
+                spec_config.num_speculative_tokens)
+        else:
+            spec.device = async_mode  # (drafts made on the GPU)
+
+    def _loop_depth(self, async_mode: bool) -> int:
+        """2: the overlap loop; a draft model drafts from the host's known tokens, so its
+        engine completes each step before scheduling the next (the synchronous loop)."""
+        spec = self.scheduler.speculative
+        return 2 if async_mode and (spec is None or spec.drafter is None) else 1
+
     def set_async_scheduling(self, enabled: bool) -> None:
         """Switch between the overlap loop (depth 2) and the sync baseline (depth 1)."""
         if self.loop.in_flight:
             raise RuntimeError("cannot switch modes while batches are in flight")
         self.async_scheduling = enabled
-        self.loop.depth = 2 if enabled else 1
+        self.loop.depth = self._loop_depth(enabled)
         if self.scheduler.speculative is not None:
-            self.scheduler.speculative.device = enabled
+            self.scheduler.speculative.device = enabled and self.scheduler.speculative.drafter is None
 
     def reset_prefix_cache(self) -> None:
         """Forget cached prefixes (benchmarks run the same prompts twice)."""

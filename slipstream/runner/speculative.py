@@ -133,6 +133,7 @@ def launch_speculative(runner, batch, launched_cls):
         slot.compute_start.record()
         for row, prompt, outputs in batch.penalty_resets:
             runner.penalties.reset_row(row, prompt, outputs)
+        draft_probs = _stack_probs(spec.draft_probs, spec.k, s) if spec.draft_probs else None
         if device_drafting:
             prev = spec_buffers(runner, 1 - slot.index, spec.k)
             verify_in += prepare_device_drafts(runner, slot, shape, spec, dd_in, prev.num_emitted)
@@ -144,7 +145,7 @@ def launch_speculative(runner, batch, launched_cls):
             c = [t for _, ids in batch.suppress for t in ids]
             logits[to_device(r, dev, torch.long), to_device(c, dev, torch.long)] = float("-inf")
         runner.sample(slot, shape, logits)
-        verify(runner, slot, shape, hidden, bufs, S, *verify_in)
+        verify(runner, slot, shape, hidden, bufs, S, *verify_in, draft_probs=draft_probs)
         slot.compute_done.record()
     with s.on(s.d2h):
         s.wait(s.d2h, slot.compute_done)
@@ -177,10 +178,25 @@ def _penalty_state_per_position(pen, state_rows: torch.Tensor, drawn: torch.Tens
                            prompt_mask=pen.prompt_mask.index_select(0, state_rows).repeat_interleave(k + 1, dim=0))
 
 
+def _stack_probs(probs: list, k: int, streams) -> torch.Tensor:
+    """A draft model's q of each drafting row ([m, V] each) as one [R, k, V] tensor, on the
+    compute stream; the padding past a row's m drafts is never read.  The q were made on the
+    default stream, which the host has waited for (it read the drafts)."""
+    if streams.cuda:
+        for q in probs:
+            q.record_stream(streams.compute)
+    out = probs[0].new_zeros(len(probs), k, probs[0].shape[-1])
+    for r, q in enumerate(probs):
+        out[r, :q.shape[0]] = q
+    return out
+
+
 def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int, rows: torch.Tensor,
-           positions: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> None:
+           positions: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
+           draft_probs: torch.Tensor | None = None) -> None:
     """Rejection-sample the drafting rows (`rows`, sampling-row indices) and write every
-    sampling row's emitted tokens into `bufs` (a row without drafts: the token it drew)."""
+    sampling row's emitted tokens into `bufs` (a row without drafts: the token it drew).
+    `draft_probs` [R, k, V]: a sampling drafter's q (None: point-mass drafts)."""
     from slipstream.spec.rejection import rejection_sample
 
     d = slot.dev
@@ -204,7 +220,7 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
         t.state_row = torch.arange(R * K1, dtype=torch.int32, device=rows.device)
     target = processed_logits(logits, t, shape.flags, state).view(R, K1, -1)
     greedy = cols["temperature"].view(R, K1)[:, 0] < GREEDY_EPS
-    out, num = rejection_sample(target, drafts, num_drafts, None, greedy,
+    out, num = rejection_sample(target, drafts, num_drafts, draft_probs, greedy,
                                 seed=cols["seed"].view(R, K1)[:, 0],
                                 token_index=token_index.view(R, K1)[:, 0])
     out, num = out.to(torch.int32), num.to(torch.int32)

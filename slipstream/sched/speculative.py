@@ -50,6 +50,9 @@ class SpecBatch:
     history_resets: list[tuple[int, list[int]]] = field(default_factory=list)
     min_n: int = 1  # n-gram lengths the GPU's drafter matches
     max_n: int = 1
+    # draft_model: each drafting row's q, float32 [m, V] on the device, in row order (opaque
+    # here: the runner's drafter made them, the runner stacks them); None: point-mass drafts
+    draft_probs: list | None = None
 
 
 @dataclass
@@ -86,9 +89,9 @@ class SpecScheduling:
     @staticmethod
     def check(config: SpeculativeConfig, tensor_parallel_size: int) -> None:
         """One-line errors for what the engine cannot run yet (before any weight loads)."""
-        if config.method != "ngram":
+        if config.method not in ("ngram", "draft_model"):
             raise ValueError(f"speculative_config.method {config.method!r} is not supported by the "
-                             "engine yet; use 'ngram'")
+                             "engine yet; use 'ngram' or 'draft_model'")
         if tensor_parallel_size > 1:
             raise ValueError("speculative_config needs tensor_parallel_size=1 for now")
 
@@ -103,11 +106,17 @@ class SpecScheduling:
         self.device = False
         self.verifying: set[Request] = set()  # requests whose newest step in flight verifies drafts
         self.synced: set[Request] = set()  # requests whose device token history is complete
+        # draft_model: the runner's drafter (runner/draft_model.py), set by the engine core;
+        # its q of each host draft array, until the batch takes them
+        self.drafter = None
+        self._probs: dict[int, tuple[np.ndarray, object]] = {}
 
     def forget(self, req: Request) -> None:
         """`req` left the running set (finished or preempted): its row goes back."""
         self.verifying.discard(req)
         self.synced.discard(req)
+        if self.drafter is not None:
+            self.drafter.forget(req)
 
     def unsynced(self, requests) -> None:
         """A plain step ran these requests: their device histories miss its tokens."""
@@ -150,6 +159,12 @@ class SpecScheduling:
 
     def propose(self, req: Request, tokens: np.ndarray, limit: int) -> np.ndarray:
         """Up to `limit` drafts continuing `tokens` (the request's known tokens)."""
+        if self.drafter is not None:
+            p = req.params
+            drafts, q = self.drafter.propose(req, tokens, limit, p.temperature, req.seed,
+                                             req.num_scheduled_outputs)
+            self._probs[id(drafts)] = (drafts, q)
+            return drafts
         from slipstream.spec.ngram import propose_ngram
         c = self.config
         drafts = propose_ngram(tokens, self.k, c.prompt_lookup_min, c.prompt_lookup_max)
@@ -177,12 +192,16 @@ class SpecScheduling:
         S = len(drafts)
         tokens = np.full((S, self.k), -1, np.int32)
         num = np.zeros(S, np.int32)
+        probs = []
         for j, d in enumerate(drafts):
             if not isinstance(d, int):
                 tokens[j, :len(d)] = d
                 num[j] = len(d)
+                if self.drafter is not None:
+                    probs.append(self._probs[id(d)][1])
+        self._probs.clear()
         self.stats.num_spec_steps += 1
-        return SpecBatch(self.k, tokens, num)
+        return SpecBatch(self.k, tokens, num, draft_probs=probs or None)
 
     def record(self, num_drafts: int, num_emitted: int) -> None:
         s = self.stats

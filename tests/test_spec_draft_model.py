@@ -1,0 +1,104 @@
+"""Speculative decoding with a draft model in the engine: greedy output token-identical to
+speculation off with a different (random) draft model; the target as its own draft accepts
+every draft, sync and async; seeded sampling reproducible; stop tokens, max_tokens and n=2
+keep their meaning; a vocabulary mismatch is a one-line error."""
+import json
+import os
+
+import pytest
+
+from slipstream import LLM, SamplingParams
+
+
+def _prompts():
+    return [[5, 6, 7, 8, 9, 10] * 3, [40, 41, 42, 43], [3, 1, 4, 1, 5, 9, 2, 6], [100, 101]]
+
+
+def _draft(folder, k=3):
+    return {"method": "draft_model", "model": folder, "num_speculative_tokens": k}
+
+
+def _llm(folder, **kw):
+    return LLM(folder, device="cpu", max_model_len=128, max_num_seqs=8, debug_kv=True, **kw)
+
+
+def _tokens(outs):
+    return [[(c.token_ids, c.finish_reason) for c in o.outputs] for o in outs]
+
+
+@pytest.fixture(scope="module")
+def random_draft(tiny_model, tmp_path_factory):
+    """A draft of the target's family and vocabulary with other (dummy) weights: a config
+    file alone, loaded with dummy weights."""
+    folder, _ = tiny_model("llama")
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    cfg["num_hidden_layers"] = 1
+    path = str(tmp_path_factory.mktemp("draft") / "draft.json")
+    json.dump(cfg, open(path, "w"))
+    return path
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_greedy_with_random_draft_equals_plain(tiny_model, random_draft, async_scheduling):
+    folder, _ = tiny_model("llama")
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain = _tokens(_llm(folder, async_scheduling=async_scheduling).generate(_prompts(), params))
+    llm = _llm(folder, async_scheduling=async_scheduling, speculative_config=_draft(random_draft))
+    assert _tokens(llm.generate(_prompts(), params)) == plain
+    stats = llm.engine.stats()
+    assert stats["spec_num_draft_tokens"] > 0
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_target_as_its_own_draft_accepts_every_draft(tiny_model, async_scheduling, temperature):
+    """q = p: every draft is accepted (greedy: the same argmax; sampled: u q(x) < p(x) = q(x))."""
+    folder, _ = tiny_model("llama")
+    params = SamplingParams(max_tokens=21, temperature=temperature, seed=7, ignore_eos=True)
+    plain = _tokens(_llm(folder, async_scheduling=async_scheduling).generate(_prompts(), params))
+    llm = _llm(folder, async_scheduling=async_scheduling, speculative_config=_draft(folder))
+    spec = _tokens(llm.generate(_prompts(), params))
+    stats = llm.engine.stats()
+    assert stats["spec_num_draft_tokens"] > 0
+    assert stats["spec_num_accepted_tokens"] == stats["spec_num_draft_tokens"], stats
+    assert all(len(c[0]) == 21 for o in spec for c in o)
+    if temperature == 0.0:
+        assert spec == plain
+
+
+def test_seeded_sampling_is_reproducible(tiny_model, random_draft):
+    folder, _ = tiny_model("llama")
+    params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=3, ignore_eos=True)
+    runs = [_tokens(_llm(folder, speculative_config=_draft(random_draft)).generate(_prompts(), params))
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    other = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=4, ignore_eos=True)
+    assert _tokens(_llm(folder, speculative_config=_draft(random_draft)).generate(_prompts(), other)) != runs[0]
+
+
+def test_stops_max_tokens_and_n_keep_their_meaning(tiny_model, random_draft):
+    folder, _ = tiny_model("llama")
+    prompts = _prompts()
+    full = _tokens(_llm(folder).generate(prompts, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)))
+    params = [SamplingParams(max_tokens=30, temperature=0, stop_token_ids=[full[0][0][0][6]]),
+              SamplingParams(max_tokens=7, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, n=2),
+              SamplingParams(max_tokens=15, temperature=0, ignore_eos=True, logprobs=1)]
+    for draft in (random_draft, folder):
+        plain = _tokens(_llm(folder).generate(prompts, params))
+        llm = _llm(folder, speculative_config=_draft(draft, k=4))
+        assert _tokens(llm.generate(prompts, params)) == plain
+        assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+    assert len(plain[0][0][0]) == 7 and plain[0][0][1] == "stop"
+    assert len(plain[2]) == 2
+
+
+def test_vocab_mismatch_is_refused(tiny_model, tmp_path):
+    folder, _ = tiny_model("llama")
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    cfg["vocab_size"] += 8
+    path = str(tmp_path / "draft.json")
+    json.dump(cfg, open(path, "w"))
+    with pytest.raises(ValueError, match="vocab"):
+        _llm(folder, speculative_config=_draft(path))
