@@ -372,26 +372,13 @@ class Scheduler(SpeculativeSteps):
                 continue
             if req.finished:  # ended while this batch was in flight: drop the token
                 continue
-            token = tokens[j]
-            req.output_token_ids.append(token)
-            if req.row >= 0:
-                self.table.token_ids[req.row, req.num_tokens - 1] = token
-            if result.logprobs is not None and req.params.logprobs is not None:
-                self._append_logprobs(req, token, result, j)
-            reason = self._stop_reason(req, token)
-            if req.matcher is not None:
-                reason = self._grammar_reason(req, token, reason)
-            if reason is not None:
-                if reason == "stop":
-                    req.stop_token = token
-                self.finish(req, reason, req.error)
+            self._append_token(req, tokens[j], result, j)
             touched.append(req)
         return touched
 
     def _append_token(self, req: Request, token: int, result: BatchResult, j: int, i: int | None = None) -> bool:
         """Append one output token, then end the request if it stops it; True if it ended
-        (a drafting row's tokens, one by one; `update`'s loop does the same inline for the
-        one token of a plain row)."""
+        (a plain row's one token, a drafting row's tokens one by one)."""
         req.output_token_ids.append(token)
         if req.row >= 0:
             self.table.token_ids[req.row, req.num_tokens - 1] = token
