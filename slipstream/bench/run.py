@@ -53,6 +53,11 @@ def run_bench(a, workload, engine_options: dict) -> int:
     engine = EngineCore(config, grammar_tokenizer=bench_grammar_tokenizer(getattr(a, "grammar_tokenizer", None))
                         if constrained else None)
     init_s = time.perf_counter() - t0
+    synthetic = getattr(a, "spec_synthetic_accept", None)
+    if synthetic is not None:
+        engine.set_bench_synthetic_acceptance(synthetic)
+        print(f"SYNTHETIC ACCEPTANCE: every verification accepts min({synthetic}, drafted) drafts whatever "
+              "the model says; the tokens are not the model's (a cost measurement)")
     ready_s = seconds_since_process_start()
     ready = f"; process start to ready {ready_s:.2f} s" if ready_s is not None else ""
     print(f"engine start: {init_s:.2f} s ({', '.join(f'{k} {v}' for k, v in engine.startup.items())}){ready}")
@@ -88,6 +93,11 @@ def run_bench(a, workload, engine_options: dict) -> int:
                "copy_bandwidth": bandwidth, "matmul_rate": rate, "ceilings_measured": measured,
                "kv_blocks": engine.pool.num_blocks,
                "results": {m: result_dict(r) for m, r in results.items()}}
+    if synthetic is not None:
+        summary["synthetic_acceptance"] = synthetic
+        for m in summary["results"].values():
+            if m.get("speculation"):
+                m["speculation"]["synthetic_acceptance"] = synthetic
     if len(modes) == 2:
         same = outputs["sync"] == outputs["async"]
         summary["speedup"] = results["sync"].wall_s / results["async"].wall_s
@@ -102,7 +112,8 @@ def run_bench(a, workload, engine_options: dict) -> int:
     for mode, r in results.items():
         if r.speculation:
             s = r.speculation
-            print(f"{mode}: speculation: {s['drafted']} drafts, {s['accepted']} accepted "
+            label = f" (SYNTHETIC ACCEPTANCE {synthetic})" if synthetic is not None else ""
+            print(f"{mode}: speculation{label}: {s['drafted']} drafts, {s['accepted']} accepted "
                   f"({100 * s['acceptance_rate']:.1f}%), {s['mean_accepted_length']:.2f} tokens a drafting "
                   f"row-step, drafts in {s['steps_with_drafts']} of {s['steps']} steps")
     if constrained:

@@ -307,6 +307,19 @@ class EngineCore:
         else:
             spec.device = async_mode  # (drafts made on the GPU)
 
+    def set_bench_synthetic_acceptance(self, accept: int) -> None:
+        """A benchmark knob (`slipstream bench --spec-synthetic-accept`, nothing else sets
+        it): every verification step accepts the first min(accept, drafted) drafts whatever
+        the target says, and every row drafts k (n-gram misses repeat the last token), so
+        tokens/s against tokens per step can be measured with dummy weights.  The emitted
+        tokens are then not the model's."""
+        spec = self.scheduler.speculative
+        if spec is None:
+            raise ValueError("--spec-synthetic-accept needs --speculative-config")
+        if not 0 <= accept <= spec.k:
+            raise ValueError(f"--spec-synthetic-accept must be in [0, num_speculative_tokens={spec.k}], got {accept}")
+        spec.bench_synthetic_accept = accept
+
     def _loop_depth(self, async_mode: bool) -> int:
         """2: the overlap loop; a draft model drafts from the host's known tokens, so its
         engine completes each step before scheduling the next (the synchronous loop)."""

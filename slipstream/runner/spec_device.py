@@ -117,6 +117,10 @@ def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs,
     p0 = p.index_select(0, first)
     drafts, num = _propose(h.tokens.index_select(0, inp.verify_table_rows), (p0 + 1).to(torch.int32), k,
                            spec.min_n, spec.max_n)
+    if spec.bench_synthetic_accept is not None:  # (bench only) k drafts a row: the first input repeated
+        cols = torch.arange(k, device=first.device)[None, :]
+        drafts = torch.where(cols < num[:, None], drafts, input_ids.index_select(0, first)[:, None].to(drafts.dtype))
+        num = torch.full_like(num, k)
     offsets = torch.arange(1, k + 1, device=first.device)[None, :]
     input_ids[(first[:, None] + offsets).reshape(-1)] = drafts.reshape(-1).to(input_ids.dtype)
     h.tokens[inp.verify_table_rows[:, None].expand(-1, k), p0[:, None] + offsets] = drafts

@@ -145,7 +145,8 @@ def launch_speculative(runner, batch, launched_cls):
             c = [t for _, ids in batch.suppress for t in ids]
             logits[to_device(r, dev, torch.long), to_device(c, dev, torch.long)] = float("-inf")
         runner.sample(slot, shape, logits)
-        verify(runner, slot, shape, hidden, bufs, S, *verify_in, draft_probs=draft_probs)
+        verify(runner, slot, shape, hidden, bufs, S, *verify_in, draft_probs=draft_probs,
+               synthetic_accept=spec.bench_synthetic_accept)
         slot.compute_done.record()
     with s.on(s.d2h):
         s.wait(s.d2h, slot.compute_done)
@@ -191,12 +192,30 @@ def _stack_probs(probs: list, k: int, streams) -> torch.Tensor:
     return out
 
 
+def _synthetic_acceptance(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
+                          greedy: torch.Tensor, seed: torch.Tensor, token_index: torch.Tensor, a: int):
+    """`slipstream bench --spec-synthetic-accept A` only: each row accepts its first
+    min(A, drafted) drafts whatever the target says, then emits the target's own draw at the
+    next position, so a step's cost can be measured at a chosen tokens-per-step with random
+    weights (the emitted tokens are not the model's)."""
+    from slipstream.spec.rejection import draw_tokens
+    R, K1, V = target.shape
+    accepted = num_drafts.long().clamp(max=a)
+    at = target.gather(1, accepted[:, None, None].expand(R, 1, V)).squeeze(1)
+    token = draw_tokens(at.float(), greedy, seed, token_index.long() + accepted).long()
+    out = torch.cat([drafts.long(), torch.zeros_like(drafts[:, :1]).long()], dim=1).scatter(1, accepted[:, None], token[:, None])
+    pos = torch.arange(K1, device=target.device)[None, :]
+    out = torch.where(pos <= accepted[:, None], out, torch.full_like(out, -1))
+    return out, accepted + 1
+
+
 def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int, rows: torch.Tensor,
            positions: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
-           draft_probs: torch.Tensor | None = None) -> None:
+           draft_probs: torch.Tensor | None = None, synthetic_accept: int | None = None) -> None:
     """Rejection-sample the drafting rows (`rows`, sampling-row indices) and write every
     sampling row's emitted tokens into `bufs` (a row without drafts: the token it drew).
-    `draft_probs` [R, k, V]: a sampling drafter's q (None: point-mass drafts)."""
+    `draft_probs` [R, k, V]: a sampling drafter's q (None: point-mass drafts);
+    `synthetic_accept`: the bench's synthetic acceptance (`_synthetic_acceptance`)."""
     from slipstream.spec.rejection import rejection_sample
 
     d = slot.dev
@@ -223,6 +242,9 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     out, num = rejection_sample(target, drafts, num_drafts, draft_probs, greedy,
                                 seed=cols["seed"].view(R, K1)[:, 0],
                                 token_index=token_index.view(R, K1)[:, 0])
+    if synthetic_accept is not None:
+        out, num = _synthetic_acceptance(target, drafts, num_drafts, greedy, cols["seed"].view(R, K1)[:, 0],
+                                         token_index.view(R, K1)[:, 0], synthetic_accept)
     out, num = out.to(torch.int32), num.to(torch.int32)
     bufs.tokens[:S].index_copy_(0, rows, out)
     bufs.num_emitted[:S].index_copy_(0, rows, num)

@@ -53,6 +53,9 @@ class SpecBatch:
     # draft_model: each drafting row's q, float32 [m, V] on the device, in row order (opaque
     # here: the runner's drafter made them, the runner stacks them); None: point-mass drafts
     draft_probs: list | None = None
+    # `slipstream bench --spec-synthetic-accept A` only: every verification accepts the first
+    # min(A, drafted) drafts whatever the target says (the tokens are then not the model's)
+    bench_synthetic_accept: int | None = None
 
 
 @dataclass
@@ -110,6 +113,10 @@ class SpecScheduling:
         # its q of each host draft array, until the batch takes them
         self.drafter = None
         self._probs: dict[int, tuple[np.ndarray, object]] = {}
+        # a benchmark knob, set by `slipstream bench` only (EngineCore.set_bench_synthetic_acceptance):
+        # accept min(A, drafted) drafts a step regardless of the target, and draft k tokens
+        # a row even where the n-gram lookup finds none (the last token repeated)
+        self.bench_synthetic_accept: int | None = None
 
     def forget(self, req: Request) -> None:
         """`req` left the running set (finished or preempted): its row goes back."""
@@ -135,6 +142,8 @@ class SpecScheduling:
                 and req.num_scheduled_outputs >= p.min_tokens
                 and req.num_computed + 1 + 2 * self.k <= self.max_model_len):
             return False
+        if self.bench_synthetic_accept is not None:
+            return True
         from slipstream.spec.ngram import propose_ngram
         c = self.config
         return len(propose_ngram(tokens, 1, c.prompt_lookup_min, c.prompt_lookup_max)) > 0
@@ -168,6 +177,8 @@ class SpecScheduling:
         from slipstream.spec.ngram import propose_ngram
         c = self.config
         drafts = propose_ngram(tokens, self.k, c.prompt_lookup_min, c.prompt_lookup_max)
+        if self.bench_synthetic_accept is not None:  # every row drafts: the last token repeated
+            drafts = list(drafts) + [int(tokens[-1])] * (self.k - len(drafts))
         return np.asarray(drafts, np.int32)[:limit]
 
     def batch(self, drafts: list, shift: list[int] | None, requests: list[Request]) -> SpecBatch | None:
@@ -185,7 +196,8 @@ class SpecScheduling:
             resets = [(r.row, r.token_ids()) for r in requests if r not in self.synced]
             self.synced.update(requests)
             c = self.config
-            return SpecBatch(self.k, None, num, shift_src, resets, c.prompt_lookup_min, c.prompt_lookup_max)
+            return SpecBatch(self.k, None, num, shift_src, resets, c.prompt_lookup_min, c.prompt_lookup_max,
+                             bench_synthetic_accept=self.bench_synthetic_accept)
         drafts = [d for d in drafts]
         if not any(not isinstance(d, int) for d in drafts):  # (an int: no drafts for that row)
             return None
@@ -201,7 +213,8 @@ class SpecScheduling:
                     probs.append(self._probs[id(d)][1])
         self._probs.clear()
         self.stats.num_spec_steps += 1
-        return SpecBatch(self.k, tokens, num, draft_probs=probs or None)
+        return SpecBatch(self.k, tokens, num, draft_probs=probs or None,
+                         bench_synthetic_accept=self.bench_synthetic_accept)
 
     def record(self, num_drafts: int, num_emitted: int) -> None:
         s = self.stats
