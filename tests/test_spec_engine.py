@@ -91,6 +91,7 @@ def test_speculation_off_adds_no_stats(tiny_model):
     assert not any(k.startswith("spec_") for k in llm.engine.stats())
 
 
+@pytest.mark.slow  # (11 s each; the quick tier keeps the tiny models' greedy equality)
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_smollm2_greedy_ngram_equals_plain_and_accepts_drafts(async_scheduling):
     """The real SmolLM2 (embedded GGUF) copying lists it was given: prompt lookup drafts the
