@@ -15,8 +15,10 @@ import os
 import random
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from slipstream import LLM
 from slipstream.ops.metadata import AttentionMetadata
 
 # kind -> (transformers class names, config overrides, tied, save shard size)
@@ -70,6 +72,18 @@ def make_hf_model(kind: str, folder: str, seed: int | None = None):
     model.generation_config.eos_token_id = None  # greedy runs go the full length
     model.generation_config.pad_token_id = 0
     return model
+
+
+def prompt(n: int, seed: int, vocab: int = 256) -> list[int]:
+    """n random token ids of a tiny model's vocabulary (3 and up: past the special ids)."""
+    return np.random.default_rng(seed).integers(3, vocab, n).tolist()
+
+
+def engine(folder, **kw) -> LLM:
+    """An LLM on the CPU over a tiny model's folder, max_model_len 256 unless given."""
+    kw.setdefault("device", "cpu")
+    kw.setdefault("max_model_len", 256)
+    return LLM(folder, **kw)
 
 
 def hf_greedy(hf_model, prompt: list[int], max_new_tokens: int) -> list[int]:

@@ -1,21 +1,10 @@
 """The engine end to end on the CPU: tokens against Hugging Face transformers, and the
 features of a request (seeds, penalties, stops, min_tokens, logprobs, bad input)."""
-import numpy as np
 import pytest
 import torch
-from helpers import TINY_MODELS, hf_greedy, hf_logits
+from helpers import TINY_MODELS, engine, hf_greedy, hf_logits, prompt
 
 from slipstream import LLM, SamplingParams
-
-
-def prompt(n: int, seed: int, vocab: int = 256) -> list[int]:
-    return np.random.default_rng(seed).integers(3, vocab, n).tolist()
-
-
-def engine(folder, **kw) -> LLM:
-    kw.setdefault("device", "cpu")
-    kw.setdefault("max_model_len", 256)
-    return LLM(folder, **kw)
 
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)

@@ -3,10 +3,9 @@ greedy tokens against its unquantized cache, prefix caching, the checkpoint's sc
 option's validation; on the GPU an engine under CUDA graphs."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from helpers import PagedModelRunner
+from helpers import PagedModelRunner, engine, prompt
 
 import slipstream.ops.fused as fused
 from slipstream import LLM, SamplingParams
@@ -15,16 +14,6 @@ from slipstream.model.kv_scales import checkpoint_kv_scales, kv_scale_name, load
 from slipstream.model.loader import load_model
 from slipstream.ops.kv_quant import FP8_DTYPE, KVScales
 from slipstream.runner.kv_memory import KVCacheSpec, blocks_that_fit
-
-
-def prompt(n: int, seed: int, vocab: int = 256) -> list[int]:
-    return np.random.default_rng(seed).integers(3, vocab, n).tolist()
-
-
-def engine(folder, **kw) -> LLM:
-    kw.setdefault("device", "cpu")
-    kw.setdefault("max_model_len", 256)
-    return LLM(folder, **kw)
 
 
 class _Opts:
