@@ -168,12 +168,9 @@ QUESTIONS = ["What is the capital of France?", "Name three colours.", "What is 2
              "Translate 'thank you' to French.", "List two fruits."]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_async_equals_sync_smollm2_bf16_batch_invariant(temperature):
-    """Real size, bf16, graphs: 36 chat requests that end on EOS, stop strings or max_tokens
-    at different steps, so sync and async run batches of different sizes; with
-    batch_invariant=True the tokens are still the same, greedy or seeded."""
-    llm = LLM(device="cuda", dtype="bfloat16", max_model_len=1024, max_num_seqs=16, batch_invariant=True)
+def chat_sync_then_async(llm, temperature: float) -> tuple[list, list]:
+    """QUESTIONS three times as chats ending on EOS, a stop string or max_tokens at different
+    steps, run in sync mode then in async mode: (token ids, finish reason) per request, each."""
     convs = [[{"role": "user", "content": q}] for q in QUESTIONS * 3]
     params = [SamplingParams(max_tokens=[12, 40, 80][i % 3], temperature=temperature, seed=i,
                              stop=["."] if i % 4 == 0 else None) for i in range(len(convs))]
@@ -182,9 +179,19 @@ def test_async_equals_sync_smollm2_bf16_batch_invariant(temperature):
     llm.engine.reset_prefix_cache()
     llm.engine.set_async_scheduling(True)
     asyn = [(o.token_ids, o.finish_reason) for o in llm.chat(convs, params)]
+    return sync, asyn
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_async_equals_sync_smollm2_bf16_batch_invariant(temperature):
+    """Real size, bf16, graphs: 36 chat requests that end on EOS, stop strings or max_tokens
+    at different steps, so sync and async run batches of different sizes; with
+    batch_invariant=True the tokens are still the same, greedy or seeded."""
+    llm = LLM(device="cuda", dtype="bfloat16", max_model_len=1024, max_num_seqs=16, batch_invariant=True)
+    sync, asyn = chat_sync_then_async(llm, temperature)
     assert {r for _, r in sync} == {"stop", "length"}
     same = sum(a == b for a, b in zip(sync, asyn))
-    assert same == len(convs), f"{same}/{len(convs)} identical"
+    assert same == len(sync), f"{same}/{len(sync)} identical"
     assert_graphs_replayed(llm, both_slots=True)
 
 

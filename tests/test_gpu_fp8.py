@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_gpu_engine import QUESTIONS, chat_sync_then_async
 
 from slipstream import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
-
-QUESTIONS = ["What is the capital of France?", "Name three colours.", "What is 2 + 2?",
-             "Say hello in Spanish.", "Who wrote Hamlet?", "What is water made of?",
-             "Give me a synonym for happy.", "What day comes after Monday?",
-             "Write one sentence about cats.", "What is the largest planet?",
-             "Translate 'thank you' to French.", "List two fruits."]
 
 
 def _replays(llm) -> dict:
@@ -61,16 +56,9 @@ def test_fp8_async_equals_sync_batch_invariant(temperature):
     same tokens."""
     llm = LLM(device="cuda", dtype="bfloat16", max_model_len=1024, max_num_seqs=16, batch_invariant=True,
               quantization="fp8")
-    convs = [[{"role": "user", "content": q}] for q in QUESTIONS * 3]
-    params = [SamplingParams(max_tokens=[12, 40, 80][i % 3], temperature=temperature, seed=i,
-                             stop=["."] if i % 4 == 0 else None) for i in range(len(convs))]
-    llm.engine.set_async_scheduling(False)
-    sync = [(o.token_ids, o.finish_reason) for o in llm.chat(convs, params)]
-    llm.engine.reset_prefix_cache()
-    llm.engine.set_async_scheduling(True)
-    asyn = [(o.token_ids, o.finish_reason) for o in llm.chat(convs, params)]
+    sync, asyn = chat_sync_then_async(llm, temperature)
     same = sum(a == b for a, b in zip(sync, asyn))
-    assert same == len(convs), f"{same}/{len(convs)} identical"
+    assert same == len(sync), f"{same}/{len(sync)} identical"
 
 
 def test_smollm2_fp8_against_bf16():
