@@ -50,10 +50,10 @@ def run_bench(a, workload, engine_options: dict) -> int:
     config = EngineConfig(**engine_options)
     t0 = time.perf_counter()
     constrained = sum(p.structured_outputs is not None for p in workload.params)
-    engine = EngineCore(config, grammar_tokenizer=bench_grammar_tokenizer(getattr(a, "grammar_tokenizer", None))
+    engine = EngineCore(config, grammar_tokenizer=bench_grammar_tokenizer(a.grammar_tokenizer)
                         if constrained else None)
     init_s = time.perf_counter() - t0
-    synthetic = getattr(a, "spec_synthetic_accept", None)
+    synthetic = a.spec_synthetic_accept
     if synthetic is not None:
         engine.set_bench_synthetic_acceptance(synthetic)
         print(f"SYNTHETIC ACCEPTANCE: every verification accepts min({synthetic}, drafted) drafts whatever "
