@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from slipstream.ops.fused import qkv_epilogue
-from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, dequantize_ref
+from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, dequantize_ref, is_fp8
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
 
 
@@ -111,7 +111,7 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
                      num_heads, num_kv_heads, head_dim, q_norm_weight=epi.q_norm_weight,
                      k_norm_weight=epi.k_norm_weight, eps=epi.eps, hidden=epi.hidden, bias=epi.bias,
                      batch_invariant=batch_invariant, kv_scales=kv_scales)
-    if q.is_cuda and q.dtype != k_cache.dtype and k_cache.dtype != torch.float8_e4m3fn:
+    if q.is_cuda and q.dtype != k_cache.dtype and not is_fp8(k_cache):
         # Gemma 3's float32 q-norm leaves q in float32 over a bf16 cache: the kernels' dots
         # take one dtype, and q rounded once to the cache's is what transformers attends with
         q = q.to(k_cache.dtype)
