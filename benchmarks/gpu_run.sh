@@ -2,7 +2,7 @@
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine gputests-clone kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer
-#         async-llm bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
+#         async-llm pytests pytests-each bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 #         prefill-long prefill-tiles fp8-gemm boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
@@ -238,6 +238,10 @@ for stage in "$@"; do
              done ;;
     # the pytest files of $TESTS, GPU tests included (kernels run on CUDA where a GPU is present)
     pytests) run pytests "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider $TESTS ${TEST_K:+-k "$TEST_K"} ;;
+    # the same, one bounded run per file (a hang costs one file, not the call)
+    pytests-each) for f in $TESTS; do
+                    run "pytest-$(basename "$f" .py)" "${TEST_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider -rfE "$f" ${TEST_K:+-k "$TEST_K"}
+                  done ;;
     *) echo "unknown stage $stage" | tee -a "$LOG" ;;
   esac
 done
