@@ -964,3 +964,81 @@ def test_gpu_epilogue_inside_real_shapes(shape, rows):
 
 if __name__ == "__main__" and "--compile-for-hopper" in sys.argv:
     compile_for_hopper(sys.argv[sys.argv.index("--ptx-dir") + 1] if "--ptx-dir" in sys.argv else None)
+
+
+# ----------------------------------------------------------------------------- verify
+
+def check_verify(seqs, num_kv_heads, group, q_len, *, dtype=torch.float32, block_size=8, seed=0,
+                 splits=None, order=True, counters=True, window=None, extra_tokens=0):
+    """The verify kernel (meta.verify_len = q_len) against the reference; rows of seqs have
+    1..q_len query tokens."""
+    q, kc, vc, meta = make_batch(seqs, num_kv_heads, group, 32, block_size, dtype, seed=seed,
+                                 order=order, counters=counters, extra_tokens=extra_tokens)
+    meta = replace(meta, verify_len=q_len)
+    scale = 32 ** -0.5
+    expected = paged_attention_ref(q, kc, vc, meta, scale, window)
+    out = torch.full_like(q, float("nan"))
+    paged_attention_triton(q, kc, vc, meta, scale, out=out, decode_config=SMALL_DECODE, num_splits=splits,
+                           window=window)
+    assert not torch.isnan(out).any(), "unwritten or NaN-contaminated output"
+    atol, rtol = tolerances(dtype)
+    torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
+    if counters:
+        assert (meta.split_counters == 0).all()
+    return out
+
+
+@pytest.mark.quick_sample(3)
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7])
+def test_verify_kernel_k_query_tokens_a_row(k):
+    """k + 1 query tokens a row (GQA, 4 heads a KV head), rows across block and tile
+    boundaries, a padding row, several splits merged in the kernel."""
+    q_len = k + 1
+    seqs = [(q_len, q_len), (15 + q_len, q_len), (16, q_len), (33 + k, q_len), (0, q_len), (64, q_len)]
+    check_verify(seqs, 2, 4, q_len, seed=k, splits=3)
+
+
+@pytest.mark.parametrize("group,splits", [(1, 1), (1, 4), (3, 2), (8, None)])
+def test_verify_kernel_mha_and_gqa_groups(group, splits):
+    check_verify([(9, 4), (40, 4), (17, 4)], 2, group, 4, seed=group, splits=splits)
+
+
+def test_verify_kernel_rows_with_fewer_drafts():
+    """A row of a verify batch with fewer drafts has fewer query tokens: each query still
+    sits at seq_len - n + i."""
+    check_verify([(20, 1), (31, 5), (18, 3), (50, 2)], 1, 4, 5, seed=3, splits=2)
+
+
+@pytest.mark.parametrize("order,counters", [(False, False), (True, False), (False, True)])
+def test_verify_kernel_reduce_pass_and_row_order(order, counters):
+    check_verify([(9, 3), (70, 3), (1 + 2, 3)], 2, 2, 3, seed=7, splits=4, order=order, counters=counters,
+                 extra_tokens=2)
+
+
+@pytest.mark.parametrize("window", [4, 16])
+def test_verify_kernel_sliding_window(window):
+    check_verify([(5, 4), (40, 4), (23, 4)], 1, 2, 4, seed=11, splits=2, window=window)
+
+
+def test_verify_kernel_bf16():
+    check_verify([(40, 8), (19, 8)], 2, 4, 8, dtype=torch.bfloat16, seed=5, splits=2)
+
+
+def test_verify_kernel_fp8_cache():
+    from slipstream.ops.kv_quant import KVScales
+    q, kc, vc, meta = make_batch([(30, 4), (9, 4)], 1, 4, 32, 8, torch.float32, seed=2)
+    meta = replace(meta, verify_len=4)
+    sc = KVScales(0.05, 0.04)
+    kc8 = (kc.nan_to_num(0.0) / sc.k_scale).to(torch.float8_e4m3fn)
+    vc8 = (vc.nan_to_num(0.0) / sc.v_scale).to(torch.float8_e4m3fn)
+    expected = paged_attention_ref(q, kc8, vc8, meta, 32 ** -0.5, kv_scales=sc)
+    out = paged_attention_triton(q, kc8, vc8, meta, 32 ** -0.5, decode_config=SMALL_DECODE, num_splits=2,
+                                 kv_scales=sc)
+    torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-3)
+
+
+def test_verify_kernel_graph_layout_pads_rows_to_k_plus_1():
+    """A graph's verify layout: every row k + 1 tokens, padding rows of seq_len 0 (zeros),
+    trailing tokens past the last row (zeros)."""
+    out = check_verify([(12, 3), (0, 3), (29, 3), (0, 3)], 2, 2, 3, seed=9, splits=2, extra_tokens=3)
+    assert (out[3:6] == 0).all() and (out[9:] == 0).all()

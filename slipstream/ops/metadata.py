@@ -28,6 +28,10 @@ class AttentionMetadata:
     # the decode kernel's split count, chosen by the caller from the batch's context
     # lengths (the runner: `triton_attention.pick_decode_splits`); None: the heuristic
     num_splits: int | None = None
+    # a verification step of speculative decoding (k + 1 = verify_len): every row has at most
+    # verify_len query tokens, the newest positions of its context, and the split-KV verify
+    # kernel (`triton_verify_kernel`) runs the batch; 0: not one
+    verify_len: int = 0
 
     @property
     def num_seqs(self) -> int:

@@ -30,6 +30,10 @@ Kernels
   on the GEMV today) the kernel does the qkv epilogue itself: each program rotates its q
   heads from qkv's raw q columns, and the program whose split holds a row's newest position
   stores that position's K/V before its own tile loads read it (`decode_epilogue`).
+* Verification (`meta.verify_len` = k + 1 > 0, speculative decoding): `_verify_kernel`
+  (`triton_verify_kernel`), the decode kernel's grid and split merge with up to k + 1
+  query tokens a row packed into the M dimension beside the group's heads, so they share
+  each K/V tile; a causal mask over the row's newest positions.
 * Mixed batches with `meta.num_decode > 0`: the decode kernel takes the first num_decode
   rows of `meta.decode_order`, where the single-token rows come first, and skips any that
   has not exactly one query token (`SINGLE_ONLY`: a mixed CUDA graph covers every row);
@@ -78,6 +82,7 @@ from slipstream.ops.attention_tuning import (DEFAULT_DECODE_CONFIG, DEFAULT_PREF
                                              effective_prefill_config, pick_decode_splits)
 from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel
 from slipstream.ops.triton_prefill_kernel import _prefill_kernel
+from slipstream.ops.triton_verify_kernel import _verify_kernel, _verify_reduce_kernel
 
 LOG2E = 1.4426950408889634
 
@@ -164,6 +169,56 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
             part_lse.stride(0), part_lse.stride(1),
             GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n,
             MIN_CHUNK=cfg.min_chunk, num_warps=4, **pdl, **_window_arg(window))
+
+
+def verify_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
+                     config: DecodeConfig | None = None, *, window: int | None = None,
+                     kv_scales: KVScales | None = None) -> None:
+    """The split-KV verify kernel (`triton_verify_kernel`) into `out`: every row has at most
+    meta.verify_len query tokens (the verification step of speculative decoding).  The split
+    count follows the decode heuristic over the rows (the step reads each context once)."""
+    cfg = config or DEFAULT_DECODE_CONFIG
+    q_len = meta.verify_len
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_seqs = meta.num_seqs
+    block_m = max(16, triton.next_power_of_2(q_len * group))
+    cfg = effective_decode_config(cfg, q.dtype, head_dim, num_seqs)
+    span = min(meta.max_seq_len, window + q_len - 1) if window else meta.max_seq_len
+    num_splits = choose_num_splits(num_seqs, num_kv_heads, span, cfg, sm_count(q.device))
+    ieee, upcast = dot_flags(q.dtype, q.device)
+    split = num_splits > 1
+    order = meta.decode_order if cfg.longest_first else None
+    counters = meta.split_counters if cfg.fused_merge else None
+    merge = split and counters is not None and order is not None
+    if split:  # partials per query token
+        part_out = torch.empty((num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused
+    bt = meta.block_table
+    pdl = pdl_launch(q.device)
+    consts = dict(GROUP=group, Q_LEN=q_len, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n,
+                  MIN_CHUNK=cfg.min_chunk, **_window_arg(window))
+    _verify_kernel[(num_seqs * num_kv_heads * num_splits,)](
+        q, k_cache, v_cache, out, part_out, part_lse,
+        meta.query_start_loc, meta.seq_lens, bt, order if order is not None else meta.seq_lens,
+        counters if merge else meta.seq_lens, _qk_scale(scale, k_cache, kv_scales), num_seqs, num_tokens,
+        num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bt.stride(0),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2) if split else 0,
+        part_lse.stride(0), part_lse.stride(1),
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, SPLIT=split,
+        HAS_ORDER=order is not None, MERGE=merge, NUM_KV_HEADS=num_kv_heads, IEEE=ieee, UPCAST=upcast,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts, **pdl,
+        **_fp8_args(k_cache, kv_scales))
+    if split and not merge:
+        _verify_reduce_kernel[(num_seqs, num_kv_heads)](
+            out, part_out, part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
+            out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1), num_warps=4, **consts, **pdl)
 
 
 def _qk_scale(scale: float, k_cache: torch.Tensor, kv_scales: KVScales | None) -> float:
@@ -311,7 +366,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     per_layer = {"window": window} if window else {}  # the layer's window and FP8 scales
     if is_fp8(k_cache):
         per_layer["kv_scales"] = kv_scales
-    if meta.max_query_len <= 1 and not batch_invariant:
+    if meta.verify_len and not batch_invariant:
+        verify_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, **per_layer)
+    elif meta.max_query_len <= 1 and not batch_invariant:
         decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, epilogue=epilogue, **per_layer)
     elif meta.num_decode and not batch_invariant and meta.decode_order is not None \
             and meta.split_counters is not None:
@@ -329,5 +386,6 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 __all__ = ["DecodeConfig", "PrefillConfig", "choose_num_splits",
            "decode_split_options", "pick_decode_splits", "DecodeSplitPolicy", "decode_num_splits",
            "effective_decode_config", "effective_prefill_config", "decode_attention", "prefill_attention",
+           "verify_attention",
            "epilogue_in_decode_applies",
            "paged_attention_triton"]
