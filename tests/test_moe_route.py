@@ -26,14 +26,19 @@ TOL = {"rtol": 3e-6, "atol": 1e-7}
 
 
 def _tie_free_logits(num_tokens: int, num_experts: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """Each row a random permutation of distinct values 1/16 apart (exact in bf16 up to 256
-    experts), plus a random offset a row: no two experts of a row tie, before or after the
-    softmax."""
+    """Each row a random permutation of distinct integers n / 16 (n / 32 for 512 experts), plus
+    a random offset a row: no two experts of a row tie, before or after the softmax. bf16 holds
+    n / 2^s exactly only for |n| <= 256 (8 significant bits: from 8 up its step is 1/16), so the
+    offset keeps every n in that range; an offset of +3 on 512 experts made 257/32 round to 8.0
+    and tie with 256/32, whose order torch's CUDA topk and the kernel (lower id first) differ on."""
     g = torch.Generator().manual_seed(seed)
     ranks = torch.stack([torch.randperm(num_experts, generator=g) for _ in range(num_tokens)])
-    offset = torch.randint(-8, 8, (num_tokens, 1), generator=g)
-    scale = 16.0 if num_experts <= 256 else 32.0  # 512 experts: 1/32 apart stays exact
-    return ((ranks - num_experts // 2 + offset).float() / scale).to(dtype)
+    low, high = -num_experts // 2, num_experts - 1 - num_experts // 2  # ranks - E/2 spans these
+    offset = torch.randint(max(-8, -256 - low), min(8, 257 - high), (num_tokens, 1), generator=g)
+    scale = 16.0 if num_experts <= 256 else 32.0
+    logits = ((ranks - num_experts // 2 + offset).float() / scale).to(dtype)
+    assert all(row.unique().numel() == num_experts for row in logits.float()), "the logits tie"
+    return logits
 
 
 # (tokens, experts, k, renormalize)
@@ -235,14 +240,17 @@ def test_moe_block_takes_the_fused_router_where_it_applies(kind, tmp_path, monke
     from test_moe_model import make_moe_model
 
     import slipstream.model.moe as model_moe
+    import slipstream.ops.moe as ops_moe
     from slipstream.model.loader import load_model
 
     make_moe_model(kind, str(tmp_path))
     model, _ = load_model(str(tmp_path))
-    block = model.layers[0].mlp
+    block = model.layers[0].mlp.to(DEVICE)  # on a GPU the kernel takes CUDA tensors only
     g = torch.Generator().manual_seed(4)
-    h, x = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
-    want = block(h.clone(), x)
+    h, x = torch.randn(3, 64, generator=g).to(DEVICE), torch.randn(3, 64, generator=g).to(DEVICE)
+    with monkeypatch.context() as m:  # the linear, then route (on a GPU too)
+        m.setattr(ops_moe, "FUSED_ROUTE_ROWS", 0)
+        want = block(h.clone(), x)
     taken = []
 
     def applies(x, weight, top_k):

@@ -57,6 +57,9 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(config.hidden_size, config.num_experts, False, dtype, device)
         self.experts = Experts(config.num_experts, config.hidden_size, inter, dtype, device)
         self.tp = tp
+        # set by LlamaForCausalLM.set_batch_invariant: the experts' result for a token then
+        # does not depend on the step's size (`fused_moe`)
+        self.batch_invariant = False
         # the fused router's count of its finished programs (`route_linear`): one a layer, so
         # no two launches that may overlap share it
         self.register_buffer("route_counter", torch.zeros(1, dtype=torch.int32, device=device), persistent=False)
@@ -71,9 +74,11 @@ class SparseMoeBlock(nn.Module):
             weights, ids = route(gate(x), self.top_k, self.renormalize)
         experts = self.experts
         if self.tp is None:  # the k outputs summed straight into h
-            return fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids, residual=h)
+            return fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids, residual=h,
+                             batch_invariant=self.batch_invariant)
         # each rank's experts hold a slice of the intermediate columns: sum the partial outputs
-        out = self.tp.all_reduce(fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids))
+        out = self.tp.all_reduce(fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids,
+                                           batch_invariant=self.batch_invariant))
         return h.add_(out)
 
 

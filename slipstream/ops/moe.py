@@ -6,7 +6,11 @@ it too). `fused_moe`
 runs the experts: out[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) over the
 k experts e = ids[t, j] of token t. `fused_moe_ref` is the per-expert loop in torch (the CPU
 path and the oracle); on CUDA `slipstream.ops.triton_moe` sorts the (token, expert) pairs by
-expert on the device and runs two grouped GEMMs over them.
+expert on the device and runs two grouped GEMMs over them, and steps of up to
+`SMALL_MOE_TOKENS` tokens take `slipstream.ops.triton_moe_small` instead: two GEMV launches
+that read each (token, expert) pair's weights straight from the router's ids (no sort, no
+padding). In batch-invariant mode every step takes the grouped GEMMs with one fixed tile
+(`INVARIANT_TILES`), so a token's result does not depend on its step's size.
 
 Numerics: products accumulate in float32; SiLU·mul is rounded once to x's dtype (the down
 product's input); each expert's output is scaled by its float32 weight and rounded to x's
@@ -23,6 +27,15 @@ import torch.nn.functional as F
 # routers of up to this many rows: the linear inside the top-k kernel (`route_linear`; at most
 # triton_route.MAX_LINEAR_ROWS); 0 keeps them apart (A/B runs)
 FUSED_ROUTE_ROWS = int(os.environ.get("SLIPSTREAM_FUSED_ROUTE_ROWS", "16"))
+# steps of up to this many tokens take the small-batch MoE path (`triton_moe_small`), larger
+# ones the grouped GEMMs; 0 never takes it (A/B runs). Past a few tokens the grouped path reads
+# each touched expert once where the small one reads it once per token: set from
+# `benchmarks/bench_moe.py --small-variants` (both paths at 1, 2, 4 and 8 tokens)
+SMALL_MOE_TOKENS = int(os.environ.get("SLIPSTREAM_MOE_SMALL_TOKENS", "4"))
+# the grouped GEMMs' tile (block_m, block_n, block_k, num_warps, num_stages) at every step
+# size in batch-invariant mode: `moe_config` changes tiles with the step's size, and the sum
+# order inside a dot product with them
+INVARIANT_TILES = (32, 64, 64, 4, 4)
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,11 +99,24 @@ def fused_moe_ref(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
     return out.to(x.dtype)
 
 
+def moe_path(num_tokens: int, batch_invariant: bool = False) -> str:
+    """Which CUDA path `fused_moe` takes for a step of `num_tokens` tokens: "small"
+    (`triton_moe_small`, up to SMALL_MOE_TOKENS tokens, never in batch-invariant mode: its sums
+    run in another order than the grouped GEMMs') or "grouped" (`triton_moe`)."""
+    return "small" if 0 < num_tokens <= SMALL_MOE_TOKENS and not batch_invariant else "grouped"
+
+
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-              residual: torch.Tensor | None = None) -> torch.Tensor:
-    """`fused_moe_ref`'s result: the Triton kernels for CUDA tensors, the reference otherwise."""
+              residual: torch.Tensor | None = None, batch_invariant: bool = False) -> torch.Tensor:
+    """`fused_moe_ref`'s result: the Triton kernels for CUDA tensors (`moe_path` picks which),
+    the reference otherwise. `batch_invariant`: a token's result does not depend on how many
+    tokens the step has (the grouped GEMMs with `INVARIANT_TILES` at every size)."""
     if x.is_cuda:
-        from slipstream.ops.triton_moe import fused_moe_triton
-        return fused_moe_triton(x, w_gate_up, w_down, topk_weights, topk_ids, residual=residual)
+        if moe_path(x.shape[0], batch_invariant) == "small":
+            from slipstream.ops.triton_moe_small import fused_moe_small
+            return fused_moe_small(x, w_gate_up, w_down, topk_weights, topk_ids, residual=residual)
+        from slipstream.ops.triton_moe import MoEConfig, fused_moe_triton
+        config = MoEConfig(*INVARIANT_TILES) if batch_invariant else None
+        return fused_moe_triton(x, w_gate_up, w_down, topk_weights, topk_ids, config, residual=residual)
     return fused_moe_ref(x, w_gate_up, w_down, topk_weights, topk_ids, residual)
