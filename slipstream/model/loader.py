@@ -29,6 +29,7 @@ import torch
 
 from slipstream.model.config import ModelConfig
 from slipstream.model.fp8_loading import SCALE_PARAM, Fp8Loading
+from slipstream.model.kv_scales import kv_scale_name
 from slipstream.model.llama import LlamaForCausalLM
 from slipstream.model.moe import expert_checkpoint_parts
 from slipstream.model.parallel import TPGroup
@@ -296,7 +297,7 @@ def load_weights(model: LlamaForCausalLM, items: Iterable[TensorItem], where: st
         expected.update({s: expected[fp8.scales[s]] for s in fp8.scale_names()})
     seen, unexpected = set(), []
     for name, shape, load in items:
-        if name.endswith("rotary_emb.inv_freq") or _is_kv_cache_scale(name):
+        if name.endswith("rotary_emb.inv_freq") or kv_scale_name(name) is not None:  # (read by model/kv_scales.py)
             continue
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue  # some tied checkpoints store the shared matrix twice
@@ -334,13 +335,6 @@ def load_weights(model: LlamaForCausalLM, items: Iterable[TensorItem], where: st
 # the KV cache scales FP8 checkpoints carry (self_attn.k_scale, self_attn.attn.k_scale,
 # k_proj.k_scale, k_proj.output_scale, self_attn.kv_scale and the v ones): not weights;
 # model/kv_scales.py reads them at engine start
-_KV_SCALE_SUFFIXES = (".k_scale", ".v_scale", ".kv_scale", ".k_proj.output_scale", ".v_proj.output_scale")
-
-
-def _is_kv_cache_scale(name: str) -> bool:
-    return ".self_attn." in name and name.endswith(_KV_SCALE_SUFFIXES)
-
-
 def _some(names: list[str], limit: int = 8) -> str:
     shown = ", ".join(names[:limit])
     return f"[{shown}{f', ... ({len(names)} in all)' if len(names) > limit else ''}]"
