@@ -71,7 +71,7 @@ def profile_case(model: str, batch: int, context: int, reps: int = 5) -> dict:
         by_kind[kind_of(name)][0] += count / reps
         by_kind[kind_of(name)][1] += us / reps
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:12]
-    del engine, runner
+    engine = runner = None  # (the lambda above holds runner: let both go before empty_cache)
     torch.cuda.empty_cache()
     return {"model": model, "batch": batch, "context": context, "step_us": step * 1e6, "kernel_us": total_us,
             "kernels_per_step": sum(v[0] for v in kernels.values()) / reps,
