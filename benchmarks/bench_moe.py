@@ -5,8 +5,12 @@ size in one CUDA graph, `cuda_timing.time_graph`) against its floor.
 Floor of a call: the weights of the distinct experts the call's routing touches (counted),
 plus x, the routing and y, at the copy bandwidth; or its flops (2 x T x k x 3 x H x I) at the
 matmul rate (both measured on the GPU at hand), whichever is longer. Uniform random routing, as the engine's dummy weights give.
+Each size is timed on the path the engine takes (`ops.moe.fused_moe`: the small-batch kernels up
+to SMALL_MOE_TOKENS tokens, the grouped GEMMs past it); `--sweep T ..` times other grouped tiles
+at those sizes, `--small-variants` both paths (the small one in each of SMALL_SWEEP's tiles) at
+`--small-tokens` (1 2 4 8): the measurements that set SMALL_MOE_TOKENS and the default tiles.
 
-    python benchmarks/bench_moe.py [--tokens 1 8 64 256 2048 8192] [--out results.json]
+    python benchmarks/bench_moe.py [--tokens 1 8 64 256 2048 8192] [--small-variants] [--out results.json]
 """
 from __future__ import annotations
 
@@ -17,13 +21,42 @@ import torch
 
 from slipstream.bench.cuda_timing import time_graph
 from slipstream.bench.throughput import measure_ceilings
-from slipstream.ops.moe import fused_moe_ref, route
+from slipstream.ops.moe import SMALL_MOE_TOKENS, fused_moe, fused_moe_ref, moe_path, route
 from slipstream.ops.triton_moe import MoEConfig, align_by_expert, fused_moe_triton, moe_config
+from slipstream.ops.triton_moe_small import DEFAULT_SMALL_CONFIG, SmallMoEConfig, fused_moe_small
 
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 SWEEP = [MoEConfig(16, 64, 128, 4, 4), MoEConfig(16, 128, 128, 4, 4), MoEConfig(32, 64, 128, 4, 4),
          MoEConfig(64, 128, 64, 4, 4), MoEConfig(64, 128, 64, 8, 3), MoEConfig(128, 128, 64, 8, 3),
          MoEConfig(64, 256, 64, 8, 3), MoEConfig(128, 256, 64, 8, 3)]
+# the small path's tiles (up_block_n, up_block_k, down_block_n, down_block_k, warps, stages)
+SMALL_SWEEP = [DEFAULT_SMALL_CONFIG, SmallMoEConfig(8, 128, 8, 256, 4, 3), SmallMoEConfig(32, 128, 8, 256, 4, 3),
+               SmallMoEConfig(16, 256, 8, 256, 4, 3), SmallMoEConfig(16, 64, 8, 256, 4, 4),
+               SmallMoEConfig(16, 128, 4, 256, 4, 3), SmallMoEConfig(16, 128, 16, 256, 4, 3),
+               SmallMoEConfig(16, 128, 8, 128, 4, 4), SmallMoEConfig(16, 128, 8, 512, 4, 2),
+               SmallMoEConfig(16, 128, 8, 256, 2, 3), SmallMoEConfig(16, 128, 8, 256, 8, 3),
+               SmallMoEConfig(16, 128, 8, 256, 4, 2), SmallMoEConfig(16, 128, 8, 256, 4, 5)]
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, what: str) -> float:
+    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+    assert err < 2e-2, f"{what}: max error {err:.3g} of the largest output"
+    return err
+
+
+def small_variants(t: int, x, layers, weights, ids, floor_us: float, ref: torch.Tensor) -> list[dict]:
+    """Both paths at t tokens: the grouped GEMMs (moe_config's tile) and the small kernels in
+    each SMALL_SWEEP tile, each checked against the reference, then timed."""
+    runs = [("grouped", lambda w: fused_moe_triton(x, w[0], w[1], weights, ids))]
+    runs += [(f"small up {c.up_block_n}x{c.up_block_k} down {c.down_block_n}x{c.down_block_k} "
+              f"w{c.num_warps} s{c.num_stages}", lambda w, c=c: fused_moe_small(x, w[0], w[1], weights, ids, c)) for c in SMALL_SWEEP]
+    out = []
+    for name, fn in runs:
+        err = _check(fn(layers[0]), ref, f"T={t} {name}")
+        us = 1e3 * time_graph([lambda w=w, fn=fn: fn(w) for w in layers])
+        out.append(dict(path=name, us=us, over_floor=us / floor_us, max_rel_err=err))
+        print(f"    T={t} {name:40s} {us:8.1f} us  x{us / floor_us:5.2f}", flush=True)
+    return out
 
 
 def main() -> None:
@@ -31,6 +64,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 256, 2048, 8192])
     ap.add_argument("--layers", type=int, default=2, help="weight sets in rotation (each 1.2 GB)")
     ap.add_argument("--sweep", type=int, nargs="*", default=[], help="token counts to time other tiles at")
+    ap.add_argument("--small-variants", action="store_true",
+                    help="at --small-tokens: the grouped path and the small path's SMALL_SWEEP tiles")
+    ap.add_argument("--small-tokens", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -41,28 +77,30 @@ def main() -> None:
                torch.randn(EXPERTS, HIDDEN, INTER, device=dev, generator=g).mul_(0.02).bfloat16())
               for _ in range(args.layers)]
     rows = []
-    for t in args.tokens:
+    print(f"small-batch path up to {SMALL_MOE_TOKENS} tokens (SLIPSTREAM_MOE_SMALL_TOKENS)")
+    tokens = sorted(set(args.tokens) | (set(args.small_tokens) if args.small_variants else set()))
+    for t in tokens:
         x = torch.randn(t, HIDDEN, device=dev, generator=g).bfloat16()
         logits = torch.randn(t, EXPERTS, device=dev, generator=g)
         weights, ids = route(logits, TOP_K, renormalize=True)
         w_gate_up, w_down = layers[0]
         ref = fused_moe_ref(x, w_gate_up, w_down, weights, ids).float()
-        out = fused_moe_triton(x, w_gate_up, w_down, weights, ids).float()
-        err = ((out - ref).abs().max() / ref.abs().max()).item()
-        assert err < 2e-2, f"T={t}: max error {err:.3g} of the largest output"
+        err = _check(fused_moe(x, w_gate_up, w_down, weights, ids), ref, f"T={t}")
         touched = ids.unique().numel()
         nbytes = touched * 3 * HIDDEN * INTER * 2 + t * HIDDEN * 2 * 2 + ids.numel() * 8
         flops = 2 * t * TOP_K * 3 * HIDDEN * INTER
         floor_us = 1e6 * max(nbytes / bandwidth, flops / rate)
-        calls = [lambda w=w: fused_moe_triton(x, w[0], w[1], weights, ids) for w in layers]
+        calls = [lambda w=w: fused_moe(x, w[0], w[1], weights, ids) for w in layers]
         us = 1e3 * time_graph(calls)
         cfg = moe_config(t * TOP_K, EXPERTS)
         align_us = 1e3 * time_graph([lambda: align_by_expert(ids, EXPERTS, cfg.block_m)] * 8)
         row = dict(tokens=t, experts_touched=touched, us=us, floor_us=floor_us, over_floor=us / floor_us,
-                   align_us=align_us, max_rel_err=err, block_m=cfg.block_m)
+                   align_us=align_us, max_rel_err=err, block_m=cfg.block_m, path=moe_path(t))
         rows.append(row)
         print(f"T={t:5d} experts={touched:3d} {us:9.1f} us  floor {floor_us:8.1f} us  x{us / floor_us:5.2f}  "
-              f"align {align_us:6.1f} us  err {err:.2e}", flush=True)
+              f"align {align_us:6.1f} us  err {err:.2e}  ({moe_path(t)})", flush=True)
+        if args.small_variants and t in args.small_tokens:
+            row["small_variants"] = small_variants(t, x, layers, weights, ids, floor_us, ref)
         if t in args.sweep:  # other tiles at this size
             for c in SWEEP:
                 alt = [lambda w=w, c=c: fused_moe_triton(x, w[0], w[1], weights, ids, c) for w in layers]

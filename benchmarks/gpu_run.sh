@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call = `bash benchmarks/gpu_run.sh STAGE...` on the lent H200.
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine gputests-clone kernels engine smollm2 attn gemm step profile profile-small
-#         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer
+#         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer moe-small moe-small-ab
 #         async-llm pytests pytests-each bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 #         prefill-long prefill-tiles fp8-gemm boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
@@ -115,6 +115,18 @@ for stage in "$@"; do
     # batching with grouped_mm experts (no CUDA graphs) on the same requests
     moe) run moe 580 python3 -m slipstream.cli bench --workload moe-30b-a3b --out "$RES/moe" ;;
     moe-peer) run moe-peer 580 bash benchmarks/peer_transformers.sh "$RES/moe-peer" async --workload moe-30b-a3b ;;
+    # the fused MoE layer alone on that shape: at 1, 2, 4 and 8 tokens the grouped GEMMs and the
+    # small-batch kernels in each of bench_moe.SMALL_SWEEP's tiles (floor ratios: they set
+    # ops.moe.SMALL_MOE_TOKENS and SmallMoEConfig's defaults), then the engine's path at 64 and 256
+    moe-small) run moe-small 500 python3 benchmarks/bench_moe.py --small-variants --tokens 1 8 64 256 \
+                 --out "$RES/moe-small.json" ;;
+    # the one-request decode workload with the small-batch MoE path off (grouped GEMMs), then on, twice
+    moe-small-ab) for i in 1 2; do
+                    SLIPSTREAM_MOE_SMALL_TOKENS=0 run "moe-bs1-grouped-$i" 240 python3 -m slipstream.cli bench \
+                      --workload moe-30b-a3b-bs1 --out "$RES/moe-bs1-grouped-$i"
+                    run "moe-bs1-small-$i" 240 python3 -m slipstream.cli bench --workload moe-30b-a3b-bs1 \
+                      --out "$RES/moe-bs1-small-$i"
+                  done ;;
     # A/B in one call: the same benchmark from a baseline tree ($BASELINE, e.g. `git archive
     # <commit> | tar -x -C .baseline`, carried) and from this tree, alternately, twice
     ab-small) for i in 1 2; do

@@ -8,6 +8,8 @@ between it and the grouped GEMMs, batch-invariant mode included. On a GPU: repla
 graph on new routings, and agreement with the grouped path on the Qwen3-30B-A3B shape."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -243,3 +245,57 @@ def test_small_path_agrees_with_the_grouped_path_on_the_qwen3_30b_shape(rows):
     scale = ref.abs().max().item()
     torch.testing.assert_close(small, ref, rtol=0, atol=1e-2 * scale)
     torch.testing.assert_close(small, grouped, rtol=0, atol=1e-2 * scale)
+
+
+# --- compiled for Hopper without a GPU (the interpreter misses what only the compiler rejects) ---
+HOPPER_CONFIGS = [SmallMoEConfig(), SmallMoEConfig(32, 128, 16, 256, 4, 4), SmallMoEConfig(8, 256, 4, 512, 4, 3),
+                  SmallMoEConfig(16, 256, 8, 128, 8, 2)]
+
+
+def compile_small_moe_for_hopper() -> None:
+    """The two kernels compiled for sm_90 as the host code launches them: the Qwen3-30B-A3B
+    shape at one token (each of HOPPER_CONFIGS) and Mixtral's (k 2, I 14336) at 4, bf16 with
+    the residual. Prints each one's registers and local memory (spills)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import kernel_resources as kr
+    from test_attention_kernels import compile_launch_for_hopper, recorded_launches
+
+    import slipstream.ops.triton_moe_small as tms
+    launches: list = []
+    bf = torch.bfloat16
+    shapes = [(1, 128, 8, 2048, 768, c) for c in HOPPER_CONFIGS] + [(4, 8, 2, 4096, 14336, SmallMoEConfig())]
+    with recorded_launches(tms, ["_small_gate_up_kernel", "_small_down_kernel"], launches):
+        for t, e, k, h, i, cfg in shapes:
+            x = torch.zeros(t, h, dtype=bf)
+            ids = torch.zeros(t, k, dtype=torch.int32)
+            tms.fused_moe_small(x, torch.zeros(e, 2 * i, h, dtype=bf), torch.zeros(e, h, i, dtype=bf),
+                                torch.zeros(t, k), ids, cfg, residual=torch.zeros(t, h, dtype=bf))
+    for fn, args, kw in launches:
+        compiled, _, opts = compile_launch_for_hopper(fn, args, kw)
+        res = kr.resources(compiled.asm["cubin"])
+        print("compiled", fn.__name__, opts["num_warps"], "warps", res)
+        assert res["local"] == 0, f"{fn.__name__} spills: {res}"
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the GPU tests compile the kernels")
+def test_small_moe_kernels_compile_for_hopper():
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.path.dirname(os.path.abspath(__file__)),
+                                                      env.get("PYTHONPATH")]))
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    assert r.stdout.count("compiled") == 2 * (len(HOPPER_CONFIGS) + 1), r.stdout
+
+
+if __name__ == "__main__":
+    if "--compile-for-hopper" in sys.argv:
+        compile_small_moe_for_hopper()

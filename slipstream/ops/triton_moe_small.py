@@ -15,7 +15,9 @@ rows to a 16-row tile, and four launches. Here the router's ids are read directl
    and rounded to x's dtype (as the grouped path's y rows are), summed in float32 after the
    residual (when given), rounded once. The k slots are reduced inside one program in a fixed
    order: no atomics, no zeroed buffer, no third launch, and the result is deterministic; a
-   token's output does not depend on the other tokens of the step.
+   token's output does not depend on the other tokens of the step. The slots and their
+   BLOCK_K chunks are one flat loop, so its pipeline streams the next slot's expert while the
+   current one's last chunk is summed.
 
 The numerics are those of the grouped path and of `fused_moe_ref` (module doc of `ops/moe.py`)
 up to the order of float32 sums inside a dot product; the two paths do not agree bit for bit,
@@ -94,29 +96,34 @@ def _small_gate_up_kernel(x_ptr, ids_ptr, w_ptr, act_ptr, stride_x, stride_we, s
 def _small_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, res_ptr, out_ptr,
                        stride_act, stride_we, stride_wn, stride_res, stride_out,
                        H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                       USE_PDL: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
+                       STAGES: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_start(USE_PDL)  # act is the gate_up kernel's output
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H
     offs_k = tl.arange(0, BLOCK_K)
+    w_cols = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     total = tl.zeros([BLOCK_N], tl.float32)
     if HAS_RESIDUAL:
         total += tl.load(res_ptr + t * stride_res + cols, mask=col_ok, other=0.0).to(tl.float32)
-    for j in tl.static_range(TOP_K):  # the slots in a fixed order: deterministic sums
-        s = t * TOP_K + j
+    # one flat loop over (slot j, chunk c of CHUNKS = cdiv(I, BLOCK_K)) in a fixed order (deterministic sums), with no
+    # branch in it, so the pipeline keeps loads in flight across the slots' boundaries
+    slot = tl.zeros([BLOCK_N], tl.float32)
+    for i in tl.range(0, TOP_K * CHUNKS, num_stages=STAGES):
+        s = t * TOP_K + i // CHUNKS
+        c = i % CHUNKS
+        k_ok = (offs_k + c * BLOCK_K) < I
         expert = tl.load(ids_ptr + s).to(tl.int64)
-        w_rows = w_ptr + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-        a_row = act_ptr + s * stride_act + offs_k
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k in tl.range(0, I, BLOCK_K, num_stages=STAGES):
-            k_ok = (offs_k + k) < I
-            a = tl.load(a_row + k, mask=k_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + k, mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            acc += w * a[None, :]
-        y = tl.sum(acc, axis=1) * tl.load(weights_ptr + s)
-        total += y.to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded as a y row of the grouped path
+        a = tl.load(act_ptr + s * stride_act + c * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_cols + expert * stride_we + c * BLOCK_K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        slot += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        # the slot's last chunk: scaled by its routing weight and rounded as a y row of the
+        # grouped path, then summed in float32
+        done = c == CHUNKS - 1
+        y = (slot * tl.load(weights_ptr + s)).to(out_ptr.dtype.element_ty).to(tl.float32)
+        total += tl.where(done, y, 0.0)
+        slot = tl.where(done, 0.0, slot)
     tl.store(out_ptr + t * stride_out + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
@@ -153,10 +160,11 @@ def fused_moe_small(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tens
         x, ids, w_gate_up, act, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0),
         H=hidden, I=inter, TOP_K=top_k, BLOCK_N=block_n_up, BLOCK_K=_tile(cfg.up_block_k, hidden),
         STAGES=cfg.num_stages, **launch)
-    block_n_down = _tile(cfg.down_block_n, hidden)
+    block_n_down, block_k_down = _tile(cfg.down_block_n, hidden), _tile(cfg.down_block_k, inter)
     res = residual if residual is not None else out
     _small_down_kernel[(num_tokens, triton.cdiv(hidden, block_n_down))](
         act, ids, weights, w_down, res, out, act.stride(0), w_down.stride(0), w_down.stride(1),
         res.stride(0), out.stride(0), H=hidden, I=inter, TOP_K=top_k, HAS_RESIDUAL=residual is not None,
-        BLOCK_N=block_n_down, BLOCK_K=_tile(cfg.down_block_k, inter), STAGES=cfg.num_stages, **launch)
+        BLOCK_N=block_n_down, BLOCK_K=block_k_down, CHUNKS=triton.cdiv(inter, block_k_down),
+        STAGES=cfg.num_stages, **launch)
     return out
