@@ -117,3 +117,27 @@ def test_the_ray_replica_is_an_engine_client(monkeypatch):
     monkeypatch.setattr(ray, "get", lambda ref: ref)
     replica = RayReplica(None, {"load_format": "dummy"}, {})
     assert isinstance(replica, EngineClient) and replica.info == info and replica.tokenizer is None
+
+
+def test_data_parallel_sums_the_replicas_grammar_and_speculation_counters():
+    """/metrics of a data-parallel server: counters summed, acceptance ratios recomputed."""
+    import asyncio
+
+    class Replica(FakeAsyncLLM):
+        def __init__(self, drafts: int, accepted: int, rows: int, emitted: int):
+            super().__init__()
+            self.spec = dict(spec_num_steps=rows, spec_num_drafting_rows=rows, spec_num_draft_tokens=drafts,
+                             spec_num_accepted_tokens=accepted, spec_num_emitted_tokens=emitted,
+                             spec_mean_accepted_length=emitted / rows, spec_acceptance_rate=accepted / drafts,
+                             grammar_compiled=2, grammar_cache_hits=3, constrained_requests=5)
+
+        async def stats(self) -> dict:
+            return {**await super().stats(), **self.spec}
+
+    replicas = [Replica(30, 10, 10, 20), Replica(10, 10, 5, 15)]
+    dp = DataParallelLLM(lambda i: replicas[i], 2)
+    total = asyncio.run(dp.stats())
+    assert total["spec_num_draft_tokens"] == 40 and total["spec_num_accepted_tokens"] == 20
+    assert total["spec_acceptance_rate"] == 0.5  # 20 / 40, not the mean of 1/3 and 1
+    assert total["spec_mean_accepted_length"] == 35 / 15
+    assert total["grammar_compiled"] == 4 and total["grammar_cache_hits"] == 6 and total["constrained_requests"] == 10

@@ -25,11 +25,15 @@ from slipstream.frontend.outputs import OutputKind
 from slipstream.frontend.protocol import EngineClient
 from slipstream.frontend.router import Router
 from slipstream.sampling.params import SamplingParams
+from slipstream.sched.speculative import SpecStats
 
 log = logging.getLogger("slipstream.data_parallel")
 SUMMED = ("num_running", "num_waiting", "kv_blocks_in_use", "kv_blocks_total", "num_preemptions",
           "prefix_cache_queries", "prefix_cache_hits")
 WATCH_INTERVAL_S = 0.5
+_COUNTER_PREFIXES = ("grammar_", "constrained_", "spec_")
+_SPEC_RATIOS = ("spec_mean_accepted_length", "spec_acceptance_rate")
+_SPEC_COUNTERS = tuple(k for k in SpecStats().as_dict() if k not in _SPEC_RATIOS)  # (its fields' order)
 
 
 def local_replica_factory(model: str | None, engine_options: dict, size: int = 1) -> Callable[[int], EngineClient]:
@@ -188,6 +192,12 @@ class DataParallelLLM:
                      affine=load.affine, outstanding=load.outstanding, restarts=self.restarts[i])
             per.append(s)
         total = {k: sum(s.get(k) or 0 for s in per) for k in SUMMED}
+        # the grammar's and speculation's counters, where a replica reports them; the
+        # acceptance ratios are the summed counters' (SpecStats), not a sum of ratios
+        for k in sorted({k for s in per for k in s if k.startswith(_COUNTER_PREFIXES)} - set(_SPEC_RATIOS)):
+            total[k] = sum(s.get(k) or 0 for s in per)
+        if "spec_num_draft_tokens" in total:
+            total.update(SpecStats(*(total[k] for k in _SPEC_COUNTERS)).as_dict())
         blocks = total["kv_blocks_total"]
         total["kv_cache_usage"] = total["kv_blocks_in_use"] / blocks if blocks else 0.0
         q = total["prefix_cache_queries"]
