@@ -5,7 +5,8 @@ arbitrary ones), tied router probabilities, an expert chosen by several tokens, 
 not powers of two, bf16 with the residual stream, only the routed experts' weights read, and a
 token's result independent of the other tokens of the step (bit for bit). `fused_moe`'s choice
 between it and the grouped GEMMs, batch-invariant mode included. On a GPU: replay in a CUDA
-graph on new routings, and agreement with the grouped path on the Qwen3-30B-A3B shape."""
+graph on new routings, agreement with the grouped path on the Qwen3-30B-A3B shape, and
+batch-invariant mode's one result a token at every step size."""
 from __future__ import annotations
 
 import sys
@@ -245,6 +246,22 @@ def test_small_path_agrees_with_the_grouped_path_on_the_qwen3_30b_shape(rows):
     scale = ref.abs().max().item()
     torch.testing.assert_close(small, ref, rtol=0, atol=1e-2 * scale)
     torch.testing.assert_close(small, grouped, rtol=0, atol=1e-2 * scale)
+
+
+@pytest.mark.gpu
+def test_batch_invariant_fused_moe_gives_a_token_one_result_at_every_step_size():
+    # the grouped GEMMs with one tile at every size: a token alone (where the small path would
+    # run) and among 3 and 100 others, bit for bit; off, the one-token step takes the small path
+    from slipstream.ops.moe import fused_moe
+    dev = torch.device("cuda")
+    w_gate_up, w_down = (w.to(dev, torch.bfloat16) for w in _weights(16))
+    x = torch.randn(101, HIDDEN, generator=torch.Generator().manual_seed(17)).to(dev, torch.bfloat16)
+    weights, ids = route(_logits(101, 16, 18).to(dev), 4, True)
+    outs = [fused_moe(x[:n], w_gate_up, w_down, weights[:n], ids[:n], batch_invariant=True)[0]
+            for n in (1, 4, 101)]
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    small = fused_moe(x[:1], w_gate_up, w_down, weights[:1], ids[:1])
+    assert torch.equal(small, fused_moe_small(x[:1], w_gate_up, w_down, weights[:1], ids[:1]))
 
 
 # --- compiled for Hopper without a GPU (the interpreter misses what only the compiler rejects) ---
