@@ -15,7 +15,8 @@ import os
 import torch
 
 from slipstream.model.eagle3 import Eagle3Config, Eagle3Head
-from slipstream.model.loader import resolve_dtype, safetensors_files
+from slipstream.model.loader import resolve_dtype
+from slipstream.model.safetensors_files import safetensors_files
 
 _LAYER_PREFIXES = ("midlayer.", "layers.0.")
 # checkpoint name inside the layer -> (parameter, which part of it: None = whole, or the index

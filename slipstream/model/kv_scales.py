@@ -15,6 +15,7 @@ import json
 import os
 import re
 
+from slipstream.model.safetensors_files import safetensors_files
 from slipstream.ops.kv_quant import KVScales
 
 # layer index, then which scale: k, v or kv (both)
@@ -41,7 +42,6 @@ def checkpoint_kv_scales(folder: str, num_layers: int) -> list[KVScales] | None:
     _check_scheme(folder)
     from safetensors import safe_open
 
-    from slipstream.model.loader import safetensors_files
     found: dict[int, dict[str, float]] = {}
     for path in safetensors_files(folder):
         with safe_open(path, framework="pt") as f:

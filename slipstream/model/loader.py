@@ -21,7 +21,6 @@ import dataclasses
 import glob
 import importlib.util
 import itertools
-import json
 import os
 from typing import Callable, Iterable, Iterator
 
@@ -34,6 +33,7 @@ from slipstream.model.llama import LlamaForCausalLM
 from slipstream.model.moe import expert_checkpoint_parts
 from slipstream.model.parallel import TPGroup
 from slipstream.model.registry import model_class
+from slipstream.model.safetensors_files import safetensors_files
 from slipstream.model.shards import Slice, full_shape, shard_slice, take
 from slipstream.quant import resolve_scheme
 
@@ -193,34 +193,6 @@ def _with_quantization(config: ModelConfig, quantization: str | None, dummy: boo
     if dummy:
         scheme = dataclasses.replace(scheme, serialized=False)
     return dataclasses.replace(config, quantization=scheme)
-
-
-def safetensors_files(folder: str) -> list[str]:
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index} is not a valid safetensors index ({e!r})") from None
-        files = []
-        for name in sorted(set(weight_map.values())):
-            shard = os.path.join(folder, name)
-            if not os.path.isfile(shard):
-                raise FileNotFoundError(f"weight shard {name} listed in {index} does not exist")
-            files.append(shard)
-        return files
-    single = os.path.join(folder, "model.safetensors")
-    if os.path.isfile(single):
-        return [single]
-    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-    if files:
-        return files
-    other = [os.path.basename(p) for p in glob.glob(os.path.join(folder, "*.bin")) +
-             glob.glob(os.path.join(folder, "*.pt"))]
-    hint = f" (found {', '.join(other)}: only safetensors weights are supported)" if other else ""
-    raise FileNotFoundError(f"{folder} has no weights: no model.safetensors or "
-                            f"model.safetensors.index.json{hint}")
 
 
 def _iter_safetensors(files: list[str], device: torch.device) -> Iterator[TensorItem]:
