@@ -264,6 +264,31 @@ def test_batch_invariant_fused_moe_gives_a_token_one_result_at_every_step_size()
     assert torch.equal(small, fused_moe_small(x[:1], w_gate_up, w_down, weights[:1], ids[:1]))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_engine_on_a_gpu_equals_the_cpu_engine_at_small_and_grouped_steps(kind, tmp_path):
+    # fp32, token for token: one request (one-row decode steps: the small path in the decode
+    # graphs), three (padded to 4: small) and seven (8: grouped), sync and async
+    from test_moe_model import make_moe_model
+
+    from slipstream import LLM, SamplingParams
+    make_moe_model(kind, str(tmp_path))
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    g = torch.Generator().manual_seed(19)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 23, 9, 40, 3, 17, 11)]
+    batches = ([prompts[0]], prompts[:3], prompts)
+    cpu = LLM(str(tmp_path), device="cpu", max_model_len=256)
+    refs = [[o.token_ids for o in cpu.generate(batch, params)] for batch in batches]
+    for async_scheduling in (False, True):
+        gpu = LLM(str(tmp_path), device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8,
+                  async_scheduling=async_scheduling)
+        for batch, ref in zip(batches, refs):
+            assert [o.token_ids for o in gpu.generate(batch, params)] == ref, (len(batch), async_scheduling)
+        assert sum(gpu.engine.runner.graph_replays["decode"]) > 0
+        del gpu
+        torch.cuda.empty_cache()
+
+
 # --- compiled for Hopper without a GPU (the interpreter misses what only the compiler rejects) ---
 HOPPER_CONFIGS = [SmallMoEConfig(), SmallMoEConfig(32, 128, 16, 256, 4, 4), SmallMoEConfig(8, 256, 4, 512, 4, 3),
                   SmallMoEConfig(16, 256, 8, 128, 8, 2)]
