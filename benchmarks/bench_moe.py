@@ -16,26 +16,38 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import torch
 
 from slipstream.bench.cuda_timing import time_graph
 from slipstream.bench.throughput import measure_ceilings
-from slipstream.ops.moe import SMALL_MOE_TOKENS, fused_moe, fused_moe_ref, moe_path, route
-from slipstream.ops.triton_moe import MoEConfig, align_by_expert, fused_moe_triton, moe_config
-from slipstream.ops.triton_moe_small import DEFAULT_SMALL_CONFIG, SmallMoEConfig, fused_moe_small
+from slipstream.ops.moe import (
+    SMALL_MOE_TOKENS,
+    fused_moe,
+    fused_moe_ref,
+    moe_path,
+    route,
+)
+from slipstream.ops.triton_moe import (
+    MoEConfig,
+    align_by_expert,
+    fused_moe_triton,
+    moe_config,
+)
+from slipstream.ops.triton_moe_small import (
+    DEFAULT_SMALL_CONFIG,
+    fused_moe_small,
+)
 
 EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 SWEEP = [MoEConfig(16, 64, 128, 4, 4), MoEConfig(16, 128, 128, 4, 4), MoEConfig(32, 64, 128, 4, 4),
          MoEConfig(64, 128, 64, 4, 4), MoEConfig(64, 128, 64, 8, 3), MoEConfig(128, 128, 64, 8, 3),
          MoEConfig(64, 256, 64, 8, 3), MoEConfig(128, 256, 64, 8, 3)]
-# the small path's tiles (up_block_n, up_block_k, down_block_n, down_block_k, warps, stages)
-SMALL_SWEEP = [DEFAULT_SMALL_CONFIG, SmallMoEConfig(8, 128, 8, 256, 4, 3), SmallMoEConfig(32, 128, 8, 256, 4, 3),
-               SmallMoEConfig(16, 256, 8, 256, 4, 3), SmallMoEConfig(16, 64, 8, 256, 4, 4),
-               SmallMoEConfig(16, 128, 4, 256, 4, 3), SmallMoEConfig(16, 128, 16, 256, 4, 3),
-               SmallMoEConfig(16, 128, 8, 128, 4, 4), SmallMoEConfig(16, 128, 8, 512, 4, 2),
-               SmallMoEConfig(16, 128, 8, 256, 2, 3), SmallMoEConfig(16, 128, 8, 256, 8, 3),
-               SmallMoEConfig(16, 128, 8, 256, 4, 2), SmallMoEConfig(16, 128, 8, 256, 4, 5)]
+# the small path's default tiles, then each field changed alone
+SMALL_SWEEP = [DEFAULT_SMALL_CONFIG] + [replace(DEFAULT_SMALL_CONFIG, **{field: v}) for field, values in (
+    ("num_stages", (2, 3, 5)), ("up_block_n", (8, 32)), ("up_block_k", (64, 256)), ("down_block_n", (4, 16)),
+    ("down_block_k", (128, 512)), ("num_warps", (2, 8))) for v in values]
 
 
 def _check(out: torch.Tensor, ref: torch.Tensor, what: str) -> float:
@@ -48,8 +60,8 @@ def small_variants(t: int, x, layers, weights, ids, floor_us: float, ref: torch.
     """Both paths at t tokens: the grouped GEMMs (moe_config's tile) and the small kernels in
     each SMALL_SWEEP tile, each checked against the reference, then timed."""
     runs = [("grouped", lambda w: fused_moe_triton(x, w[0], w[1], weights, ids))]
-    runs += [(f"small up {c.up_block_n}x{c.up_block_k} down {c.down_block_n}x{c.down_block_k} "
-              f"w{c.num_warps} s{c.num_stages}", lambda w, c=c: fused_moe_small(x, w[0], w[1], weights, ids, c)) for c in SMALL_SWEEP]
+    runs += [((f"small up {c.up_block_n}x{c.up_block_k} down {c.down_block_n}x{c.down_block_k} "
+               f"w{c.num_warps} s{c.num_stages}"), lambda w, c=c: fused_moe_small(x, w[0], w[1], weights, ids, c)) for c in SMALL_SWEEP]
     out = []
     for name, fn in runs:
         err = _check(fn(layers[0]), ref, f"T={t} {name}")

@@ -13,11 +13,11 @@ import sys
 
 import pytest
 import torch
+from test_attention_kernels import DEVICE, tolerances
 
 import slipstream.ops.moe as ops_moe
 from slipstream.ops.moe import fused_moe_ref, moe_path, route
 from slipstream.ops.triton_moe_small import SmallMoEConfig, fused_moe_small
-from test_attention_kernels import DEVICE, tolerances
 
 HIDDEN, INTER = 64, 32
 # tiles smaller than the sizes: several programs a row, several loop steps a program
@@ -290,7 +290,7 @@ def test_engine_on_a_gpu_equals_the_cpu_engine_at_small_and_grouped_steps(kind, 
 
 
 # --- compiled for Hopper without a GPU (the interpreter misses what only the compiler rejects) ---
-HOPPER_CONFIGS = [SmallMoEConfig(), SmallMoEConfig(32, 128, 16, 256, 4, 4), SmallMoEConfig(8, 256, 4, 512, 4, 3),
+HOPPER_CONFIGS = [SmallMoEConfig(), SmallMoEConfig(32, 128, 16, 256, 4, 4), SmallMoEConfig(8, 256, 4, 512, 4, 5),
                   SmallMoEConfig(16, 256, 8, 128, 8, 2)]
 
 

@@ -52,7 +52,7 @@ class SmallMoEConfig:
     down_block_n: int = 8  # hidden columns a down program
     down_block_k: int = 256  # intermediate columns a loop step
     num_warps: int = 4
-    num_stages: int = 3  # the loops' software pipeline depth (loads in flight)
+    num_stages: int = 4  # the loops' software pipeline depth: 3 chunks in flight while one is summed
 
     def __post_init__(self):
         for name in ("up_block_n", "up_block_k", "down_block_n", "down_block_k", "num_warps"):
