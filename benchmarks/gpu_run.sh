@@ -118,7 +118,8 @@ for stage in "$@"; do
     # the fused MoE layer alone on that shape: at 1, 2, 4 and 8 tokens the grouped GEMMs and the
     # small-batch kernels in each of bench_moe.SMALL_SWEEP's tiles (floor ratios: they set
     # ops.moe.SMALL_MOE_TOKENS and SmallMoEConfig's defaults), then the engine's path at 64 and 256
-    moe-small) run moe-small 500 python3 benchmarks/bench_moe.py --small-variants --tokens 1 8 64 256 \
+    # (each size up to 16 also with the fused router before the experts, as a decode layer runs them)
+    moe-small) run moe-small 500 python3 benchmarks/bench_moe.py --small-variants --with-router --tokens 1 8 64 256 \
                  --out "$RES/moe-small.json" ;;
     # the one-request decode workload with the small-batch MoE path off (grouped GEMMs), then on, twice
     moe-small-ab) for i in 1 2; do
