@@ -264,9 +264,9 @@ def test_bench_takes_the_speculative_config_flag(tiny_model, tmp_path, monkeypat
     assert "num_speculative_tokens must be an integer in [1, 16]" in capsys.readouterr().err
 
 
-def test_methods_the_engine_does_not_run_yet_are_refused(tiny_model):
+def test_a_model_that_is_not_an_eagle3_head_is_refused(tiny_model):
     folder, _ = tiny_model("llama")
-    with pytest.raises(ValueError, match="method 'eagle3' is not supported by the engine yet"):
+    with pytest.raises(ValueError, match="the head expects"):
         LLM(folder, device="cpu", max_model_len=64,
             speculative_config={"method": "eagle3", "model": folder, "num_speculative_tokens": 2})
 

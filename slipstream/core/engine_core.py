@@ -306,6 +306,12 @@ class EngineCore:
                 spec_config.num_speculative_tokens)
         else:
             spec.device = async_mode  # (drafts made on the GPU)
+        if spec_config.method == "eagle3":  # drafts made on the GPU at the end of every step
+            from slipstream.runner.eagle3_drafter import Eagle3Drafter
+            spec.drafter = self.runner.eagle = Eagle3Drafter(
+                spec_config.model, self.model, self.model_config, self.table.token_ids.shape[0],
+                self.max_model_len, self.config.block_size, self.device, self.dtype,
+                spec_config.num_speculative_tokens)
 
     def set_bench_synthetic_acceptance(self, accept: int) -> None:
         """A benchmark knob (`slipstream bench --spec-synthetic-accept`, nothing else sets
@@ -324,7 +330,7 @@ class EngineCore:
         """2: the overlap loop; a draft model drafts from the host's known tokens, so its
         engine completes each step before scheduling the next (the synchronous loop)."""
         spec = self.scheduler.speculative
-        return 2 if async_mode and (spec is None or spec.drafter is None) else 1
+        return 2 if async_mode and (spec is None or spec.drafter is None or spec.every_step) else 1
 
     def set_async_scheduling(self, enabled: bool) -> None:
         """Switch between the overlap loop (depth 2) and the sync baseline (depth 1)."""
@@ -333,7 +339,8 @@ class EngineCore:
         self.async_scheduling = enabled
         self.loop.depth = self._loop_depth(enabled)
         if self.scheduler.speculative is not None:
-            self.scheduler.speculative.device = enabled and self.scheduler.speculative.drafter is None
+            spec = self.scheduler.speculative
+            spec.device = enabled and (spec.drafter is None or spec.every_step)
 
     def reset_prefix_cache(self) -> None:
         """Forget cached prefixes (benchmarks run the same prompts twice)."""

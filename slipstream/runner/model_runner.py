@@ -23,6 +23,7 @@ import torch
 
 from slipstream.ops.metadata import AttentionMetadata
 from slipstream.ops.carry import carry_over
+from slipstream.runner.eagle3_step import launch_eagle
 from slipstream.runner.graphs import step_graphs
 from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.ops.kv_quant import kv_cache_torch_dtype
@@ -103,6 +104,7 @@ class ModelRunner:
         self.split_graphs = SplitGraphs(self.graphs) if self.graphs is not None else None
         self.graph_replays = {"decode": [0, 0], "mixed": [0, 0]}  # per slot
         self.trace_origin = None
+        self.eagle = None  # an EAGLE-3 drafter (runner/eagle3_drafter.py), set by the engine core
         if setup:
             self.setup()
 
@@ -254,6 +256,8 @@ class ModelRunner:
     # -- the pipeline -----------------------------------------------------------------
     def launch(self, batch: ScheduledBatch) -> Launched:
         if batch.spec is not None:  # drafts to verify: an eager step of its own
+            if self.eagle is not None:  # (an EAGLE-3 engine: every step, runner/eagle3_step.py)
+                return launch_eagle(self, batch, Launched)
             return launch_speculative(self, batch, Launched)
         slot = self.slots[batch.batch_id % 2]
         slot.h2d_done.synchronize()  # the slot's last upload is done: its host side is free

@@ -115,8 +115,12 @@ def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs,
     k = spec.k
     first = inp.first_token
     p0 = p.index_select(0, first)
-    drafts, num = _propose(h.tokens.index_select(0, inp.verify_table_rows), (p0 + 1).to(torch.int32), k,
-                           spec.min_n, spec.max_n)
+    eagle = getattr(runner, "eagle", None)
+    if eagle is not None:  # drafted at the end of the previous step (runner/eagle3_drafter.py)
+        drafts, num = eagle.device_drafts(inp.verify_table_rows, p0 + 1)
+    else:
+        drafts, num = _propose(h.tokens.index_select(0, inp.verify_table_rows), (p0 + 1).to(torch.int32), k,
+                               spec.min_n, spec.max_n)
     if spec.bench_synthetic_accept is not None:  # (bench only) k drafts a row: the first input repeated
         cols = torch.arange(k, device=first.device)[None, :]
         drafts = torch.where(cols < num[:, None], drafts, input_ids.index_select(0, first)[:, None].to(drafts.dtype))

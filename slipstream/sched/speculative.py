@@ -92,9 +92,9 @@ class SpecScheduling:
     @staticmethod
     def check(config: SpeculativeConfig, tensor_parallel_size: int) -> None:
         """One-line errors for what the engine cannot run yet (before any weight loads)."""
-        if config.method not in ("ngram", "draft_model"):
+        if config.method not in ("ngram", "draft_model", "eagle3"):
             raise ValueError(f"speculative_config.method {config.method!r} is not supported by the "
-                             "engine yet; use 'ngram' or 'draft_model'")
+                             "engine yet; use 'ngram', 'draft_model' or 'eagle3'")
         if tensor_parallel_size > 1:
             raise ValueError("speculative_config needs tensor_parallel_size=1 for now")
 
@@ -103,6 +103,9 @@ class SpecScheduling:
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
+        # eagle3: the head runs at the end of every step (runner/eagle3_drafter.py), so every
+        # step is a speculative one, and its drafts wait on the device, k a row
+        self.every_step = config.method == "eagle3"
         self.stats = SpecStats()
         # device drafting (asynchronous scheduling): the GPU drafts from a device-side token
         # history right before the step, once the previous step's accepted tokens are there
@@ -142,7 +145,7 @@ class SpecScheduling:
                 and req.num_scheduled_outputs >= p.min_tokens
                 and req.num_computed + 1 + 2 * self.k <= self.max_model_len):
             return False
-        if self.bench_synthetic_accept is not None:
+        if self.bench_synthetic_accept is not None or self.every_step:
             return True
         from slipstream.spec.ngram import propose_ngram
         c = self.config
@@ -163,6 +166,10 @@ class SpecScheduling:
         if (req.num_pending or req.num_computed != req.num_tokens - 1
                 or req.num_scheduled_outputs < p.min_tokens):
             return 0
+        if self.every_step:  # all k or none, as the asynchronous loop's draft slots (may_verify),
+            # so that both loops verify the same drafts (the tokens past max_tokens are cut)
+            fits = req.num_computed + 1 + 2 * self.k <= self.max_model_len
+            return self.k if fits else 0
         return max(0, min(self.k, p.max_tokens - req.num_scheduled_outputs - 1,
                           self.max_model_len - req.num_tokens))
 
@@ -188,7 +195,7 @@ class SpecScheduling:
         if self.device:
             num = np.array(drafts, np.int32)
             shift_src = np.array(shift, np.int32)
-            if not num.any() and not (shift_src >= 0).any():
+            if not num.any() and not (shift_src >= 0).any() and not self.every_step:
                 self.unsynced(requests)
                 return None
             if num.any():
@@ -199,7 +206,7 @@ class SpecScheduling:
             return SpecBatch(self.k, None, num, shift_src, resets, c.prompt_lookup_min, c.prompt_lookup_max,
                              bench_synthetic_accept=self.bench_synthetic_accept)
         drafts = [d for d in drafts]
-        if not any(not isinstance(d, int) for d in drafts):  # (an int: no drafts for that row)
+        if not any(not isinstance(d, int) for d in drafts) and not self.every_step:  # (an int: no drafts)
             return None
         S = len(drafts)
         tokens = np.full((S, self.k), -1, np.int32)

@@ -1,0 +1,98 @@
+"""The step of an EAGLE-3 engine: every batch runs here (`ModelRunner.launch`), eager.
+
+It is the verification step of runner/speculative.py (upload, forward, the plain draw,
+`verify`, download on the runner's three streams) with the drafter's two additions: the
+target's forward captures the three hidden states the head reads, and after verification the
+head extends over the step's tokens and drafts the next step's tokens on the device
+(runner/eagle3_drafter.py), so neither loop waits for the host to draft.  Under asynchronous
+scheduling a verifying row's buffered drafts are placed in its draft slots by
+`prepare_device_drafts` (runner/spec_device.py), with their q.
+
+Every step is eager (no CUDA graph): the head must see every token the target computes,
+prefill chunks included.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from slipstream.runner.eagle3_drafter import EagleStepInputs
+from slipstream.runner.inputs import fill_inputs
+from slipstream.runner.spec_device import (
+    DeviceDraftInputs,
+    prepare_device_drafts,
+    to_device,
+)
+from slipstream.runner.speculative import _stack_probs, spec_buffers, verify
+
+
+def launch_eagle(runner, batch, launched_cls):
+    """`ModelRunner.launch` for an EAGLE-3 engine's batch (batch.spec is always set)."""
+    eagle = runner.eagle
+    slot = runner.slots[batch.batch_id % 2]
+    slot.h2d_done.synchronize()
+    shape = fill_inputs(batch, slot.host, runner.block_size, None, runner.max_model_len)
+    spans = runner._prompt_spans(batch, slot) if batch.prompt_logprobs else None
+    S, spec = len(batch.sampled), batch.spec
+    bufs = spec_buffers(runner, slot.index, spec.k)
+    rows = np.flatnonzero(spec.num_drafts > 0)
+    device_drafting = spec.draft_tokens is None
+    # the drafting rows' query tokens in the step, k + 1 a row (the last one repeated)
+    last = slot.host.logits_indices[:S][rows].astype(np.int64)
+    nd = spec.num_drafts[rows].astype(np.int64)
+    cols = np.minimum(np.arange(spec.k + 1)[None, :], nd[:, None])
+    positions = last[:, None] - nd[:, None] + cols
+    launched = launched_cls(batch, slot, S, shape.flags.num_logprobs)
+    s, dev = runner.streams, runner.device
+    with s.on(s.h2d):
+        s.wait(s.h2d, slot.compute_done)
+        slot.h2d_start.record()
+        slot.upload(batch.num_seqs)
+        verify_in = (to_device(rows.astype(np.int64), dev), to_device(positions.ravel(), dev))
+        if device_drafting:
+            dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
+            uploaded = verify_in + dd_in.tensors()
+        else:
+            verify_in += (to_device(spec.draft_tokens[rows], dev), to_device(spec.num_drafts[rows], dev))
+            uploaded = verify_in
+        eagle_in = EagleStepInputs.upload(batch, slot.host, spec.num_drafts, dev)
+        uploaded = uploaded + eagle_in.tensors()
+        slot.h2d_done.record()
+    if s.cuda:  # made on the h2d stream, read on the compute stream
+        for t in uploaded:
+            t.record_stream(s.compute)
+    with s.on(s.compute):
+        s.wait(s.compute, slot.h2d_done)
+        s.wait(s.compute, slot.d2h_done)
+        slot.compute_start.record()
+        for row, prompt, outputs in batch.penalty_resets:
+            runner.penalties.reset_row(row, prompt, outputs)
+        draft_probs = _stack_probs(spec.draft_probs, spec.k, s) if spec.draft_probs else None
+        if device_drafting:
+            prev = spec_buffers(runner, 1 - slot.index, spec.k)
+            verify_in += prepare_device_drafts(runner, slot, shape, spec, dd_in, prev.num_emitted)
+            draft_probs = eagle.probs.index_select(0, dd_in.verify_table_rows)
+        with eagle.capture() as capture:
+            hidden = runner.forward_hidden(slot, shape)
+        aux = capture.aux()
+        launched.prompt_logprobs = runner.prompt_logprobs(hidden, spans) if spans else None
+        logits = runner.logits(slot, shape, hidden)
+        if batch.suppress:
+            r = [j for j, ids in batch.suppress for _ in ids]
+            c = [t for _, ids in batch.suppress for t in ids]
+            logits[to_device(r, dev, torch.long), to_device(c, dev, torch.long)] = float("-inf")
+        runner.sample(slot, shape, logits)
+        verify(runner, slot, shape, hidden, bufs, S, *verify_in, draft_probs=draft_probs,
+               synthetic_accept=spec.bench_synthetic_accept)
+        # the next step's drafts, made now, on the device
+        eagle.after_step(slot, shape, bufs.tokens[:S], bufs.num_emitted[:S], eagle_in, aux)
+        slot.compute_done.record()
+    with s.on(s.d2h):
+        s.wait(s.d2h, slot.compute_done)
+        slot.d2h_start.record()
+        slot.download(S, launched.num_logprobs)
+        launched.spec_out = bufs.download(S)
+        if launched.num_logprobs:
+            launched.spec_logprobs = bufs.download_logprobs(S, launched.num_logprobs)
+        slot.d2h_done.record()
+    return launched
