@@ -26,6 +26,9 @@ class StepShape:
     padded: bool  # padded to the sizes of a captured graph
     num_decode: int = 0  # a mixed batch's single-token rows, listed first in decode_order
     decode_splits: int | None = None  # decode attention's split count (None: its heuristic)
+    # a verification step (speculative decoding): k + 1, each row's most query tokens, for the
+    # attention's verify kernel (runner/verify_graphs.py); 0: not one
+    verify_len: int = 0
 
     @property
     def is_decode(self) -> bool:

@@ -23,7 +23,7 @@ import torch
 
 from slipstream.ops.metadata import AttentionMetadata
 from slipstream.ops.carry import carry_over
-from slipstream.runner.eagle3_step import launch_eagle
+from slipstream.runner.draft_step import launch_device_drafting
 from slipstream.runner.graphs import step_graphs
 from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.ops.kv_quant import kv_cache_torch_dtype
@@ -104,7 +104,8 @@ class ModelRunner:
         self.split_graphs = SplitGraphs(self.graphs) if self.graphs is not None else None
         self.graph_replays = {"decode": [0, 0], "mixed": [0, 0]}  # per slot
         self.trace_origin = None
-        self.eagle = None  # an EAGLE-3 drafter (runner/eagle3_drafter.py), set by the engine core
+        # a drafter that runs after every step (runner/device_drafter.py), set by the engine core
+        self.drafter = None
         if setup:
             self.setup()
 
@@ -200,7 +201,8 @@ class ModelRunner:
         meta = AttentionMetadata(d.query_start_loc[:B + 1], d.seq_lens[:B], d.block_table[:B],
                                  d.slot_mapping[:T], shape.max_query_len, shape.max_seq_len,
                                  decode_order=d.decode_order[:B], split_counters=self.split_counters,
-                                 num_decode=shape.num_decode, num_splits=shape.decode_splits)
+                                 num_decode=shape.num_decode, num_splits=shape.decode_splits,
+                                 verify_len=shape.verify_len)
         return self.model(input_ids, d.positions[:T], meta, self.kv_caches)
 
     def replay(self, slot: IOSlot, shape: StepShape) -> None:
@@ -256,8 +258,8 @@ class ModelRunner:
     # -- the pipeline -----------------------------------------------------------------
     def launch(self, batch: ScheduledBatch) -> Launched:
         if batch.spec is not None:  # drafts to verify: an eager step of its own
-            if self.eagle is not None:  # (an EAGLE-3 engine: every step, runner/eagle3_step.py)
-                return launch_eagle(self, batch, Launched)
+            if self.drafter is not None:  # (every step: runner/draft_step.py)
+                return launch_device_drafting(self, batch, Launched)
             return launch_speculative(self, batch, Launched)
         slot = self.slots[batch.batch_id % 2]
         slot.h2d_done.synchronize()  # the slot's last upload is done: its host side is free

@@ -27,7 +27,7 @@ so seeded runs are reproducible and do not depend on the batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -36,6 +36,7 @@ import torch
 from slipstream.runner.inputs import fill_inputs
 from slipstream.runner.slots import MAX_LOGPROBS
 from slipstream.runner.spec_device import DeviceDraftInputs, prepare_device_drafts, to_device
+from slipstream.runner.verify_graphs import VerifyInputs, verify_graphs, verify_inputs, verify_route, verify_shape
 from slipstream.sampling.columns import ALL_COLUMNS
 from slipstream.sampling.sampler import GREEDY_EPS, SamplingTensors, processed_logits
 
@@ -94,11 +95,19 @@ def spec_buffers(runner, slot_index: int, k: int) -> SpecBuffers:
 
 
 def launch_speculative(runner, batch, launched_cls):
-    """`ModelRunner.launch` for a batch with drafts: upload, the eager verification step,
-    download, on the runner's three streams like any step; returns a `launched_cls`."""
+    """`ModelRunner.launch` for a batch with drafts: upload, the verification step, download,
+    on the runner's three streams like any step; returns a `launched_cls`.  A verify batch
+    (runner/verify_graphs.py) runs its attention in the verify kernel, and padded to a
+    graph's rows under that graph where one applies."""
     slot = runner.slots[batch.batch_id % 2]
     slot.h2d_done.synchronize()
-    shape = fill_inputs(batch, slot.host, runner.block_size, None, runner.max_model_len)
+    route = verify_route(runner, batch)
+    shape = fill_inputs(batch, slot.host, runner.block_size, route.pad if route else None, runner.max_model_len)
+    if route is not None:
+        shape = verify_shape(runner, slot, shape, route, batch.num_seqs)
+    graphs = verify_graphs(runner) if route is not None and route.pad is not None else None
+    if graphs is not None and graphs.applies(shape, batch, batch.spec):
+        return _launch_padded(runner, batch, slot, shape, graphs, launched_cls)
     spans = runner._prompt_spans(batch, slot) if batch.prompt_logprobs else None
     S, spec = len(batch.sampled), batch.spec
     bufs = spec_buffers(runner, slot.index, spec.k)
@@ -114,7 +123,7 @@ def launch_speculative(runner, batch, launched_cls):
     with s.on(s.h2d):
         s.wait(s.h2d, slot.compute_done)
         slot.h2d_start.record()
-        slot.upload(batch.num_seqs)
+        slot.upload(shape.num_seqs)
         dev = runner.device
         verify_in = (to_device(rows.astype(np.int64), dev), to_device(positions.ravel(), dev))
         if device_drafting:
@@ -136,7 +145,7 @@ def launch_speculative(runner, batch, launched_cls):
         draft_probs = _stack_probs(spec.draft_probs, spec.k, s) if spec.draft_probs else None
         if device_drafting:
             prev = spec_buffers(runner, 1 - slot.index, spec.k)
-            verify_in += prepare_device_drafts(runner, slot, shape, spec, dd_in, prev.num_emitted)
+            verify_in += prepare_device_drafts(runner, slot, _unpadded(shape, batch), spec, dd_in, prev.num_emitted)
         hidden = runner.forward_hidden(slot, shape)
         launched.prompt_logprobs = runner.prompt_logprobs(hidden, spans) if spans else None
         logits = runner.logits(slot, shape, hidden)
@@ -148,6 +157,77 @@ def launch_speculative(runner, batch, launched_cls):
         verify(runner, slot, shape, hidden, bufs, S, *verify_in, draft_probs=draft_probs,
                synthetic_accept=spec.bench_synthetic_accept)
         slot.compute_done.record()
+    _download(runner, slot, launched, bufs, S)
+    return launched
+
+
+def _unpadded(shape, batch):
+    """The batch's real sizes (device drafting moves the real tokens and rows only)."""
+    return replace(shape, num_tokens=int(np.sum(batch.num_new)), num_seqs=batch.num_seqs,
+                   num_samples=len(batch.sampled))
+
+
+def _launch_padded(runner, batch, slot, shape, graphs, launched_cls):
+    """A verify batch padded to a graph's rows: `verify_step` over every padded row, its
+    graph replayed where captured (runner/verify_graphs.py)."""
+    S, spec = len(batch.sampled), batch.spec
+    P = shape.num_seqs
+    bufs = spec_buffers(runner, slot.index, spec.k)
+    vin = verify_inputs(runner, slot.index, spec.k)
+    device_drafting = spec.draft_tokens is None
+    launched = launched_cls(batch, slot, S, shape.flags.num_logprobs)
+    s, dev = runner.streams, runner.device
+    with s.on(s.h2d):
+        s.wait(s.h2d, slot.compute_done)
+        slot.h2d_start.record()
+        slot.upload(P)
+        vin.upload(spec, P)
+        if device_drafting:
+            rows = np.flatnonzero(spec.num_drafts > 0)
+            dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
+            rows_dev = to_device(rows.astype(np.int64), dev)
+        slot.h2d_done.record()
+    if s.cuda and device_drafting:
+        for t in dd_in.tensors() + (rows_dev,):
+            t.record_stream(s.compute)
+    with s.on(s.compute):
+        s.wait(s.compute, slot.h2d_done)
+        s.wait(s.compute, slot.d2h_done)
+        slot.compute_start.record()
+        if device_drafting:  # the input correction, before the graph
+            prev = spec_buffers(runner, 1 - slot.index, spec.k)
+            drafts, num = prepare_device_drafts(runner, slot, _unpadded(shape, batch), spec, dd_in, prev.num_emitted)
+            vin.scatter_device_drafts(rows_dev, drafts, num)
+        synthetic = spec.bench_synthetic_accept
+        if not graphs.run(runner, slot, shape, synthetic,
+                          lambda: verify_step(runner, slot, shape, bufs, vin, synthetic)):
+            verify_step(runner, slot, shape, bufs, vin, synthetic)
+        slot.compute_done.record()
+    _download(runner, slot, launched, bufs, S)
+    return launched
+
+
+def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synthetic_accept: int | None) -> None:
+    """The padded verify step on the compute stream (eager, or captured): forward, the plain
+    draw of every row, the acceptance of every row's drafts (a row without drafts keeps its
+    plain draw), fixed shapes and no host reads."""
+    P, K1 = shape.num_seqs, shape.verify_len
+    hidden = runner.forward_hidden(slot, shape)
+    last = slot.dev.logits_indices[:P].long()
+    nd = vin.slots[:P].long()
+    cols = torch.minimum(torch.arange(K1, device=last.device)[None, :], nd[:, None])
+    positions = (last[:, None] - nd[:, None] + cols).reshape(-1)
+    # the LM head once over every verified position: a row's last one (column nd) is its
+    # plain draw's
+    logits = runner.model.compute_logits(hidden.index_select(0, positions))
+    rows = torch.arange(P, device=last.device)
+    runner.sample(slot, shape, logits.view(P, K1, -1)[rows, nd])
+    verify(runner, slot, shape, hidden, bufs, P, rows, positions, vin.drafts[:P], vin.num_drafts[:P],
+           synthetic_accept=synthetic_accept, logits=logits, slots=vin.slots[:P])
+
+
+def _download(runner, slot, launched, bufs: SpecBuffers, S: int) -> None:
+    s = runner.streams
     with s.on(s.d2h):
         s.wait(s.d2h, slot.compute_done)
         slot.d2h_start.record()
@@ -156,7 +236,6 @@ def launch_speculative(runner, batch, launched_cls):
         if launched.num_logprobs:
             launched.spec_logprobs = bufs.download_logprobs(S, launched.num_logprobs)
         slot.d2h_done.record()
-    return launched
 
 
 def _penalty_state_per_position(pen, state_rows: torch.Tensor, drawn: torch.Tensor, drafts: torch.Tensor,
@@ -211,11 +290,15 @@ def _synthetic_acceptance(target: torch.Tensor, drafts: torch.Tensor, num_drafts
 
 def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int, rows: torch.Tensor,
            positions: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
-           draft_probs: torch.Tensor | None = None, synthetic_accept: int | None = None) -> None:
+           draft_probs: torch.Tensor | None = None, synthetic_accept: int | None = None,
+           logits: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> None:
     """Rejection-sample the drafting rows (`rows`, sampling-row indices) and write every
     sampling row's emitted tokens into `bufs` (a row without drafts: the token it drew).
     `draft_probs` [R, k, V]: a sampling drafter's q (None: point-mass drafts);
-    `synthetic_accept`: the bench's synthetic acceptance (`_synthetic_acceptance`)."""
+    `synthetic_accept`: the bench's synthetic acceptance (`_synthetic_acceptance`);
+    `logits`: the model's logits at `positions`, when the caller has them; `slots` [R]: each
+    row's draft tokens in the step, when `rows` has rows with none (they keep the plain draw,
+    made at their only token)."""
     from slipstream.spec.rejection import rejection_sample
 
     d = slot.dev
@@ -226,7 +309,8 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     bufs.drafted[:S].zero_()
     if R == 0:  # (device drafting: a step that only shifts rows)
         return
-    logits = runner.model.compute_logits(hidden.index_select(0, positions))
+    if logits is None:
+        logits = runner.model.compute_logits(hidden.index_select(0, positions))
     cols = {c.name: getattr(d, c.name)[:S].index_select(0, rows).repeat_interleave(K1) for c in ALL_COLUMNS}
     token_index = (d.token_index[:S].index_select(0, rows)[:, None]
                    + torch.arange(K1, device=rows.device, dtype=torch.int32)[None, :]).reshape(-1)
@@ -246,6 +330,10 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
         out, num = _synthetic_acceptance(target, drafts, num_drafts, greedy, cols["seed"].view(R, K1)[:, 0],
                                          token_index.view(R, K1)[:, 0], synthetic_accept)
     out, num = out.to(torch.int32), num.to(torch.int32)
+    if slots is not None:  # (the plain draw: bufs.tokens[:, 0])
+        has = slots > 0
+        out = torch.where(has[:, None], out, bufs.tokens[:S].index_select(0, rows))
+        num = torch.where(has, num, torch.ones_like(num))
     bufs.tokens[:S].index_copy_(0, rows, out)
     bufs.num_emitted[:S].index_copy_(0, rows, num)
     bufs.drafted[:S].index_copy_(0, rows, num_drafts.to(torch.int32))

@@ -1,0 +1,160 @@
+"""The verification step of speculative decoding in the decode attention kernel, and under
+CUDA graphs.
+
+A batch with drafts whose every row is a sampling row with at most k + 1 new tokens (its
+last token and its drafts: no prompt chunk in the batch) is a verify batch: its attention
+runs in the split-KV verify kernel (`AttentionMetadata.verify_len` = k + 1,
+ops/triton_verify_kernel.py; on the CPU the reference attention, which takes any query
+length), not through the prefill kernel's causal tiles.  `verify_route` says whether a batch
+is one and how it is laid out.
+
+With CUDA graphs the batch is padded to a decode graph's row count P and P x (k + 1) tokens
+(padding rows own no token and have no context; a row with fewer drafts has fewer tokens,
+which the kernel reads from query_start_loc), and one graph per (slot, P, k, sampler
+variant, decode split count, synthetic acceptance) runs the forward, the LM head on all
+P x (k + 1) verified positions, the plain draw, and the acceptance (spec/rejection.py) on
+the device (`runner.speculative.verify_step`).  Its inputs besides the slot's are two static per-slot buffers:
+each row's drafts and their count (`VerifyInputs`), written before the replay.  Under
+asynchronous scheduling the GPU-side input correction (runner/spec_device.py: the shift by
+the previous step's accepted counts, the carry-over, the device drafting) runs eagerly on the
+compute stream before the replay and writes the slot's inputs and these buffers.
+
+A graph is captured at its key's second use (the first runs eagerly and compiles the verify
+kernel and the sampler's variants) and cloned for the second slot as the step graphs are.
+Penalties, logprobs, a drafter's probabilities (draft model, EAGLE-3), suppressed tokens,
+prompt logprobs and penalty resets run the same layout eagerly.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from slipstream.runner.inputs import StepPad, StepShape
+
+
+@dataclass(frozen=True)
+class VerifyRoute:
+    """How a verify batch runs: its pad (None: unpadded, eager) and k + 1."""
+    pad: StepPad | None
+    q_len: int
+
+
+def verify_route(runner, batch) -> VerifyRoute | None:
+    """The verify-kernel route of a batch with drafts, or None (a prompt chunk or a row that
+    does not sample is in it, or no row has more than one token: the mixed step's kernels)."""
+    spec = batch.spec
+    q_len = spec.k + 1
+    n = np.asarray(batch.num_new)
+    if batch.num_seqs != len(batch.sampled) or n.size == 0 or n.max() > q_len or n.max() <= 1:
+        return None
+    if not np.array_equal(np.asarray(batch.sample_seq), np.arange(batch.num_seqs)):
+        return None
+    pad = None
+    graphs = getattr(runner, "graphs", None)
+    if graphs is not None:
+        p = graphs.padding(batch.num_seqs, batch.num_seqs, True)
+        if p is not None and p.num_seqs * q_len <= runner.slots[0].host.input_ids.shape[0]:
+            pad = StepPad(p.num_seqs * q_len, p.num_seqs)
+    return VerifyRoute(pad, q_len)
+
+
+def verify_shape(runner, slot, shape: StepShape, route: VerifyRoute, num_rows: int) -> StepShape:
+    """The step's shape on the verify route (fill_inputs laid it out as a mixed step): the
+    verify kernel's q_len, rows longest first, and the decode split count of its rows."""
+    host = slot.host
+    B = shape.num_seqs
+    host.decode_order[:B] = np.argsort(-host.seq_lens[:B], kind="stable")
+    return replace(shape, max_query_len=route.q_len, num_decode=0, verify_len=route.q_len,
+                   decode_splits=runner.decode_splits(host, num_rows, B))
+
+
+class VerifyInputs:
+    """One slot's static verify inputs, a row a sampling row: its drafts, their count (what
+    the acceptance may take) and its draft slots in the step (k under device drafting, else
+    the count); device int32 [max_seqs, k + 2] (the graph reads it) and its pinned host copy."""
+
+    def __init__(self, max_seqs: int, k: int, device: torch.device) -> None:
+        self.k = k
+        self.dev = torch.zeros(max_seqs, k + 2, dtype=torch.int32, device=device)
+        self.host = torch.zeros(max_seqs, k + 2, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.drafts, self.num_drafts, self.slots = self.dev[:, :k], self.dev[:, k], self.dev[:, k + 1]
+
+    def upload(self, spec, P: int) -> None:
+        """The padded rows' drafts and counts (current stream); under device drafting the
+        slot counts only (the drafts are the GPU's: `scatter_device_drafts`)."""
+        S, k = len(spec.num_drafts), self.k
+        h = self.host[:P].numpy()
+        h[:] = 0
+        if spec.draft_tokens is not None:
+            h[:S, :k] = spec.draft_tokens
+            h[:S, k] = spec.num_drafts
+        h[:S, k + 1] = spec.num_drafts
+        self.dev[:P].copy_(self.host[:P], non_blocking=True)
+
+    def scatter_device_drafts(self, rows: torch.Tensor, drafts: torch.Tensor, num: torch.Tensor) -> None:
+        """Device drafting: the GPU's drafts of the verifying rows (sampling rows `rows`)."""
+        self.drafts.index_copy_(0, rows, drafts.to(torch.int32))
+        self.num_drafts.index_copy_(0, rows, num.to(torch.int32))
+
+
+def verify_inputs(runner, slot_index: int, k: int) -> VerifyInputs:
+    bufs = getattr(runner, "verify_inputs", None)
+    if bufs is None or bufs[0].k != k:
+        bufs = [VerifyInputs(runner.opts.max_num_seqs, k, runner.device) for _ in runner.slots]
+        runner.verify_inputs = bufs
+    return bufs[slot_index]
+
+
+class VerifyGraphs:
+    """The verify steps' CUDA graphs, in the step graphs' pool (runner/graphs.py)."""
+
+    def __init__(self, steps) -> None:
+        self.steps = steps
+        self.graphs: dict[tuple, object] = {}
+        self.seen: set[tuple] = set()
+        self.replays = [0, 0]  # per slot
+
+    @staticmethod
+    def key(slot_index: int, shape: StepShape, synthetic_accept: int | None) -> tuple:
+        return (slot_index, shape.num_seqs, shape.verify_len, shape.flags.use_top_k_top_p, shape.decode_splits,
+                synthetic_accept)
+
+    @staticmethod
+    def applies(shape: StepShape, batch, spec) -> bool:
+        f = shape.flags
+        return (shape.padded and not f.use_penalties and not f.num_logprobs and not batch.suppress
+                and not batch.penalty_resets and not batch.prompt_logprobs and not spec.draft_probs)
+
+    def run(self, runner, slot, shape: StepShape, synthetic_accept: int | None, work: Callable[[], None]) -> bool:
+        """Replay (capturing `work`, the step, first where due) the graph of this verify step;
+        False: the caller runs the step eagerly.  On the compute stream, inputs in place."""
+        if self.steps.pool is None:
+            return False
+        key = self.key(slot.index, shape, synthetic_accept)
+        if key not in self.graphs:
+            if key not in self.seen:
+                self.seen.add(key)
+                return False
+            start = time.perf_counter()
+            other = self.graphs.get((1 - key[0],) + key[1:])
+            graph = self.steps.clone_for_other_slot(other) if other is not None else None
+            if graph is None:
+                graph = self.steps.capture_work(runner, work, keep=self.steps.cloner is not None)
+            self.graphs[key] = graph
+            self.steps.capture_s += time.perf_counter() - start
+        self.graphs[key].replay()
+        self.replays[slot.index] += 1
+        return True
+
+
+def verify_graphs(runner) -> VerifyGraphs | None:
+    if getattr(runner, "graphs", None) is None:
+        return None
+    g = getattr(runner, "verify_graphs", None)
+    if g is None:
+        g = runner.verify_graphs = VerifyGraphs(runner.graphs)
+    return g

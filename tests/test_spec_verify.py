@@ -1,0 +1,115 @@
+"""The verification step on the decode-kernel route (runner/verify_graphs.py): which batches
+take it, and the padded layout a CUDA graph runs, run eagerly on the CPU (a step-graph object
+with no pool pads the batches as the GPU's graphs do and captures nothing), token-identical
+to decoding without speculation, sync and async.  The GPU half: tests/test_gpu_spec_verify.py."""
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from slipstream import LLM, SamplingParams
+from slipstream.runner.graphs import StepGraphs, capture_sizes
+from slipstream.runner.verify_graphs import verify_route
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+PROMPTS = [[5, 6, 7, 8, 9, 10] * 5, [40, 41, 42] * 7 + [40], [3, 1, 4, 1, 5, 9, 2, 6] * 3, [100, 101, 102, 103]]
+
+
+def _llm(folder, padded: bool, **kw) -> LLM:
+    llm = LLM(folder, device="cpu", max_model_len=256, max_num_seqs=8, **kw)
+    if padded:  # the GPU's padding (decode batches to 1, 2, 4, 8 rows), nothing captured
+        runner = llm.engine.runner
+        runner.graphs = StepGraphs(capture_sizes(8), [], 8, runner.max_model_len)
+    return llm
+
+
+def _tokens(llm, params):
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+
+
+def _route_runner(graphs=None):
+    host = SimpleNamespace(input_ids=np.zeros(64, np.int32))
+    return SimpleNamespace(graphs=graphs, slots=[SimpleNamespace(host=host)])
+
+
+def _batch(num_new, sampled=None, k=3):
+    n = np.array(num_new)
+    sampled = list(range(len(n))) if sampled is None else sampled
+    return SimpleNamespace(spec=SimpleNamespace(k=k), num_new=n, num_seqs=len(n), sampled=sampled,
+                           sample_seq=np.array(sampled))
+
+
+def test_which_batches_take_the_verify_route():
+    runner = _route_runner()
+    route = verify_route(runner, _batch([4, 1, 2]))
+    assert route is not None and route.q_len == 4 and route.pad is None  # no graphs: unpadded
+    assert verify_route(runner, _batch([5, 1])) is None  # a prompt chunk (more than k + 1 tokens)
+    assert verify_route(runner, _batch([4, 3], sampled=[1])) is None  # a row that does not sample
+    assert verify_route(runner, _batch([1, 1])) is None  # nothing to verify: a decode step
+    graphs = StepGraphs(capture_sizes(8), [], 8, 256)
+    route = verify_route(_route_runner(graphs), _batch([4, 1, 2]))
+    assert route.pad.num_seqs == 4 and route.pad.num_tokens == 16  # rows to a graph size, k + 1 each
+    big = _route_runner(graphs)
+    big.slots[0].host.input_ids = np.zeros(8, np.int32)  # the padded tokens must fit the slot
+    assert verify_route(big, _batch([4, 1, 2])).pad is None
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_padded_verify_steps_equal_plain_decoding(tiny_model, async_scheduling):
+    """Greedy and seeded sampled rows (top-k: the sampler's other variant) through the padded
+    verify step: the tokens of decoding without speculation, drafts accepted."""
+    folder, _ = tiny_model("llama")
+    params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=24, temperature=0.8, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=24, temperature=1.0, top_k=5, seed=4, ignore_eos=True),
+              SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)]
+    plain = _tokens(_llm(folder, False, async_scheduling=async_scheduling), params)
+    llm = _llm(folder, True, async_scheduling=async_scheduling, speculative_config=NGRAM)
+    calls = []
+    import slipstream.runner.speculative as sp
+    orig = sp.verify_step
+    sp.verify_step = lambda *a, **kw: (calls.append(a[2].num_seqs), orig(*a, **kw))[1]
+    try:
+        spec = _tokens(llm, params)
+    finally:
+        sp.verify_step = orig
+    assert spec == plain
+    assert calls and all(p in (1, 2, 4, 8) for p in calls), calls  # the padded route ran
+    stats = llm.engine.stats()
+    assert stats["spec_num_accepted_tokens"] > 0, stats
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+def test_padded_route_leaves_penalties_and_logprobs_to_the_eager_layout(tiny_model):
+    """Rows with penalties or logprobs: the padded shape, the eager verification (no graph
+    can hold them), the plain tokens and logprobs."""
+    folder, _ = tiny_model("llama")
+    params = [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, repetition_penalty=1.3),
+              SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=2),
+              SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)]
+    plain = _llm(folder, False).generate(PROMPTS, params)
+    spec = _llm(folder, True, speculative_config=NGRAM).generate(PROMPTS, params)
+    for a, b in zip(plain, spec):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    got = [{t: round(v, 4) for t, v in e.items()} for e in spec[1].outputs[0].logprobs]
+    want = [{t: round(v, 4) for t, v in e.items()} for e in plain[1].outputs[0].logprobs]
+    assert got == want
+
+
+def test_bench_verify_step_runs_end_to_end_on_the_cpu(tmp_path, capsys):
+    import json
+
+    import bench_verify_step
+    assert bench_verify_step.main(["--device", "cpu", "--tiny", "--rows", "1", "2", "--ks", "1", "3",
+                                   "--context", "40", "--iters", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| rows | plain ms | k=1 | k=3 |" in out and "1 row, k <= 4: worst" in out
+    res = json.load(open(tmp_path / "bench_verify_step.json"))
+    rows = res["results"]["tiny"]
+    assert [(r["rows"], r["k"]) for r in rows] == [(1, 1), (1, 3), (2, 1), (2, 3)]
+    assert all(r["verify_ms"] > 0 and r["plain_ms"] > 0 for r in rows)
