@@ -1,23 +1,35 @@
-"""One-row linear layers with FP8 weights: y[N] = (x * gamma)[K] @ (q * scale)[N, K]^T, the FP8
-sibling of ops/triton_gemv.py's streaming kernel.
+"""Small-batch linear layers with FP8 weights: y[M, N] = (x * gamma)[M, K] @ (q * scale)[N, K]^T
+for M <= `Fp8GemvConfig.max_rows` (16), weight-only: the input rows stay in their dtype (no
+activation quantization), the FP8 weight is upcast in registers.
 
-At batch 1 a decode step reads every weight once; its time is the weight's bytes, half of
-bf16's in FP8. Each program owns BLOCK_N output columns and streams their FP8 values through
-a pipelined loop over K (BLOCK_K-wide chunks, the first one loaded before the PDL wait: no
-kernel writes weights), upcasts them to fp32 and multiplies the unquantized input row: the
-input is not quantized at one row, so this path is weight-only FP8 (closer to bf16 than the
-batched GEMMs, which quantize activations per token).
+At small batches a decode step reads every weight once; its time is the weight's bytes, half
+of bf16's in FP8. Two kernels stream them (`Fp8GemvConfig` picks one by the number of rows):
 
-Scales: per channel (and per tensor, held per channel) multiply the column's sum once at
-the end; with block scales each chunk's products are first summed per column block, then
-multiplied by that block's scale (chunks hold whole blocks: 1,024 = 8 x 128). Around the product, as in the bf16 GEMV: a folded
-norm's gamma scales the input's columns, `row_scale_eps` multiplies by rstd(x) (computed on x
-itself, before gamma), SiLU·mul computes the input from [gate | up], then the bias and the
-residual are added in fp32 before the one rounding. CUDA-graph safe (launches depend on
-shapes only); PDL like the other kernels of a step. The reference is
-`ops.fp8_linear.fp8_linear_ref` (tests/test_fp8_kernels.py).
+- `_fp8_gemv_kernel` (one row; the FP8 sibling of ops/triton_gemv.py's streaming kernel):
+  each program owns BLOCK_N output columns and streams their FP8 values through a pipelined
+  loop over K (BLOCK_K-wide chunks, the first one loaded before the PDL wait: no kernel
+  writes weights), upcasts them to fp32 and multiplies the input row with FMAs. Per weight
+  byte it issues ~3.6-4.6 SASS instructions in its loop (the e4m3 -> f16 conversion, one for
+  two values, the f16 -> f32 one, the FMA) against the bf16 kernel's 1.85 (two bytes a
+  weight), all compiled for sm_90: the issue slots, not the bytes, can bound it.
+- `_fp8_gemv_mma_kernel` (ops/triton_fp8_gemv_mma.py; 1-16 rows): the same stream, the
+  weight tile converted to f16 and multiplied on tensor cores, so a weight byte costs its
+  half conversion and no FMA, and 16 rows cost what one does.
+
+Scales (both kernels): per channel (and per tensor, held per channel) multiply the column's
+sum once at the end; with 128 x 128 block scales each block's partial sum is multiplied by
+its block's scale (the FMA kernel's chunks hold whole blocks, the MMA kernel's K tile is one
+block). Around the product, as in the bf16 GEMV: a folded norm's gamma scales the input's
+columns, `row_scale_eps` multiplies by rstd(x) (computed on x itself, before gamma), SiLU·mul
+computes the input from [gate | up], then the bias and the residual are added in fp32
+before the one rounding. CUDA-graph safe (launches depend on shapes only); PDL like the
+other kernels of a step. The reference is `ops.fp8_linear.fp8_linear_ref`
+(tests/test_fp8_gemv.py, tests/test_fp8_kernels.py).
 """
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -25,15 +37,41 @@ import triton.language as tl
 
 from slipstream.ops.device import sm_count
 from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.triton_fp8_gemv_mma import fp8_gemv_mma
 from slipstream.ops.triton_fused import silu_mul
 from slipstream.ops.triton_gemv import stream_columns
 from slipstream.quant.fp8 import Fp8Weight
 
-# The bf16 streaming kernel's tuned shape (ops/triton_gemv.py: 1,024-wide chunks, 4 stages,
-# 8 or 16 columns for the 8B shape) in the same bytes: the same chunk width (the fp32
-# products a thread holds), twice the stages, so as many weight bytes are in flight.
-BLOCK_K = 1024
-STAGES = 8
+
+@dataclass(frozen=True)
+class Fp8GemvConfig:
+    """Which kernel and tiles the FP8 GEMV takes; every field can be overridden from
+    benchmarks/bench_fp8_gemm.py --variants (the lead's sweep picks the defaults)."""
+    # M up to this takes the GEMV (ops/fp8_linear.py), more rows the FP8 GEMMs; 0: never
+    max_rows: int = int(os.environ.get("SLIPSTREAM_FP8_GEMV_ROWS", "16"))
+    # M up to this takes the FMA kernel, more rows the MMA kernel (0: the MMA kernel always);
+    # fma_rows_silu for the down product's SiLU·mul input (None: fma_rows), whose sigmoid the
+    # MMA kernel computes for every padding row too (8 at one row)
+    fma_rows: int = 1
+    fma_rows_silu: int | None = None
+    # the FMA kernel: the bf16 streaming kernel's tuned shape (ops/triton_gemv.py: 1,024-wide
+    # chunks, 8 or 16 columns for the 8B shape) in the same bytes: the same chunk width (the
+    # fp32 products a thread holds), twice the stages, so as many weight bytes are in flight
+    block_n: int | None = None  # None: `stream_columns` of the bf16 kernel
+    block_k: int = 1024
+    stages: int = 8
+    num_warps: int = 4
+    # the MMA kernel: rows of the weight a program, the K tile (cut into one slice a warp;
+    # block weights: slices of the block's width whatever mma_block_k says), stages, warps,
+    # slices of K (split-K; None: `mma_split`, enough programs for every SM)
+    mma_block_n: int | None = None  # None: `mma_columns`
+    mma_block_k: int = 256
+    mma_stages: int = 3
+    mma_warps: int = 4
+    mma_split_k: int | None = None
+
+
+DEFAULT_FP8_GEMV_CONFIG = Fp8GemvConfig()
 
 
 @triton.jit
@@ -106,32 +144,41 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, N, eps, 
 def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
              row_scale_eps: float | None = None, silu_mul: bool = False,
-             block_n: int | None = None, block_k: int = BLOCK_K) -> torch.Tensor:
-    """x [..., K] (one row) @ W^T (+ bias) (+ residual) into `out` (new if None; it may be
-    `residual`). row_scale_eps and silu_mul as in `ops.triton_gemv.gemv`."""
+             cfg: Fp8GemvConfig = DEFAULT_FP8_GEMV_CONFIG) -> torch.Tensor:
+    """x [..., K] (M rows, at most 16) @ W^T (+ bias) (+ residual [..., N]) into `out` (new if
+    None; it may be `residual`). row_scale_eps and silu_mul as in `ops.triton_gemv.gemv`."""
     n, k = w.shape
-    if x.shape[-1] != (2 * k if silu_mul else k) or x.numel() != x.shape[-1]:
-        raise ValueError(f"fp8_gemv: one input row of width {2 * k if silu_mul else k} expected, "
-                         f"got {tuple(x.shape)}")
-    x1 = x.reshape(-1)
-    if x1.stride(0) != 1:
-        x1 = x1.contiguous()
+    width = 2 * k if silu_mul else k
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if x.shape[-1] != width or not 0 < m <= 16:
+        raise ValueError(f"fp8_gemv: 1 to 16 input rows of width {width} expected, got {tuple(x.shape)}")
+    x2 = x.reshape(m, width)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
     if out is None:
         out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
-    res = residual if residual is not None else out
+    out2 = out.view(m, n)
+    res2 = residual.view(m, n) if residual is not None else out2
+    fma_rows = cfg.fma_rows if not silu_mul or cfg.fma_rows_silu is None else cfg.fma_rows_silu
+    if m > fma_rows:
+        sms = sm_count(x.device)
+        fp8_gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
+                     silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=cfg.mma_block_k,
+                     stages=cfg.mma_stages, num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sms)
+        return out
     qw = w.qweight
-    if block_n is None:
-        # columns a program as the bf16 kernel picks them for this shape: each program re-reads
-        # the bf16 input row, which weighs twice as much against FP8 columns, so not fewer
-        block_n = stream_columns(n, 2 * qw.numel(), sm_count(x.device))
+    # columns a program as the bf16 kernel picks them for this shape: each program re-reads
+    # the bf16 input row, which weighs twice as much against FP8 columns, so not fewer
+    block_n = cfg.block_n or stream_columns(n, 2 * qw.numel(), sm_count(x.device))
+    block_k = cfg.block_k
     bn_s, bk_s = w.block or (1, 1)
     if w.block is not None and block_k % bk_s:
         block_k = bk_s * max(1, block_k // bk_s)  # chunks of whole scale blocks
     _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
-        x1, qw, w.scale, w.gamma if w.gamma is not None else w.scale, bias if bias is not None else w.scale,
-        res, out, n, float(row_scale_eps or 0.0), qw.stride(0), w.scale.stride(0),
-        K=k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=STAGES, BN_S=bn_s, BK_S=bk_s,
+        x2, qw, w.scale, w.gamma if w.gamma is not None else w.scale, bias if bias is not None else w.scale,
+        res2, out2, n, float(row_scale_eps or 0.0), qw.stride(0), w.scale.stride(0),
+        K=k, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=cfg.stages, BN_S=bn_s, BK_S=bk_s,
         BLOCK_SCALES=w.block is not None, HAS_GAMMA=w.gamma is not None, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
-        num_warps=4, **pdl_launch(x.device))
+        num_warps=cfg.num_warps, **pdl_launch(x.device))
     return out

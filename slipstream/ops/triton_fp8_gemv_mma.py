@@ -1,0 +1,260 @@
+"""Small-batch linear layers with FP8 weights on tensor cores: y[M, N] = (x * gamma)[M, K] @
+(q * scale)[N, K]^T for M <= 16 rows, weight-only (the activations are not quantized).
+
+Why tensor cores for a weight stream: the FMA kernel (ops/triton_fp8_gemv.py) spends per
+weight an e4m3 -> f16 conversion (one instruction for two values), an f16 -> f32 conversion
+and an FMA: 3.6-4.6 SASS instructions a weight byte in its loop against the bf16 GEMV's 1.85
+(two bytes a weight; both compiled for sm_90 on the CPU), so it can run out of issue slots
+before it runs out of bandwidth. Here the weight tile is converted to f16 (exactly: e4m3 is
+a subset of f16) and an MMA does the multiply-add; the input rows are the MMA's N (padded to
+8 or 16, so 16 rows cost what one does), the weight's rows its M ("swap AB").
+
+Layout: each K tile is cut into WARPS slices along K and multiplied as one batched dot
+[WARPS, BLOCK_N, K_SLICE] x [WARPS, K_SLICE, 2 M_PAD]: Triton gives each warp its own slice
+(mma.sync m16n8k16, the FP8 tile read from shared memory with ldmatrix), so no two warps
+convert the same weights, and a program can own 64-128 weight rows without the wgmma path's
+2-byte shared loads of an FP8 operand in registers. The slices' sums are added once at the
+end. 1.3-2.6 SASS instructions a weight byte in the loop (64-256 rows a program, one input
+row), most of the rest the input's work, which more rows a program amortise.
+
+The input in f16: v = x * gamma (fp32) is split into hi = f16(v / 2^8) and lo = f16(v - hi *
+2^8), the B operand's first and second M_PAD columns; y = acc_hi * 2^8 + acc_lo. hi holds
+every bf16 value of magnitude 2^-6 .. 1.6e7 exactly (8 significant bits within f16's 11), lo
+the remainder of smaller ones to an absolute 2^-25: the product is within 2^-25 x sum |w| of
+the fp32 product, far below e4m3's own 2^-4 (docs/fp8.md, "Small-batch GEMV").
+
+Scales: per channel (per tensor held per channel) multiply the finished sum; 128 x 128
+blocks: each slice is one block's width (K_SLICE = 128), its dot starts from zero and is
+multiplied by its block's scale before it is added. Split-K (SPLIT > 1, for weights with too
+few row blocks to fill the SMs): the program of slice s writes its fp32 partial sum (and its
+rows' sum of x^2) to a workspace, and the last program of a row block to arrive (an atomic
+ticket) adds the SPLIT partials in a fixed order, so the result does not depend on timing,
+and runs the epilogue; it resets the ticket for the next launch (CUDA-graph safe).
+
+The epilogues are the bf16 GEMV's: rstd of each input row (`row_scale_eps`, from x itself,
+before gamma), SiLU·mul of [gate | up] as the input, the bias and the residual in fp32 before
+the one rounding. The first weight tile loads before the PDL wait (no kernel writes weights);
+the workspace and ticket are touched only after it, so a launch never overlaps the previous
+one's use of them. The reference is `ops.fp8_linear.fp8_linear_ref`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.triton_fused import silu_mul
+from slipstream.quant.fp8 import Fp8Weight
+
+SPLIT_SHIFT = tl.constexpr(256.0)  # 2^8: hi = f16(v / 2^8)
+
+
+@triton.jit
+def _input_tile(x_ptr, g_ptr, offs_m, kk, mmask, kmask, stride_xm, K: tl.constexpr, M_PAD: tl.constexpr,
+                ONE_ROW: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr, SHIFT: tl.constexpr):
+    """The B operand of one K tile, kk [WARPS, K_SLICE] its columns of K: [WARPS, K_SLICE,
+    2 x M_PAD] f16, hi of each row of x * gamma then lo of each; and x^2 (fp32, [WARPS,
+    K_SLICE, M_PAD], or [.., 1] for ONE_ROW) for the row scale. x is silu(gate) * up rounded to
+    the input dtype when SILU_MUL. ONE_ROW: the one row is loaded and split once, then placed
+    in columns 0 and M_PAD of a zero operand (the padding rows cost no loads, SiLU or splits)."""
+    if ONE_ROW:
+        ptrs = x_ptr + kk
+        mask = kmask
+    else:
+        ptrs = x_ptr + offs_m[None, None, :] * stride_xm + kk[:, :, None]
+        mask = kmask[:, :, None] & mmask[None, None, :]
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if SILU_MUL:
+        x = silu_mul(x, tl.load(ptrs + K, mask=mask, other=0.0)).to(x.dtype)
+    xf = x.to(tl.float32)
+    v = xf
+    if HAS_GAMMA:
+        g = tl.load(g_ptr + kk, mask=kmask, other=0.0)
+        if ONE_ROW:
+            v = xf * g
+        else:
+            v = xf * g[:, :, None]
+    hi = (v * (1.0 / SHIFT)).to(tl.float16)
+    lo = (v - hi.to(tl.float32) * SHIFT).to(tl.float16)
+    if ONE_ROW:
+        col = tl.arange(0, 2 * M_PAD)[None, None, :]
+        b = tl.where(col == 0, hi[:, :, None], tl.where(col == M_PAD, lo[:, :, None], 0.0).to(tl.float16))
+        x2 = (xf * xf)[:, :, None]
+    else:
+        b = tl.reshape(tl.permute(tl.join(hi, lo), (0, 1, 3, 2)), (hi.shape[0], hi.shape[1], 2 * M_PAD))
+        x2 = xf * xf
+    return b, x2
+
+
+@triton.jit
+def _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm, stride_sn,
+          w_pre, PRELOADED: tl.constexpr, K: tl.constexpr, K_SLICE: tl.constexpr, M_PAD: tl.constexpr,
+          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ONE_ROW: tl.constexpr, BN_S: tl.constexpr,
+          BLOCK_SCALES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
+    """acc [WARPS, BLOCK_N, 2 M_PAD] and sq after the K tile at k."""
+    kmask = (kk + k) < K
+    if PRELOADED:
+        w = w_pre
+    else:
+        w = _weight_tile(w_ptrs + k, nmask, kmask, EVEN_K, EVEN_N)
+    b, x2 = _input_tile(x_ptr, g_ptr, offs_m, kk + k, mmask, kmask, stride_xm, K, M_PAD, ONE_ROW, SILU_MUL,
+                        HAS_GAMMA, SPLIT_SHIFT)
+    if BLOCK_SCALES:  # a slice is one scale block: its own dot, times the block's scales
+        kb = (k // K_SLICE) + tl.arange(0, acc.shape[0])
+        s = tl.load(s_ptr + (offs_n // BN_S)[None, :] * stride_sn + kb[:, None],
+                    mask=nmask[None, :] & (kb * K_SLICE < K)[:, None], other=0.0)
+        acc += tl.dot(w.to(tl.float16), b) * s[:, :, None]
+    else:
+        acc = tl.dot(w.to(tl.float16), b, acc)
+    return acc, sq + x2
+
+
+@triton.jit
+def _weight_tile(ptrs, nmask, kmask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """[WARPS, BLOCK_N, K_SLICE] e4m3, unmasked where the shapes allow (no select a byte)."""
+    if EVEN_K and EVEN_N:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=nmask[None, :, None] & kmask[:, None, :], other=0.0)
+
+
+@triton.jit
+def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, sqws_ptr, ticket_ptr,
+                         M, N, eps, k_per_split, stride_xm, stride_wn, stride_sn, stride_rm, stride_om,
+                         K: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, K_SLICE: tl.constexpr,
+                         WARPS: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+                         EVEN_N: tl.constexpr, ONE_ROW: tl.constexpr, BN_S: tl.constexpr,
+                         BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+    BLOCK_K: tl.constexpr = WARPS * K_SLICE
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, M_PAD)
+    kk = tl.arange(0, WARPS)[:, None] * K_SLICE + tl.arange(0, K_SLICE)[None, :]  # [WARPS, K_SLICE]
+    nmask = offs_n < N
+    mmask = offs_m < M
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :, None] * stride_wn + kk[:, None, :]
+    k0 = split * k_per_split
+    k_end = tl.minimum(k0 + k_per_split, K)
+    w0 = _weight_tile(w_ptrs + k0, nmask, (kk + k0) < K, EVEN_K, EVEN_N)
+    pdl_start(USE_PDL)
+    acc = tl.zeros([WARPS, BLOCK_N, 2 * M_PAD], tl.float32)
+    sq = tl.zeros([WARPS, K_SLICE, 1 if ONE_ROW else M_PAD], tl.float32)
+    acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k0, nmask, mmask, stride_xm,
+                    stride_sn, w0, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, ONE_ROW, BN_S, BLOCK_SCALES, SILU_MUL,
+                    HAS_GAMMA)
+    for k in tl.range(k0 + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
+        acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm,
+                        stride_sn, w0, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, ONE_ROW, BN_S, BLOCK_SCALES,
+                        SILU_MUL, HAS_GAMMA)
+    hi, lo = tl.split(tl.permute(tl.reshape(tl.sum(acc, axis=0), (BLOCK_N, 2, M_PAD)), (0, 2, 1)))
+    y = hi * SPLIT_SHIFT + lo  # [BLOCK_N, M_PAD]
+    sq_m = tl.sum(tl.sum(sq, axis=0), axis=0) + tl.zeros([M_PAD], tl.float32)  # [M_PAD]
+    if SPLIT > 1:
+        # this slice's partial sums out; the last program of the row block adds them all
+        ws = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+        tl.store(ws + split * M_PAD * N, y, mask=nmask[:, None])
+        tl.store(sqws_ptr + (pid * SPLIT + split) * M_PAD + offs_m, sq_m)
+        tl.debug_barrier()  # every thread's stores before the ticket (its release orders them)
+        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            y = tl.zeros([BLOCK_N, M_PAD], tl.float32)
+            sq_m = tl.zeros([M_PAD], tl.float32)
+            for s in tl.static_range(SPLIT):  # in slice order: the same sum whoever comes last
+                y += tl.load(ws + s * M_PAD * N, mask=nmask[:, None], other=0.0, cache_modifier=".cg")
+                sq_m += tl.load(sqws_ptr + (pid * SPLIT + s) * M_PAD + offs_m, cache_modifier=".cg")
+            _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm,
+                      stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
+            tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # for the next launch
+    else:
+        _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm,
+                  stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
+
+
+@triton.jit
+def _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm, stride_om,
+              K: tl.constexpr, BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+              ROW_SCALE: tl.constexpr):
+    """Scale, row scale, bias, residual, the one rounding: y [BLOCK_N, M_PAD] fp32."""
+    if not BLOCK_SCALES:
+        y = y * tl.load(s_ptr + offs_n, mask=nmask, other=0.0)[:, None]
+    if ROW_SCALE:
+        y = y * tl.rsqrt(sq_m / K + eps)[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
+    omask = nmask[:, None] & mmask[None, :]
+    if HAS_RES:
+        y += tl.load(r_ptr + offs_m[None, :] * stride_rm + offs_n[:, None], mask=omask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], y.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+def mma_columns(n: int, m_pad: int) -> int:
+    """Weight rows a program (the MMA's M): 128 at up to 8 input rows (the input's work, a
+    fixed cost a K tile, over as many weight bytes as the registers allow: 1.9 SASS
+    instructions a weight byte in the loop against 2.9 at 64 rows, sm_90), 64 at 9-16 rows
+    (the fp32 accumulators of 32 B columns), fewer for a weight of fewer rows. Split-K
+    (`mma_split`) then fills the SMs."""
+    block = 128 if m_pad <= 8 else 64
+    while block > 16 and block >= 2 * n:
+        block //= 2
+    return block
+
+
+def mma_split(row_blocks: int, k_tiles: int, sms: int) -> int:
+    """Slices of K: the smallest power of two (at most 8, and at most the K tiles) that gives
+    every SM a program (the 8B shape's o and down at 64 rows a program: 64 row blocks, 4
+    slices)."""
+    split = 1
+    while row_blocks * split < sms and split < min(8, k_tiles):
+        split *= 2
+    return split
+
+
+_WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _workspace(device: torch.device, n: int, row_blocks: int, split: int, m_pad: int):
+    """fp32 partials [split, m_pad, n], row sums of squares [row_blocks, split, m_pad] and
+    zeroed tickets [row_blocks], one set a (device, stream, shape): launches on one stream
+    run in order (PDL: each touches them only after the previous one finished)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream, n, row_blocks, split, m_pad)
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = (torch.empty((split, m_pad, n), dtype=torch.float32, device=device),
+                            torch.empty((row_blocks, split, m_pad), dtype=torch.float32, device=device),
+                            torch.zeros((row_blocks,), dtype=torch.int32, device=device))
+    return _WORKSPACES[key]
+
+
+def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2: torch.Tensor,
+                 out2: torch.Tensor, *, has_res: bool, row_scale_eps: float | None, silu_mul: bool,
+                 block_n: int | None, block_k: int, stages: int, num_warps: int, split: int | None,
+                 sms: int) -> None:
+    """Launch over x2 [M, K or 2K] (M <= 16, unit stride along K) into out2 [M, N]. block_n:
+    None: `mma_columns`; block_k: the K tile (num_warps slices); block weights take slices of
+    their block's width. split: slices of K (None: `mma_split`)."""
+    m = x2.shape[0]
+    m_pad = 8 if m <= 8 else 16
+    block_n = block_n or mma_columns(w.shape[0], m_pad)
+    n, k = w.shape
+    bn_s, bk_s = w.block or (1, 1)
+    k_slice = bk_s if w.block is not None else max(16, block_k // num_warps)
+    tile = num_warps * k_slice
+    row_blocks = triton.cdiv(n, block_n)
+    k_tiles = triton.cdiv(k, tile)
+    split = split or mma_split(row_blocks, k_tiles, sms)
+    split = max(1, min(split, k_tiles))
+    k_per_split = triton.cdiv(k_tiles, split) * tile
+    split = triton.cdiv(k, k_per_split)  # no empty slice
+    ws = _workspace(x2.device, n, row_blocks, split, m_pad) if split > 1 else (out2, out2, out2)
+    qw = w.qweight
+    _fp8_gemv_mma_kernel[(row_blocks, split)](
+        x2, qw, w.scale, w.gamma if w.gamma is not None else w.scale, bias if bias is not None else w.scale,
+        res2, out2, *ws, m, n, float(row_scale_eps or 0.0), k_per_split,
+        x2.stride(0), qw.stride(0), w.scale.stride(0), res2.stride(0), out2.stride(0),
+        K=k, M_PAD=m_pad, BLOCK_N=block_n, K_SLICE=k_slice, WARPS=num_warps, STAGES=stages, SPLIT=split,
+        EVEN_K=k % k_per_split == 0 and k_per_split % tile == 0, EVEN_N=n % block_n == 0, ONE_ROW=False, BN_S=bn_s, BLOCK_SCALES=w.block is not None, HAS_GAMMA=w.gamma is not None,
+        HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
+        num_warps=num_warps, **pdl_launch(x2.device))
