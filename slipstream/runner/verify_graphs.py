@@ -20,7 +20,8 @@ the previous step's accepted counts, the carry-over, the device drafting) runs e
 compute stream before the replay and writes the slot's inputs and these buffers.
 
 A graph is captured at its key's second use (the first runs eagerly and compiles the verify
-kernel and the sampler's variants) and cloned for the second slot as the step graphs are.
+kernel and the sampler's variants) and cloned for the second slot as the step graphs are, the
+cloner mapping the slots' verify buffers (SpecBuffers, VerifyInputs) too.
 Penalties, logprobs, a drafter's probabilities (draft model, EAGLE-3), suppressed tokens,
 prompt logprobs and penalty resets run the same layout eagerly.
 """
@@ -117,6 +118,7 @@ class VerifyGraphs:
         self.graphs: dict[tuple, object] = {}
         self.seen: set[tuple] = set()
         self.replays = [0, 0]  # per slot
+        self.cloner = None  # the step graphs' cloner with the verify buffers mapped too (`_clone`)
 
     @staticmethod
     def key(slot_index: int, shape: StepShape, synthetic_accept: int | None) -> tuple:
@@ -129,7 +131,31 @@ class VerifyGraphs:
         return (shape.padded and not f.use_penalties and not f.num_logprobs and not batch.suppress
                 and not batch.penalty_resets and not batch.prompt_logprobs and not spec.draft_probs)
 
-    def run(self, runner, slot, shape: StepShape, synthetic_accept: int | None, work: Callable[[], None]) -> bool:
+    def _clone(self, runner, other, spec_bufs: list) -> object | None:
+        """The other slot's copy of `other`: the step graphs' cloning with the verify step's
+        own per-slot buffers (each slot's SpecBuffers and VerifyInputs) mapped too, so the
+        copy reads and writes the other slot's."""
+        steps = self.steps
+        if steps.cloner is None or not isinstance(other, torch.cuda.CUDAGraph):
+            return None
+        from slipstream.runner.graph_clone import AddressMap, SlotGraphCloner
+
+        def buffers(i: int) -> list[tuple[int, int]]:
+            own = [t for t in vars(spec_bufs[i]).values() if isinstance(t, torch.Tensor) and t.is_cuda]
+            own.append(runner.verify_inputs[i].dev)
+            return runner.slots[i].device_buffers() + [(t.data_ptr(), t.numel() * t.element_size()) for t in own]
+
+        if self.cloner is None:
+            self.cloner = SlotGraphCloner(runner.slots)
+        self.cloner.map = AddressMap.swap(buffers(0), buffers(1))
+        try:
+            other.raw_cuda_graph()
+        except RuntimeError:  # (captured without keep_graph)
+            return None
+        return self.cloner.clone(other)
+
+    def run(self, runner, slot, shape: StepShape, synthetic_accept: int | None, work: Callable[[], None],
+            spec_bufs: list | None = None) -> bool:
         """Replay (capturing `work`, the step, first where due) the graph of this verify step;
         False: the caller runs the step eagerly.  On the compute stream, inputs in place."""
         if self.steps.pool is None:
@@ -141,7 +167,7 @@ class VerifyGraphs:
                 return False
             start = time.perf_counter()
             other = self.graphs.get((1 - key[0],) + key[1:])
-            graph = self.steps.clone_for_other_slot(other) if other is not None else None
+            graph = self._clone(runner, other, spec_bufs) if other is not None and spec_bufs else None
             if graph is None:
                 graph = self.steps.capture_work(runner, work, keep=self.steps.cloner is not None)
             self.graphs[key] = graph
