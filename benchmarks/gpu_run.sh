@@ -3,7 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine gputests-clone kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer moe-small moe-small-ab
 #         async-llm pytests pytests-each bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
-#         prefill-long prefill-tiles fp8-gemm boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
+#         prefill-long prefill-tiles fp8-gemm fp8-gemv boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -249,6 +249,10 @@ for stage in "$@"; do
               run serve-dp2 600 bash benchmarks/serve_bench.sh dp "$RES" 2 --gpu-memory-utilization 0.45 ;;
     # FP8 against bf16 linears at the 8B shape, 1 to 16K rows (docs/fp8.md)
     fp8-gemm) run fp8-gemm 300 python3 benchmarks/bench_fp8_gemm.py --out "$RES" ;;
+    # the small-batch FP8 GEMV's configs at 1-16 rows on every 8B linear, bf16 beside: GB/s and the
+    # fraction of the copy bandwidth (docs/fp8.md, "Small-batch GEMV"); FP8_GEMV_ARGS: more
+    # --variants NAME:field=v,..., --rows, --shapes, --no-default-variants
+    fp8-gemv) run fp8-gemv 540 python3 benchmarks/bench_fp8_gemv.py --out "$RES" ${FP8_GEMV_ARGS:-} ;;
     sampler) run sampler 240 python3 benchmarks/bench_sampler.py ${SAMPLER_OLD:+--old "$SAMPLER_OLD"} --out "$RES" ;;
     # each workload of $WORKLOADS once, async, with the floor measured (JSON under $RES/<workload>)
     benches) for w in ${WORKLOADS:-small-256}; do

@@ -46,12 +46,13 @@ from slipstream.quant.fp8 import Fp8Weight
 @dataclass(frozen=True)
 class Fp8GemvConfig:
     """Which kernel and tiles the FP8 GEMV takes; every field can be overridden from
-    benchmarks/bench_fp8_gemm.py --variants (the lead's sweep picks the defaults)."""
+    benchmarks/bench_fp8_gemv.py --variants (the lead's sweep picks the defaults)."""
     # M up to this takes the GEMV (ops/fp8_linear.py), more rows the FP8 GEMMs; 0: never
     max_rows: int = int(os.environ.get("SLIPSTREAM_FP8_GEMV_ROWS", "16"))
-    # M up to this takes the FMA kernel, more rows the MMA kernel (0: the MMA kernel always);
-    # fma_rows_silu for the down product's SiLU·mul input (None: fma_rows), whose sigmoid the
-    # MMA kernel computes for every padding row too (8 at one row)
+    # 1: one row takes the FMA kernel, more rows the MMA kernel; 0: the MMA kernel always (the
+    # FMA kernel takes one row only); fma_rows_silu for the down product's SiLU·mul input
+    # (None: fma_rows), whose sigmoid the MMA kernel computes for every padding row too (8 at
+    # one row)
     fma_rows: int = 1
     fma_rows_silu: int | None = None
     # the FMA kernel: the bf16 streaming kernel's tuned shape (ops/triton_gemv.py: 1,024-wide
@@ -160,7 +161,7 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
     out2 = out.view(m, n)
     res2 = residual.view(m, n) if residual is not None else out2
     fma_rows = cfg.fma_rows if not silu_mul or cfg.fma_rows_silu is None else cfg.fma_rows_silu
-    if m > fma_rows:
+    if m > min(fma_rows, 1):
         sms = sm_count(x.device)
         fp8_gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
                      silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=cfg.mma_block_k,

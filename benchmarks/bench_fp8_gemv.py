@@ -1,0 +1,193 @@
+#!/usr/bin/env python
+"""The small-batch FP8 GEMV's configs (`Fp8GemvConfig`, ops/triton_fp8_gemv.py) on every
+linear of the 8B shape at 1-16 rows, with the bf16 product beside it: weight GB/s and the
+fraction of the measured copy bandwidth (the unit of the floor), so that one GPU call times
+every variant and the lead picks the defaults.
+
+    python benchmarks/bench_fp8_gemv.py [--rows 1,2,4,8,16] [--shapes qkv,o,gate_up,down,lm_head]
+        [--variants NAME:field=v,... ...] [--no-default-variants] [--out DIR] [--tiny]
+    python benchmarks/bench_gemv.py --fp8 ...        (the same)
+
+Each product runs in the form the model's small-batch layer takes: qkv and gate_up with the
+folded norm (gamma and the row scale), o into the residual, down from [gate | up] with
+SiLU·mul into the residual, the LM head plain. Per (shape, rows, implementation) one CUDA
+graph runs the product over enough distinct weight copies to stream more than L2 (50 MB);
+the median of 20 replays, divided by the copies, is reported. Implementations: `bf16` (the
+engine's bf16 path, `ops.linear`: the GEMV at one row, cuBLAS above), then every FP8 variant,
+each first checked against the weight-only reference on one copy (`--variants` adds
+`Fp8GemvConfig` overrides: fma_rows, block_n, block_k, stages, num_warps, mma_block_n,
+mma_block_k, mma_stages, mma_warps, mma_split_k; the FMA kernel takes one row only, so its
+variants equal the default above one row).
+GB/s counts the bytes the product reads of its weight (FP8 values, scales, gamma; bf16: the
+weight). `--tiny`: small shapes on the CPU under Triton's interpreter, a smoke test.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+if "--tiny" in sys.argv:  # before Triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from slipstream.bench.cuda_timing import time_graph  # noqa: E402
+from slipstream.bench.report import write_json  # noqa: E402
+from slipstream.ops.fp8_linear import fp8_linear_ref  # noqa: E402
+from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref  # noqa: E402
+from slipstream.ops.triton_fp8_gemv import Fp8GemvConfig, fp8_gemv  # noqa: E402
+from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
+
+# name -> (N, K, form)
+SHAPES_8B = {"qkv": (6144, 4096, "norm"), "o": (4096, 4096, "residual"), "gate_up": (28672, 4096, "norm"),
+             "down": (4096, 14336, "silu_mul"), "lm_head": (128256, 4096, "plain")}
+SHAPES_TINY = {"qkv": (48, 160, "norm"), "down": (32, 96, "silu_mul")}
+# the variants timed unless --no-default-variants: the kernel at one row, then each MMA tile
+# field moved one step from the default
+DEFAULT_VARIANTS = [
+    "mma:fma_rows=0", "fma-n16:block_n=16", "fma-k512:block_k=512,stages=8",
+    "mma-n64:fma_rows=0,mma_block_n=64", "mma-n256:fma_rows=0,mma_block_n=256,mma_stages=2",
+    "mma-k512:fma_rows=0,mma_block_k=512,mma_stages=2", "mma-s4:fma_rows=0,mma_stages=4",
+    "mma-w8:fma_rows=0,mma_warps=8,mma_block_k=512", "mma-split1:fma_rows=0,mma_split_k=1",
+    "mma-split2:fma_rows=0,mma_split_k=2", "mma-split8:fma_rows=0,mma_split_k=8",
+]
+L2_BYTES = 50 << 20
+MMA_FIELDS = [f.name for f in dataclasses.fields(Fp8GemvConfig) if f.name.startswith("mma_")]
+
+
+def same_above_one_row(cfg: Fp8GemvConfig) -> bool:
+    """Whether a variant runs the default's kernel above one row (it changes FMA fields only)."""
+    return all(getattr(cfg, f) == getattr(Fp8GemvConfig(), f) for f in MMA_FIELDS + ["max_rows"])
+
+
+def parse_variant(spec: str) -> tuple[str, Fp8GemvConfig]:
+    name, _, body = spec.partition(":")
+    fields = {f.name for f in dataclasses.fields(Fp8GemvConfig)}
+    kw = {}
+    for item in filter(None, body.split(",")):
+        key, _, value = item.partition("=")
+        if key not in fields:
+            raise ValueError(f"variant {name!r}: Fp8GemvConfig has no field {key!r}")
+        kw[key] = None if value == "None" else int(value)
+    return name, dataclasses.replace(Fp8GemvConfig(), **kw)
+
+
+def make_weights(n: int, k: int, copies: int, dev, gen) -> list[tuple[torch.Tensor, Fp8Weight]]:
+    """(bf16 weight, FP8 weight with a gamma) copies, per-channel scales."""
+    out = []
+    for _ in range(copies):
+        w = (torch.randn(n, k, generator=gen, device=dev) / k ** 0.5).to(torch.bfloat16)
+        q, s = quantize_per_channel(w)
+        out.append((w, Fp8Weight(q, s, None, torch.rand(k, generator=gen, device=dev) + 0.5)))
+    return out
+
+
+def fp8_call(form: str, x, r, w: Fp8Weight, cfg: Fp8GemvConfig):
+    if form == "norm":
+        return lambda: fp8_gemv(x, w, row_scale_eps=1e-5, cfg=cfg)
+    if form == "silu_mul":
+        return lambda: fp8_gemv(x, w, residual=r, out=r, silu_mul=True, cfg=cfg)
+    if form == "residual":
+        return lambda: fp8_gemv(x, w, residual=r, out=r, cfg=cfg)
+    plain = Fp8Weight(w.qweight, w.scale)
+    return lambda: fp8_gemv(x, plain, cfg=cfg)
+
+
+def bf16_call(form: str, x, r, w: torch.Tensor):
+    from slipstream.ops.linear import (
+        linear,
+        linear_add_,
+        norm_linear,
+        silu_mul_linear_add_,
+    )
+    if form == "norm":
+        return lambda: norm_linear(x, w, None, 1e-5)
+    if form == "silu_mul":
+        return lambda: silu_mul_linear_add_(r, x, w)
+    if form == "residual":
+        return lambda: linear_add_(r, x, w)
+    return lambda: linear(x, w)
+
+
+def check(form: str, x, w: Fp8Weight, cfg: Fp8GemvConfig) -> float:
+    """Relative max error of the variant against the weight-only reference (one copy)."""
+    if form == "norm":
+        y, ref = fp8_gemv(x, w, row_scale_eps=1e-5, cfg=cfg), scale_rows_ref(fp8_linear_ref(x.float(), w),
+                                                                             x.float(), 1e-5, None)
+    elif form == "silu_mul":
+        y, ref = fp8_gemv(x, w, silu_mul=True, cfg=cfg), fp8_linear_ref(silu_and_mul_ref(x).float(), w)
+    else:
+        w = w if form == "residual" else Fp8Weight(w.qweight, w.scale)
+        y, ref = fp8_gemv(x, w, cfg=cfg), fp8_linear_ref(x.float(), w)
+    return ((y.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--shapes", default=None)
+    ap.add_argument("--variants", nargs="*", default=[])
+    ap.add_argument("--no-default-variants", action="store_true")
+    ap.add_argument("--out")
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args(argv)
+    dev = "cpu" if args.tiny else "cuda"
+    shapes = SHAPES_TINY if args.tiny else SHAPES_8B
+    if args.shapes:
+        shapes = {name: shapes[name] for name in args.shapes.split(",")}
+    impls = [("fp8", Fp8GemvConfig())]
+    impls += [parse_variant(v) for v in ([] if args.no_default_variants else DEFAULT_VARIANTS) + args.variants]
+    if args.tiny:
+        bw = 1e9  # no copy bandwidth on the CPU: the column is GB/s / 1
+    else:
+        from bench_gemv import copy_bandwidth
+        bw = copy_bandwidth(torch.device(dev))
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; copy {bw / 1e12:.2f} TB/s")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows_out = []
+    print("| shape | M | impl | us | GB/s | x copy bw | max rel err |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (n, k, form) in shapes.items():
+        copies = 1 if args.tiny else max(1, -(-2 * L2_BYTES // (n * k)))
+        weights = make_weights(n, k, copies, dev, gen)
+        width = 2 * k if form == "silu_mul" else k
+        for m in (int(v) for v in args.rows.split(",")):
+            x = (torch.randn(m, width, generator=gen, device=dev) * 2).to(torch.bfloat16)
+            r = torch.randn(m, n, generator=gen, device=dev).to(torch.bfloat16)
+            for impl, cfg in [("bf16", None)] + impls:
+                if cfg is not None and impl != "fp8" and m > 1 and same_above_one_row(cfg):
+                    continue
+                if cfg is None:
+                    calls = [bf16_call(form, x, r, w) for w, _ in weights]
+                    nbytes, err = sum(w.numel() * 2 for w, _ in weights), None
+                else:
+                    err = check(form, x, weights[0][1], cfg)
+                    if err > 2e-2:
+                        raise AssertionError(f"{name} M={m} {impl}: relative error {err:.2e}")
+                    calls = [fp8_call(form, x, r, fw, cfg) for _, fw in weights]
+                    nbytes = sum(fw.nbytes() - (0 if form != "plain" else k * 4) for _, fw in weights)
+                us = time_graph(calls, device=dev) * 1e3 / copies
+                gbs = nbytes / copies / (us * 1e-6) / 1e9
+                row = dict(shape=name, n=n, k=k, form=form, m=m, impl=impl, us=us, weight_gbs=gbs,
+                           x_copy_bw=gbs * 1e9 / bw, max_rel_err=err,
+                           config=dataclasses.asdict(cfg) if cfg is not None else None)
+                rows_out.append(row)
+                print(f"| {name} | {m} | {impl} | {us:.2f} | {gbs:.0f} | {row['x_copy_bw']:.2f} | "
+                      f"{'' if err is None else f'{err:.1e}'} |", flush=True)
+        del weights
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    if args.out:
+        meta = dict(torch=torch.__version__, device=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+                    copy_bw=bw)
+        print("wrote", write_json(args.out, "bench_fp8_gemv.json", dict(meta=meta, rows=rows_out), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
