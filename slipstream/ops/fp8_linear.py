@@ -9,12 +9,14 @@ norm's product, SiLU·mul into the down product), with these paths:
   input rows (one row with FMAs in fp32, more on tensor cores in f16 with fp32 sums);
   per-channel or block scales, the folded norm's gamma and row scale, the bias, SiLU·mul and
   the residual are applied inside it.
-- CUDA, per-tensor / per-channel weights: the input is quantized per token
-  (ops/triton_fp8_quant.py, gamma folded into that pass) and `torch._scaled_mm` (cuBLASLt FP8)
-  multiplies with row-wise scales.
-- CUDA, block weights, and every FP8 product in batch-invariant mode: the Triton FP8 GEMM
-  (ops/triton_fp8_gemm.py), per-token-and-128-column activation scales for blocks; the
-  residual of `fp8_linear_add_` is added in its epilogue (one rounding, as cuBLAS's beta = 1).
+- CUDA, more rows: the input is quantized per token (per token and 128-column group for block
+  weights; ops/triton_fp8_quant.py, gamma folded into that pass) and multiplied by the kernel
+  that ops/fp8_dispatch.py's table routes the row count and weight layout to: `torch._scaled_mm`
+  (cuBLASLt, row-wise scales), the skinny Triton GEMM (ops/triton_fp8_gemm_skinny.py, few
+  rows), the Triton FP8 GEMM (ops/triton_fp8_gemm.py), or torch's block-scaled `_scaled_mm`.
+  The Triton kernels add `fp8_linear_add_`'s residual in their epilogue (one rounding, as
+  cuBLAS's beta = 1); after a `_scaled_mm` it is a separate add.
+- CUDA, batch-invariant mode: every FP8 product takes the Triton FP8 GEMM.
 
 Batch invariance: the Triton FP8 GEMM and the per-token quantization give a row the same bits
 in any batch (one tile config for every M, no split over K); cuBLASLt picks its kernel from M
@@ -54,16 +56,11 @@ def _gemv_applies(x: torch.Tensor, batch_invariant: bool) -> bool:
 
 
 def _product(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, batch_invariant: bool) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias) on CUDA by cuBLASLt or the Triton FP8 GEMM."""
-    if w.block is not None or batch_invariant:
-        from slipstream.ops.triton_fp8_gemm import fp8_gemm
-        return fp8_gemm(x, w, bias)
-    from slipstream.ops.triton_fp8_quant import quantize_rows
-    q, s = quantize_rows(x, w.gamma)
-    y = torch._scaled_mm(q, w.qweight.t(), scale_a=s, scale_b=w.scale[None, :], out_dtype=x.dtype)
-    # the bias after (a decoder's qkv bias goes to the epilogue: only an o bias comes here),
-    # not in cuBLASLt's epilogue, whose row-wise-scaled kernels do not all take one
-    return y if bias is None else y.add_(bias)
+    """x [M, K] @ W^T (+ bias) on CUDA by the kernel ops/fp8_dispatch.py routes M rows to (the
+    Triton FP8 GEMM, one tile config for every M, in batch-invariant mode)."""
+    from slipstream.ops.fp8_dispatch import DISPATCH, fp8_product
+    kernel = "triton" if batch_invariant else DISPATCH.kernel_for(x.shape[0], w.block is not None)
+    return fp8_product(x, w, bias, kernel)
 
 
 def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
@@ -83,9 +80,12 @@ def fp8_linear_add_(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, bias: torc
     if _gemv_applies(x, batch_invariant) and out.is_contiguous():
         from slipstream.ops.triton_fp8_gemv import fp8_gemv
         return fp8_gemv(x, w, bias, residual=out, out=out)
-    if x.is_cuda and (w.block is not None or batch_invariant) and out.dim() == 2 and out.stride(1) == 1:
-        from slipstream.ops.triton_fp8_gemm import fp8_gemm  # the residual added in its epilogue
-        return fp8_gemm(x.reshape(-1, x.shape[-1]), w, bias, residual=out, out=out)
+    if x.is_cuda and out.dim() == 2 and out.stride(1) == 1:
+        from slipstream.ops.fp8_dispatch import DISPATCH, RESIDUAL_KERNELS, fp8_product
+        x2 = x.reshape(-1, x.shape[-1])
+        kernel = "triton" if batch_invariant else DISPATCH.kernel_for(x2.shape[0], w.block is not None)
+        if kernel in RESIDUAL_KERNELS:  # the residual added in its epilogue
+            return fp8_product(x2, w, bias, kernel, residual=out, out=out)
     return out.add_(fp8_linear(x, w, bias, batch_invariant))
 
 

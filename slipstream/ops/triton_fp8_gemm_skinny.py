@@ -1,0 +1,155 @@
+"""FP8 GEMM for few rows (8-256): y[M, N] = x[M, K] @ (q * scale)[N, K]^T (+ bias)
+(+ residual), x quantized per token (ops/triton_fp8_quant.py), products on FP8 tensor cores
+in fp32.
+
+Why a kernel of its own: at a few dozen rows the product reads the weight once and is bound
+by its bytes, and a tile of 64+ activation rows (the GEMM's, cuBLASLt's) wastes most of each
+MMA on padding rows. Here the operands are swapped: a program computes y^T's tile
+[BLOCK_N weight rows, BLOCK_M activation rows] = W_tile @ x_tile^T, so the weight fills the
+MMA's 64-row side and the activation rows its narrow side (Hopper's wgmma m64nXk32, X = 8 to
+256). FP8 MMAs want both operands K-major, which W [N, K] and x [M, K] already are.
+
+`split_k` > 1 splits K over programs too (N = 4096 at BLOCK_N 64 gives 64 programs for 132
+SMs): each split writes its fp32 partial to a workspace and counts itself in done by one
+atomic; the split that arrives last sums the partials in split order (the same bits whatever
+the arrival order) and runs the epilogue. The counters come zeroed with each call
+(one memset), so launches stay shape-only and CUDA-graph safe.
+
+Scales: per-channel weights (scale [N]) multiply the finished sum with the row scales;
+block weights (scale [N / bn, K / bk]) step K by bk, and each step's product is scaled by
+its input-group and weight-block scales before it is added. The reference is
+`ops.fp8_linear.fp8_linear_ref(..., quantize_input=True)`. Not batch-invariant (the tile
+shape and split follow the rows): `batch_invariant=True` takes ops/triton_fp8_gemm.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.triton_fp8_quant import quantize_rows
+from slipstream.quant.fp8 import Fp8Weight
+
+
+@dataclass(frozen=True)
+class Fp8SkinnyConfig:
+    block_n: int = 64  # weight rows a program: the MMA's M side (wgmma's 64)
+    block_m: int = 32  # activation rows a program: the MMA's N side (8-256; a power of two >= 16)
+    block_k: int = 128  # per-channel weights; block weights step their own bk
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 5  # weight bytes in flight: the product is bound by them
+
+
+DEFAULT_FP8_SKINNY_CONFIG = Fp8SkinnyConfig()
+
+
+def skinny_config_for(m: int, n: int, k: int) -> Fp8SkinnyConfig:
+    """The tile for `m` rows: the narrowest activation tile that holds them (16-64), and K
+    split in two when the weight's N gives fewer programs than a Hopper has SMs (132)."""
+    block_m = min(max(16, triton.next_power_of_2(m)), 64)
+    tiles = triton.cdiv(n, 64) * triton.cdiv(m, block_m)
+    split = 2 if tiles < 100 and k >= 2048 else 1
+    return Fp8SkinnyConfig(block_m=block_m, split_k=split)
+
+
+@triton.jit
+def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_ptr, cnt_ptr, M, N, K,
+                       stride_am, stride_asm, stride_wn, stride_wsn, stride_rm, stride_cm,
+                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                       SPLIT_K: tl.constexpr, BN_S: tl.constexpr, BLOCK_SCALES: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    nmask = offs_n < N
+    mmask = offs_m < M
+    # this split's K range, whole BLOCK_K steps (block scales index by step)
+    steps = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(steps, SPLIT_K)
+    k_lo = pid_s * per_split * BLOCK_K
+    k_hi = tl.minimum(K, k_lo + per_split * BLOCK_K)
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    a_ptrs = a_ptr + offs_m.to(tl.int64)[None, :] * stride_am + offs_k[:, None]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        kmask = (offs_k + k) < K
+        w = tl.load(w_ptrs + k, mask=nmask[:, None] & kmask[None, :], other=0.0)
+        a = tl.load(a_ptrs + k, mask=kmask[:, None] & mmask[None, :], other=0.0)
+        if BLOCK_SCALES:
+            w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
+            a_s = tl.load(as_ptr + offs_m * stride_asm + k // BLOCK_K, mask=mmask, other=0.0)
+            acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
+        else:
+            acc = tl.dot(w, a, acc)
+    if not BLOCK_SCALES:
+        w_s = tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)
+        a_s = tl.load(as_ptr + offs_m * stride_asm, mask=mmask, other=0.0)
+        acc = acc * w_s[:, None] * a_s[None, :]
+    omask = nmask[:, None] & mmask[None, :]
+    if SPLIT_K > 1:
+        # partial [split, M, N] in fp32; the last split of this tile to arrive finishes it
+        tile = pid_m * tl.num_programs(0) + pid_n
+        part = part_ptr + offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
+        tl.store(part + pid_s.to(tl.int64) * M * N, acc, mask=omask)
+        tl.debug_barrier()  # every thread's partial stored before the (releasing) count
+        done = tl.atomic_add(cnt_ptr + tile, 1)
+        if done == SPLIT_K - 1:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for s in range(0, SPLIT_K):
+                acc += tl.load(part + s * M * N, mask=omask, other=0.0, cache_modifier=".cg")
+            _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+                      HAS_BIAS, HAS_RES)
+    else:
+        _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+                  HAS_BIAS, HAS_RES)
+
+
+@triton.jit
+def _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] (+ bias) (+ residual) stored transposed into c [M, N]."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
+    rows = offs_m.to(tl.int64)[None, :]
+    if HAS_RES:  # out += product, rounded once (the residual stream may be `c` itself)
+        acc += tl.load(r_ptr + rows * stride_rm + offs_n[:, None], mask=omask, other=0.0).to(tl.float32)
+    tl.store(c_ptr + rows * stride_cm + offs_n[:, None], acc.to(c_ptr.dtype.element_ty), mask=omask)
+
+
+def fp8_gemm_skinny(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
+                    cfg: Fp8SkinnyConfig | None = None, residual: torch.Tensor | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (times w.gamma) @ W^T (+ bias) (+ residual [M, N]) into `out` (new if None; it
+    may be `residual` itself), in x's dtype. `cfg` None: `skinny_config_for` the shape."""
+    n, k = w.shape
+    m = x.shape[0]
+    cfg = cfg or skinny_config_for(m, n, k)
+    block_k = w.block[1] if w.block is not None else cfg.block_k
+    q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    res = residual if residual is not None else out
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
+    if cfg.split_k > 1:
+        part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
+        cnt = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x.device)
+    else:
+        part = cnt = out  # unused
+    _fp8_skinny_kernel[grid](
+        q, s, w.qweight, w.scale, bias if bias is not None else w.scale, res, out, part, cnt, m, n, k,
+        q.stride(0), s.stride(0), w.qweight.stride(0), w.scale.stride(0), res.stride(0), out.stride(0),
+        BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
+        BN_S=w.block[0] if w.block is not None else 1, BLOCK_SCALES=w.block is not None,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl_launch(x.device))
+    return out

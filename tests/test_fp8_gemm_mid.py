@@ -1,0 +1,259 @@
+"""FP8 products at 8-256 rows and in prefill: the skinny Triton GEMM
+(ops/triton_fp8_gemm_skinny.py) against the activation-quantized reference, the row-count
+routing table (ops/fp8_dispatch.py) and each kernel it routes to, fast accumulation's error.
+
+On the CPU the Triton kernels run under Triton's interpreter (tests/conftest.py) at tiny
+sizes, and the skinny GEMM is compiled for sm_90 without a GPU; the `gpu` tests run every
+kernel at the 8B shape's sizes and under a CUDA graph.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slipstream.ops.fp8_dispatch import (ANY_ROWS, DISPATCH, Fp8Dispatch, Fp8Route, fp8_product,
+                                         parse_dispatch)
+from slipstream.ops.fp8_linear import fp8_linear_add_, fp8_linear_ref
+from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm
+from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for
+from slipstream.quant.fp8 import Fp8Weight, quantize_blocks, quantize_per_channel
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _weight(n: int, k: int, block, gamma: bool, seed: int = 0) -> Fp8Weight:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) / k ** 0.5
+    q, s = quantize_blocks(w, block) if block else quantize_per_channel(w)
+    gm = (torch.rand(k, generator=g) + 0.5) if gamma else None
+    return Fp8Weight(q.to(DEVICE), s.to(DEVICE), block, gm.to(DEVICE) if gm is not None else None)
+
+
+def _x(m: int, k: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * 3
+    x[:, ::29] *= 20  # outlier channels, as real activations have
+    return x.to(torch.bfloat16).to(DEVICE)
+
+
+def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
+    """bf16 output rounding (2^-8 relative) plus fp32 summation-order differences."""
+    torch.testing.assert_close(y.float(), ref.float(), atol=2e-2 * ref.abs().max().item() / 8, rtol=1e-2)
+
+
+TINY = dict(block_n=16, block_m=16, block_k=32)
+
+
+@pytest.mark.parametrize("block", [None, (16, 32)])
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+@pytest.mark.parametrize("m", [3, 19, 40])
+def test_skinny_matches_the_activation_quantized_reference(block, split_k, m):
+    """K = 160: 5 K-steps of 32, split 1, 2 (3 + 2 steps) or 3 ways (2 + 2 + 1); 48 weight rows
+    in 3 tiles; rows in one to three tiles, the last one partial."""
+    w = _weight(48, 160, block, True)
+    x, b = _x(m, 160), _x(1, 48, seed=2)[0]
+    ref = fp8_linear_ref(x.float(), w, b.float(), quantize_input=True)
+    y = fp8_gemm_skinny(x, w, b, Fp8SkinnyConfig(**TINY, split_k=split_k))
+    assert y.shape == (m, 48) and y.dtype == torch.bfloat16
+    _close(y, ref)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_skinny_adds_the_residual_in_place_rounded_once(split_k):
+    w = _weight(48, 96, (16, 32), False)
+    x, r = _x(21, 96), _x(21, 48, seed=6)
+    expect = (r.float() + fp8_linear_ref(x.float(), w, quantize_input=True)).to(r.dtype)
+    out = fp8_gemm_skinny(x, w, None, Fp8SkinnyConfig(**TINY, split_k=split_k), residual=r, out=r)
+    assert out.data_ptr() == r.data_ptr()
+    _close(r, expect)
+
+
+def test_skinny_without_a_split_sums_as_the_gemm():
+    """One split and the same K step: the same fp32 sums in the same order as the 64-row GEMM,
+    so the same bits (the swap of operands changes no product)."""
+    w = _weight(48, 160, None, True)
+    x = _x(19, 160)
+    a = fp8_gemm_skinny(x, w, None, Fp8SkinnyConfig(**TINY))
+    b = fp8_gemm(x, w, None, Fp8GemmConfig(block_m=16, block_n=16, block_k=32))
+    assert torch.equal(a, b)
+
+
+def test_skinny_config_follows_rows_and_splits_narrow_weights():
+    assert skinny_config_for(17, 28672, 4096).block_m == 32
+    assert skinny_config_for(8, 28672, 4096).block_m == 16
+    assert skinny_config_for(256, 28672, 4096).block_m == 64
+    assert skinny_config_for(32, 28672, 4096).split_k == 1  # 448 programs
+    assert skinny_config_for(32, 4096, 14336).split_k == 2  # 64 programs for 132 SMs
+    assert skinny_config_for(32, 4096, 1024).split_k == 1  # too little K to split
+
+
+def test_dispatch_routes_by_rows_and_layout():
+    d = parse_dispatch("channel=scaled_mm_fast:16,skinny:128,scaled_mm;block=scaled_mm_block")
+    assert [d.kernel_for(m, False) for m in (1, 16, 17, 128, 129, 100_000)] == \
+        ["scaled_mm_fast", "scaled_mm_fast", "skinny", "skinny", "scaled_mm", "scaled_mm"]
+    assert d.kernel_for(5, True) == d.kernel_for(50_000, True) == "scaled_mm_block"
+    only_block = parse_dispatch("block=triton")
+    assert only_block.channel == Fp8Dispatch().channel and only_block.block == (Fp8Route(ANY_ROWS, "triton"),)
+    assert parse_dispatch("") == Fp8Dispatch() and isinstance(DISPATCH, Fp8Dispatch)
+
+
+@pytest.mark.parametrize("text,words", [
+    ("channel=cublas", "not one of"),
+    ("block=scaled_mm", "not one of"),  # row-wise scales cannot serve block weights
+    ("channel=skinny,scaled_mm", "needs ':ROWS'"),
+    ("channel=skinny:64,scaled_mm:32,triton", "must increase"),
+    ("channel=skinny:x,scaled_mm", "positive integer"),
+    ("rows=skinny", "is not 'channel=...'"),
+])
+def test_bad_routes_are_one_line_errors(text, words):
+    with pytest.raises(ValueError, match=words) as e:
+        parse_dispatch(text)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kernel,block", [("skinny", None), ("skinny", (16, 32)), ("triton", None),
+                                          ("triton", (16, 32)), ("scaled_mm", None), ("scaled_mm_fast", None)])
+def test_each_routed_kernel_matches_the_reference(kernel, block):
+    """The kernels as the table calls them (their default tiles: interpreter-sized shapes)."""
+    if kernel.startswith("scaled_mm") and DEVICE == "cpu" and not hasattr(torch, "_scaled_mm"):
+        pytest.skip("this torch has no _scaled_mm")
+    w = _weight(64, 256, block, True)
+    x, b = _x(24, 256), _x(1, 64, seed=2)[0]
+    _close(fp8_product(x, w, b, kernel), fp8_linear_ref(x.float(), w, b.float(), quantize_input=True))
+
+
+def test_linear_add_takes_the_routed_kernel_with_its_residual(monkeypatch):
+    """`fp8_linear_add_` on CUDA adds in the routed Triton kernel's epilogue (the table says
+    skinny at these rows); on the CPU it is the reference: both equal r + x W^T."""
+    import slipstream.ops.fp8_dispatch as fd
+    monkeypatch.setattr(fd, "DISPATCH", parse_dispatch("channel=skinny:64,scaled_mm"))
+    w = _weight(48, 96, None, False)
+    x, r = _x(20, 96), _x(20, 48, seed=6)
+    expect = r.float() + fp8_linear_ref(x.float(), w, quantize_input=DEVICE == "cuda")
+    out = fp8_linear_add_(r, x, w)
+    assert out is r
+    _close(r, expect)
+
+
+# --- GPU: the 8B shape's sizes ---
+
+SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", SHAPES_8B)
+@pytest.mark.parametrize("m", [17, 32, 64, 100, 256])
+@pytest.mark.parametrize("block", [None, (128, 128)])
+def test_gpu_skinny_at_8b_sizes(n, k, m, block):
+    w = _weight(n, k, block, True)
+    x, r = _x(m, k), _x(m, n, seed=4)
+    ref = fp8_linear_ref(x.float(), w, quantize_input=True)
+    _close(fp8_gemm_skinny(x, w), ref)
+    expect = r.float() + ref
+    fp8_gemm_skinny(x, w, residual=r, out=r)
+    _close(r, expect)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["skinny", "scaled_mm", "scaled_mm_fast"])
+def test_gpu_routed_kernels_replay_in_a_cuda_graph(kernel):
+    w = _weight(4096, 14336, None, True)
+    x = _x(32, 14336)
+    y = fp8_product(x, w, None, kernel)  # compile / pick the kernel first
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fp8_product(x, w, None, kernel)
+    x.copy_(_x(32, 14336, seed=9))
+    graph.replay()
+    torch.cuda.synchronize()
+    _close(y, fp8_linear_ref(x.float(), w, quantize_input=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", SHAPES_8B)
+def test_gpu_fast_accumulation_error_is_a_quarter_of_e4m3s(n, k):
+    """`use_fast_accum=True` sums all of K in the tensor cores' accumulator (fewer bits than
+    fp32). Against the exact (float64) product of the same FP8 operands its relative RMS
+    error must stay under 2^-6, a quarter of what e4m3's rounding of the inputs already costs
+    (each operand within 2^-4, ~2^-4 relative RMS on the product): FP8 accuracy is kept."""
+    from slipstream.ops.triton_fp8_quant import quantize_rows
+    w = _weight(n, k, None, False)
+    x = _x(256, k)
+    q, s = quantize_rows(x)
+    exact = (q.double() * s.double()) @ (w.qweight.double() * w.scale.double()[:, None]).t()
+    for fast in (False, True):
+        y = torch._scaled_mm(q, w.qweight.t(), scale_a=s, scale_b=w.scale[None, :], out_dtype=torch.bfloat16,
+                             use_fast_accum=fast)
+        err = ((y.double() - exact).pow(2).mean() / exact.pow(2).mean()).sqrt().item()
+        print(f"n={n} k={k} fast_accum={fast}: relative RMS error {err:.2e}")
+        assert err < 2 ** -6
+
+
+@pytest.mark.gpu
+def test_gpu_block_scaled_mm_matches_the_reference_where_torch_has_it():
+    from slipstream.ops.fp8_dispatch import scaled_mm_blockwise
+    w = _weight(6144, 4096, (128, 128), True)
+    x = _x(256, 4096)
+    try:
+        y = scaled_mm_blockwise(x, w)
+    except RuntimeError as e:  # torch < 2.9 or cuBLASLt < 12.9: the table must not route to it
+        pytest.skip(f"block-scaled _scaled_mm unsupported here: {str(e).splitlines()[0]}")
+    _close(y, fp8_linear_ref(x.float(), w, quantize_input=True))
+
+
+# --- compiled for Hopper without a GPU ---
+
+def compile_skinny_for_hopper() -> list[str]:
+    """The skinny GEMM's launches at the 8B shape (per channel at 32 rows, split in two;
+    128x128 blocks at 17 rows; the down product into the residual at 64 rows) compiled for
+    sm_90: returns each launch's wgmma instruction."""
+    import re
+
+    from test_attention_kernels import compile_launch_for_hopper, recorded_launches
+
+    import slipstream.ops.triton_fp8_gemm_skinny as ts
+    import slipstream.ops.triton_fp8_quant as tq
+    bf, f8 = torch.bfloat16, torch.float8_e4m3fn
+
+    def weight(n, k, block):
+        scale = torch.ones((n // 128, k // 128) if block else (n,))
+        return Fp8Weight(torch.zeros(n, k, dtype=f8), scale, block, None)
+
+    launches: list = []
+    with recorded_launches(tq, ["_quant_rows_kernel"], []), recorded_launches(ts, ["_fp8_skinny_kernel"], launches):
+        ts.fp8_gemm_skinny(torch.zeros(32, 4096, dtype=bf), weight(4096, 4096, None))
+        ts.fp8_gemm_skinny(torch.zeros(17, 4096, dtype=bf), weight(6144, 4096, (128, 128)))
+        h = torch.zeros(64, 4096, dtype=bf)
+        ts.fp8_gemm_skinny(torch.zeros(64, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h)
+    found = []
+    for fn, args, kw in launches:
+        compiled = compile_launch_for_hopper(fn, args, kw)[0]
+        found.append(",".join(sorted(set(re.findall(r"wgmma\.mma_async\.\S+", compiled.asm["ptx"])))))
+        print("compiled", found[-1])
+    return found
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the GPU tests compile the kernels")
+def test_skinny_compiles_for_hopper_on_fp8_wgmma():
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.path.dirname(os.path.abspath(__file__)),
+                                                      env.get("PYTHONPATH")]))
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("compiled")]
+    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64
+    assert lines == ["compiled wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"] * 2 + \
+        ["compiled wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"], r.stdout
+
+
+if __name__ == "__main__":
+    import sys
+    if "--compile-for-hopper" in sys.argv:
+        compile_skinny_for_hopper()
