@@ -22,7 +22,9 @@ def make_tokenized_tiny_llama(folder: str) -> None:
 
     from slipstream.model.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(None)  # the embedded SmolLM2's tokenizer, without loading its weights
+    # the embedded SmolLM2's tokenizer, without loading its weights; or the same tokenizer
+    # saved as a folder (SLIPSTREAM_TEST_TOKENIZER: the GPU machine, where the GGUF is not carried)
+    tok = load_tokenizer(os.environ.get("SLIPSTREAM_TEST_TOKENIZER"))
     config = transformers.LlamaConfig(
         vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
