@@ -39,6 +39,8 @@ one's use of them. The reference is `ops.fp8_linear.fp8_linear_ref`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -212,20 +214,57 @@ def mma_split(row_blocks: int, k_tiles: int, sms: int) -> int:
     return split
 
 
-_WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+@dataclass
+class _Workspace:
+    """Split-K's device memory: fp32 partials, the partial sums of x^2 a row, and the tickets,
+    which every launch leaves at zero (its last program resets each). One a device, shared by
+    every product: they run one after another on the compute stream, and with PDL a launch
+    touches it only after its wait, when the previous kernel has finished."""
+    partials: torch.Tensor
+    squares: torch.Tensor
+    tickets: torch.Tensor
+
+
+_WORKSPACES: dict[torch.device, _Workspace] = {}
+
+
+def reserve_mma_workspace(device: torch.device, n: int) -> None:
+    """Allocate (zeroed, eagerly) what a product of `n` output rows can need at any row count
+    and split (at most 8 slices, 16-row blocks): the model calls it at load, so that no
+    workspace is first allocated inside a CUDA graph capture, where its zeros would not be
+    written until the graph's first replay."""
+    _grow(torch.device(device), 8 * 16 * n, triton.cdiv(n, 16) * 8 * 16, triton.cdiv(n, 16))
+
+
+def workspace_key(device: torch.device) -> torch.device:
+    """`cuda` and `cuda:<current>` are one device."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _grow(device: torch.device, partials: int, squares: int, tickets: int) -> _Workspace:
+    device = workspace_key(device)
+    ws = _WORKSPACES.get(device)
+    if ws is not None and ws.partials.numel() >= partials and ws.squares.numel() >= squares \
+            and ws.tickets.numel() >= tickets:
+        return ws
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("fp8_gemv: its split-K workspace would first be allocated inside a CUDA graph "
+                           "capture (reserve_mma_workspace at model load reserves it)")
+    old = ws or _Workspace(*(torch.empty(0, device=device) for _ in range(3)))
+    ws = _Workspace(torch.empty(max(partials, old.partials.numel()), dtype=torch.float32, device=device),
+                    torch.empty(max(squares, old.squares.numel()), dtype=torch.float32, device=device),
+                    torch.zeros(max(tickets, old.tickets.numel()), dtype=torch.int32, device=device))
+    _WORKSPACES[device] = ws
+    return ws
 
 
 def _workspace(device: torch.device, n: int, row_blocks: int, split: int, m_pad: int):
-    """fp32 partials [split, m_pad, n], row sums of squares [row_blocks, split, m_pad] and
-    zeroed tickets [row_blocks], one set a (device, stream, shape): launches on one stream
-    run in order (PDL: each touches them only after the previous one finished)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream, n, row_blocks, split, m_pad)
-    if key not in _WORKSPACES:
-        _WORKSPACES[key] = (torch.empty((split, m_pad, n), dtype=torch.float32, device=device),
-                            torch.empty((row_blocks, split, m_pad), dtype=torch.float32, device=device),
-                            torch.zeros((row_blocks,), dtype=torch.int32, device=device))
-    return _WORKSPACES[key]
+    """(partials [split, m_pad, n], squares [row_blocks, split, m_pad], tickets [row_blocks])."""
+    ws = _grow(device, split * m_pad * n, row_blocks * split * m_pad, row_blocks)
+    return (ws.partials[:split * m_pad * n].view(split, m_pad, n),
+            ws.squares[:row_blocks * split * m_pad].view(row_blocks, split, m_pad), ws.tickets[:row_blocks])
 
 
 def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2: torch.Tensor,
