@@ -1,17 +1,35 @@
 #!/usr/bin/env python
-"""FP8 against bf16 linears at the 8B shape's layer GEMMs (qkv, o, gate_up, down), by rows:
-the milliseconds of each path as the engine runs it (docs/fp8.md, "Compute paths"), its
-TFLOP/s and its weight GB/s.
+"""FP8 against bf16 linears, by rows: every FP8 kernel the routing table can pick
+(ops/fp8_dispatch.py) and a few candidates, each timed as a whole call (the activation's
+quantization included), its TFLOP/s and its speed against bf16 (`x`).
 
-    python benchmarks/bench_fp8_gemm.py [--out DIR] [--rows 1,8,32,256,8192,16384] [--tiny]
+    python benchmarks/bench_fp8_gemm.py [--out DIR] [--rows 8,16,...] [--variants a,b,...] [--tiny]
 
-Paths: bf16 (`ops.linear.linear`: cuBLAS, the GEMV at one row), fp8-channel
-(`ops.fp8_linear.fp8_linear` with per-channel weights: per-token quantization + _scaled_mm,
-the FP8 GEMV at one row), fp8-block (128x128 block weights: the Triton FP8 GEMM, the GEMV at
-one row), fp8-invariant (per-channel weights, batch_invariant=True: the Triton FP8 GEMM for
-every M) and bf16-invariant. Each product is first checked against its reference; one CUDA
-graph a (shape, rows, path) holds the product, the median of 20 replays is reported.
-`--tiny`: small shapes on the CPU (the reference paths), a smoke test of this script.
+Shapes: the Llama-3.1-8B layer's qkv, o, gate_up, down and its LM head (at most 2048 rows:
+the engine runs the head on sampled rows only), and Qwen3-0.6B's at 256 rows. Variants
+(`--variants` picks; default all):
+
+    bf16           ops.linear.linear (cuBLAS; the bf16 GEMV at one row)
+    fp8 / fp8-block   ops.fp8_linear.fp8_linear as the engine runs it (the GEMV at 1-16 rows,
+                   then the routing table), per-channel / 128x128-block weights
+    mm, mm-fast    per-token quantization + _scaled_mm row-wise, use_fast_accum off / on
+    mm-tensor[-fast]  per-tensor weight and activation scales (the activation's amax by torch
+                   ops) + _scaled_mm tensor-wise: cuBLASLt's own FP8 kernel
+    skinny, skinny-block   ops/triton_fp8_gemm_skinny.py (<= 256 rows)
+    triton         ops/triton_fp8_gemm.py, per-channel weights (the batch-invariant kernel)
+    tb-mMnNwWsS    ops/triton_fp8_gemm.py on block weights with BLOCK_M x BLOCK_N tiles, W warps,
+                   S stages (tb-m64n128w4s3 is the default config)
+    mm-block       torch's block-scaled _scaled_mm (1x128 input groups, 128x128 weight blocks);
+                   reported once as unsupported where this torch / cuBLASLt lacks it
+    mm-block-v2    the same through torch.nn.functional.scaled_mm (BlockWise1x128 x BlockWise128x128)
+
+Weights rotate over `ROT` copies (more bytes than L2 holds) so that small-row products read
+them from memory, as in a model's forward. Each variant's first 64 output rows are checked
+against the exact product (float64, unquantized operands): relative RMS error <= 0.1 (e4m3
+rounds each operand to within 2^-4). After the tables: the fastest routable kernel per row
+count summed over the 8B layer's four products, as a `SLIPSTREAM_FP8_ROUTES` string, and the
+error of fast accumulation against the exact product of the same FP8 operands.
+`--tiny`: small shapes on the CPU (Triton's interpreter), a smoke test of this script.
 """
 from __future__ import annotations
 
@@ -25,61 +43,232 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
-from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_ref  # noqa: E402
+from slipstream.ops.fp8_dispatch import fp8_product  # noqa: E402
+from slipstream.ops.fp8_linear import fp8_linear  # noqa: E402
 from slipstream.ops.linear import linear  # noqa: E402
-from slipstream.quant.fp8 import Fp8Weight, quantize_blocks, quantize_per_channel  # noqa: E402
+from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm  # noqa: E402
+from slipstream.ops.triton_fp8_quant import quantize_rows  # noqa: E402
+from slipstream.quant.fp8 import (FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weight, quantize_blocks,  # noqa: E402
+                                  quantize_per_channel, quantize_per_tensor)
 
-SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-SHAPES_TINY = {"qkv": (384, 256), "down": (256, 512)}
+# (model, name, N, K)
+SHAPES = [("8b", "qkv", 6144, 4096), ("8b", "o", 4096, 4096), ("8b", "gate_up", 28672, 4096),
+          ("8b", "down", 4096, 14336), ("8b", "lm_head", 128256, 4096),
+          ("0.6b", "qkv", 4096, 1024), ("0.6b", "o", 1024, 2048), ("0.6b", "gate_up", 6144, 1024),
+          ("0.6b", "down", 1024, 3072), ("0.6b", "lm_head", 151936, 1024)]
+SHAPES_TINY = [("tiny", "qkv", 384, 256), ("tiny", "down", 256, 512)]
+ROWS = "8,16,32,64,128,256,2048,8192,16384"
+ROWS_06B = [256]
+LM_HEAD_MAX_ROWS = 2048
+SKINNY_MAX_ROWS = 256
+ROT = 3
+TB_CONFIGS = {"tb-m64n128w4s3": Fp8GemmConfig(64, 128, 128, 8, 4, 3),
+              "tb-m128n128w8s3": Fp8GemmConfig(128, 128, 128, 8, 8, 3),
+              "tb-m128n128w8s4": Fp8GemmConfig(128, 128, 128, 8, 8, 4),
+              "tb-m64n128w4s4": Fp8GemmConfig(64, 128, 128, 8, 4, 4),
+              "tb-m128n256w8s3": Fp8GemmConfig(128, 256, 128, 8, 8, 3)}
+VARIANTS = ["bf16", "fp8", "fp8-block", "mm", "mm-fast", "mm-tensor", "mm-tensor-fast", "skinny", "skinny-block",
+            "triton", *TB_CONFIGS, "mm-block", "mm-block-v2"]
+# what the routing table can pick, per layout (bench name -> table kernel)
+ROUTABLE = {"channel": {"mm": "scaled_mm", "mm-fast": "scaled_mm_fast", "skinny": "skinny", "triton": "triton"},
+            "block": {"skinny-block": "skinny", "tb-m64n128w4s3": "triton", "mm-block": "scaled_mm_block"}}
 
 
-def paths(w: torch.Tensor):
-    """name -> (callable x -> y, reference x -> y, weight bytes)."""
+def quantize_tensorwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x to e4m3 with one scale for the whole tensor (amax / 448), by torch ops."""
+    scale = (x.abs().amax().float() / FP8_MAX).clamp(min=MIN_SCALE)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def scaled_mm_blockwise_v2(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+    """The same product as `scaled_mm_block` through torch.nn.functional.scaled_mm (torch's
+    newer entry point, recipes named), for a torch whose `_scaled_mm` refuses block scales."""
+    import torch.nn.functional as F
+    if not hasattr(F, "scaled_mm"):
+        raise NotImplementedError(f"torch {torch.__version__} has no torch.nn.functional.scaled_mm")
+    q, s = quantize_rows(x, w.gamma, 128)
+    kinds, none = F.ScalingType, F.SwizzleType.NO_SWIZZLE
+    return F.scaled_mm(q, w.qweight.t(), s.t().contiguous().t(), kinds.BlockWise1x128, w.scale.t(),
+                       kinds.BlockWise128x128, swizzle_a=none, swizzle_b=none, output_dtype=x.dtype)
+
+
+def weight_sets(w: torch.Tensor) -> dict:
+    """The weight in each layout the variants read."""
     qc, sc = quantize_per_channel(w)
     qb, sb = quantize_blocks(w, (128, 128))
-    ch, bl = Fp8Weight(qc, sc), Fp8Weight(qb, sb, (128, 128))
-    ref_ch = lambda x: fp8_linear_ref(x, ch, quantize_input=x.shape[0] > 1)  # noqa: E731
-    ref_bl = lambda x: fp8_linear_ref(x, bl, quantize_input=x.shape[0] > 1)  # noqa: E731
-    bf16 = lambda x: torch.nn.functional.linear(x, w)  # noqa: E731
-    return {
-        "bf16": (lambda x: linear(x, w), bf16, w.numel() * 2),
-        "bf16-invariant": (lambda x: linear(x, w, batch_invariant=True), bf16, w.numel() * 2),
-        "fp8-channel": (lambda x: fp8_linear(x, ch), ref_ch, ch.nbytes()),
-        "fp8-block": (lambda x: fp8_linear(x, bl), ref_bl, bl.nbytes()),
-        "fp8-invariant": (lambda x: fp8_linear(x, ch, batch_invariant=True),
-                          lambda x: fp8_linear_ref(x, ch, quantize_input=True), ch.nbytes()),
-    }
+    qt, st = quantize_per_tensor(w)
+    return {"bf16": w, "channel": Fp8Weight(qc, sc), "block": Fp8Weight(qb, sb, (128, 128)),
+            "tensor": (qt, st[:1].reshape(()).contiguous())}
+
+
+def variant_fn(name: str, ws: dict):
+    """x -> y for variant `name` over one weight set (None: not a variant of this script)."""
+    if name == "bf16":
+        return lambda x: linear(x, ws["bf16"])
+    if name == "fp8":
+        return lambda x: fp8_linear(x, ws["channel"])
+    if name == "fp8-block":
+        return lambda x: fp8_linear(x, ws["block"])
+    if name in ("mm", "mm-fast", "skinny", "triton"):
+        kernel = {"mm": "scaled_mm", "mm-fast": "scaled_mm_fast"}.get(name, name)
+        return lambda x: fp8_product(x, ws["channel"], None, kernel)
+    if name == "skinny-block":
+        return lambda x: fp8_product(x, ws["block"], None, "skinny")
+    if name == "mm-block":
+        return lambda x: fp8_product(x, ws["block"], None, "scaled_mm_block")
+    if name == "mm-block-v2":
+        return lambda x: scaled_mm_blockwise_v2(x, ws["block"])
+    if name in TB_CONFIGS:
+        return lambda x: fp8_gemm(x, ws["block"], None, TB_CONFIGS[name])
+    if name.startswith("mm-tensor"):
+        qt, st = ws["tensor"]
+
+        def tensorwise(x):
+            q, s = quantize_tensorwise(x)
+            return torch._scaled_mm(q, qt.t(), scale_a=s, scale_b=st, out_dtype=x.dtype,
+                                    use_fast_accum=name.endswith("fast"))
+        return tensorwise
+    return None
+
+
+def applies(name: str, m: int) -> bool:
+    return not (name.startswith("skinny") and m > SKINNY_MAX_ROWS)
+
+
+def rel_rms(y: torch.Tensor, exact: torch.Tensor) -> float:
+    return ((y.double() - exact).pow(2).mean() / exact.pow(2).mean().clamp(min=1e-30)).sqrt().item()
+
+
+def make_x(m: int, k: int, gen: torch.Generator, dev: str) -> torch.Tensor:
+    x = torch.randn(m, k, generator=gen, device=dev)
+    x[:, ::97] *= 20  # a few outlier channels, as real activations have
+    return x.to(torch.bfloat16)
+
+
+def fast_accum_errors(shapes, dev: str, gen: torch.Generator) -> list[dict]:
+    """Relative RMS error of _scaled_mm with and without fast accumulation against the exact
+    product of the same FP8 operands (256 rows)."""
+    out = []
+    for model, name, n, k in shapes:
+        if name == "lm_head":
+            continue
+        w = (torch.randn(n, k, generator=gen, device=dev) / k ** 0.5).to(torch.bfloat16)
+        ch = weight_sets(w)["channel"]
+        x = make_x(256, k, gen, dev)
+        q, s = quantize_rows(x)
+        exact = (q.double() * s.double()) @ (ch.qweight.double() * ch.scale.double()[:, None]).t()
+        row = dict(model=model, shape=name, k=k)
+        for fast in (False, True):
+            y = torch._scaled_mm(q, ch.qweight.t(), scale_a=s, scale_b=ch.scale[None, :], out_dtype=torch.bfloat16,
+                                 use_fast_accum=fast)
+            row["fast" if fast else "exact_accum"] = rel_rms(y, exact)
+        out.append(row)
+        print(f"fast accumulation {model} {name:8} K={k:6d}: relative RMS error {row['exact_accum']:.2e} "
+              f"(fp32 accumulation) -> {row['fast']:.2e} (fast)")
+    return out
+
+
+def best_by_rows(results: list[dict], rows: list[int], names: list[str]) -> dict[int, str]:
+    """Row count -> the variant of `names` with the least summed time over the 8B layer's four
+    products (rows where every one of them ran)."""
+    best = {}
+    for m in rows:
+        totals: dict[str, list[float]] = {}
+        for r in results:
+            if r["model"] == "8b" and r["shape"] != "lm_head" and r["rows"] == m and r["variant"] in names:
+                totals.setdefault(r["variant"], []).append(r["ms"])
+        full = {v: sum(t) for v, t in totals.items() if len(t) == 4}
+        if full:
+            best[m] = min(full, key=full.get)
+    return best
+
+
+def suggest_routes(results: list[dict], rows: list[int]) -> str:
+    """Per layout, the routable kernel with the least summed time over the 8B layer's four
+    products at each row count, compressed to a SLIPSTREAM_FP8_ROUTES string."""
+    parts = []
+    for layout, names in ROUTABLE.items():
+        best = [(m, names[v]) for m, v in best_by_rows(results, rows, list(names)).items()]
+        if not best:
+            continue
+        routes = []
+        for i, (m, kernel) in enumerate(best):
+            if i + 1 < len(best) and best[i + 1][1] == kernel:
+                continue
+            routes.append(kernel if i + 1 == len(best) else f"{kernel}:{m}")
+        parts.append(f"{layout}={','.join(routes)}")
+    return ";".join(parts)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--rows", default="1,8,32,256,8192,16384")
+    ap.add_argument("--rows", default=ROWS, help="rows of the 8B shapes (the 0.6B's run at 256)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--shapes", default=None, help="e.g. 8b:o,8b:down (default: all)")
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args()
     dev = "cpu" if args.tiny else "cuda"
-    shapes = SHAPES_TINY if args.tiny else SHAPES_8B
-    rows = [int(r) for r in args.rows.split(",")] if not args.tiny else [1, 4]
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {','.join(VARIANTS)}")
+    if "bf16" not in variants:
+        variants = ["bf16", *variants]  # the baseline of `x`
+    shapes = SHAPES_TINY if args.tiny else SHAPES
+    if args.shapes:
+        shapes = [s for s in shapes if f"{s[0]}:{s[1]}" in args.shapes.split(",")]
+    rows8b = [4, 24] if args.tiny else [int(r) for r in args.rows.split(",")]
+    rot = 1 if args.tiny else ROT
     gen = torch.Generator(device=dev).manual_seed(0)
-    results = []
-    print(f"{'shape':8} {'rows':>6} {'path':15} {'ms':>9} {'TFLOP/s':>8} {'GB/s':>7} {'x bf16':>7}")
-    for name, (n, k) in shapes.items():
-        w = (torch.randn(n, k, generator=gen, device=dev) / k ** 0.5).to(torch.bfloat16)
+    results, unsupported = [], {}
+    for model, name, n, k in shapes:
+        ws_rot = [weight_sets((torch.randn(n, k, generator=gen, device=dev) / k ** 0.5).to(torch.bfloat16))
+                  for _ in range(rot)]
+        rows = ROWS_06B if model == "0.6b" else [m for m in rows8b if name != "lm_head" or m <= LM_HEAD_MAX_ROWS]
+        print(f"\n{model} {name} N={n} K={k}: TFLOP/s (x bf16), activation quantization included")
+        shown = [v for v in variants if v not in unsupported]
+        print(f"{'rows':>6} " + " ".join(f"{v:>16}" for v in shown))
         for m in rows:
-            x = torch.randn(m, k, generator=gen, device=dev).to(torch.bfloat16)
-            base = None
-            for path, (fn, ref, wbytes) in paths(w).items():
-                torch.testing.assert_close(fn(x).float(), ref(x).float(), atol=0.1, rtol=0.05)
-                ms = time_graph([lambda fn=fn: fn(x)], device=dev)
-                base = ms if path == "bf16" else base
+            x = make_x(m, k, gen, dev)
+            w0 = ws_rot[0]["bf16"]
+            exact = x[:64].double() @ w0.double().t()
+            cells, base = [], None
+            for v in shown:
+                if v in unsupported or not applies(v, m):
+                    cells.append(f"{'-':>16}")
+                    continue
+                fns = [variant_fn(v, ws) for ws in ws_rot]
+                try:
+                    err = rel_rms(fns[0](x)[:64], exact)
+                except (RuntimeError, NotImplementedError, ValueError) as e:
+                    unsupported[v] = str(e).splitlines()[0][:200]
+                    print(f"  {v}: unsupported here: {unsupported[v]}")
+                    cells.append(f"{'n/a':>16}")
+                    continue
+                assert err <= 0.1, f"{model} {name} rows {m} {v}: relative RMS error {err:.3f}"
+                ms = time_graph([lambda fn=fn, x=x: fn(x) for fn in fns], device=dev)
+                base = ms if v == "bf16" else base
                 tflops = 2 * m * n * k / ms / 1e9
-                gbs = wbytes / ms / 1e6
-                results.append(dict(shape=name, n=n, k=k, rows=m, path=path, ms=ms, tflops=tflops, weight_gbs=gbs,
-                                    speedup_vs_bf16=base / ms))
-                print(f"{name:8} {m:6d} {path:15} {ms:9.4f} {tflops:8.1f} {gbs:7.0f} {base / ms:7.2f}")
+                results.append(dict(model=model, shape=name, n=n, k=k, rows=m, variant=v, ms=ms, tflops=tflops,
+                                    speedup_vs_bf16=base / ms, rel_rms_err=err))
+                cells.append(f"{tflops:9.1f} ({base / ms:4.2f})")
+            print(f"{m:6d} " + " ".join(cells), flush=True)
+        del ws_rot
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    routes = suggest_routes(results, rows8b)
+    print(f"\nfastest routable kernels (8B qkv+o+gate_up+down): SLIPSTREAM_FP8_ROUTES=\"{routes}\"")
+    print("fastest Triton block tile (8B qkv+o+gate_up+down; `triton` routes use Fp8GemmConfig's default):",
+          ", ".join(f"{m}: {v}" for m, v in best_by_rows(results, rows8b, list(TB_CONFIGS)).items()))
+    accum = [] if args.tiny else fast_accum_errors([s for s in shapes if s[0] == "8b"], dev, gen)
+    for v, why in unsupported.items():
+        print(f"unsupported: {v}: {why}")
     if args.out:
         meta = dict(torch=torch.__version__, device=torch.cuda.get_device_name() if dev == "cuda" else "cpu")
-        print("wrote", write_json(args.out, "bench_fp8_gemm.json", dict(meta=meta, results=results)))
+        print("wrote", write_json(args.out, "bench_fp8_gemm.json",
+                                  dict(meta=meta, results=results, suggested_routes=routes, fast_accum=accum,
+                                       unsupported=unsupported)))
 
 
 if __name__ == "__main__":

@@ -247,8 +247,9 @@ for stage in "$@"; do
                    run serve-latency-sync 300 bash benchmarks/serve_bench.sh latency "$RES" --no-async-scheduling ;;
     serve-dp) run serve-dp1 300 bash benchmarks/serve_bench.sh dp "$RES" 1
               run serve-dp2 600 bash benchmarks/serve_bench.sh dp "$RES" 2 --gpu-memory-utilization 0.45 ;;
-    # FP8 against bf16 linears at the 8B shape, 1 to 16K rows (docs/fp8.md)
-    fp8-gemm) run fp8-gemm 300 python3 benchmarks/bench_fp8_gemm.py --out "$RES" ;;
+    # FP8 against bf16 linears at 8 to 16K rows, every FP8 kernel the routing table can pick and
+    # the candidates (docs/fp8.md, "Which kernel at how many rows"); FP8_GEMM_ARGS e.g. --variants bf16,mm,skinny
+    fp8-gemm) run fp8-gemm 420 python3 benchmarks/bench_fp8_gemm.py --out "$RES" ${FP8_GEMM_ARGS:-} ;;
     # the small-batch FP8 GEMV's configs at 1-16 rows on every 8B linear, bf16 beside: GB/s and the
     # fraction of the copy bandwidth (docs/fp8.md, "Small-batch GEMV"); FP8_GEMV_ARGS: more
     # --variants NAME:field=v,..., --rows, --shapes, --no-default-variants
