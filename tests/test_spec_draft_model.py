@@ -1,7 +1,8 @@
 """Speculative decoding with a draft model in the engine: greedy output token-identical to
 speculation off with a different (random) draft model; the target as its own draft accepts
-every draft, sync and async; seeded sampling reproducible; stop tokens, max_tokens and n=2
-keep their meaning; a vocabulary mismatch is a one-line error."""
+every draft, sync and async, through preemption; seeded sampling reproducible, sync ≡ async;
+stop tokens, max_tokens and n=2 keep their meaning; a vocabulary mismatch is a one-line
+error."""
 import json
 from pathlib import Path
 
@@ -75,6 +76,35 @@ def test_seeded_sampling_is_reproducible(tiny_model, random_draft):
     assert runs[0] == runs[1]
     other = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=4, ignore_eos=True)
     assert _tokens(_llm(folder, speculative_config=_draft(random_draft)).generate(_prompts(), other)) != runs[0]
+
+
+def test_sampled_sync_equals_async(tiny_model, random_draft):
+    """The draft model drafts on the device after every step in both loops (all rows in one
+    forward per draft position), so both verify the same drafts with the same q."""
+    folder, _ = tiny_model("llama")
+    params = [SamplingParams(max_tokens=20, temperature=0.9, seed=11 + i, ignore_eos=True) for i in range(4)]
+    runs = [_tokens(_llm(folder, async_scheduling=a, speculative_config=_draft(random_draft))
+                    .generate(_prompts(), params)) for a in (False, True)]
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_preemption_recomputes_the_drafts_cache(tiny_model, async_scheduling):
+    """A KV cache too small for every row: preempted requests recompute from 0 (the draft's
+    KV with them); the target as its own draft still accepts every draft.  (Prefix caching
+    off: a prefix-cache hit skips tokens the drafter then never sees, which costs acceptance,
+    not exactness: docs/speculative-decoding.md.)"""
+    folder, _ = tiny_model("llama")
+    prompts = [[7 + i, 20 + i, 33 + i] * 6 for i in range(6)]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    common = dict(async_scheduling=async_scheduling, num_kv_blocks=14, max_num_batched_tokens=64,
+                  enable_prefix_caching=False)
+    plain = _tokens(_llm(folder, **common).generate(prompts, params))
+    llm = _llm(folder, speculative_config=_draft(folder), **common)
+    assert _tokens(llm.generate(prompts, params)) == plain
+    stats = llm.engine.stats()
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert stats["spec_num_accepted_tokens"] == stats["spec_num_draft_tokens"] > 0, stats
 
 
 def test_stops_max_tokens_and_n_keep_their_meaning(tiny_model, random_draft):

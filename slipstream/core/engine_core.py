@@ -298,20 +298,18 @@ class EngineCore:
 
     def _setup_speculation(self, spec_config, async_mode: bool) -> None:
         spec = self.scheduler.speculative = SpecScheduling(spec_config, self.max_model_len)
-        if spec_config.method == "draft_model":  # drafts made on the host's request, step by step
-            from slipstream.runner.draft_model import DraftModelProposer
-            spec.drafter = DraftModelProposer(
-                spec_config.model, self.model_config.vocab_size, self.table.token_ids.shape[0],
-                self.max_model_len, self.config.block_size, self.device, self.dtype,
-                spec_config.num_speculative_tokens)
-        else:
-            spec.device = async_mode  # (drafts made on the GPU)
-        if spec_config.method == "eagle3":  # drafts made on the GPU at the end of every step
+        spec.device = async_mode  # (drafts made on the GPU)
+        rows, k = self.table.token_ids.shape[0], spec_config.num_speculative_tokens
+        common = (rows, self.max_model_len, self.config.block_size, self.device, self.dtype, k)
+        # draft_model, eagle3: drafts made on the GPU at the end of every step
+        if spec_config.method == "draft_model":
+            from slipstream.runner.draft_model import DraftModelDrafter
+            spec.drafter = self.runner.drafter = DraftModelDrafter(
+                spec_config.model, self.model_config.vocab_size, *common)
+        elif spec_config.method == "eagle3":
             from slipstream.runner.eagle3_drafter import Eagle3Drafter
-            spec.drafter = self.runner.eagle = Eagle3Drafter(
-                spec_config.model, self.model, self.model_config, self.table.token_ids.shape[0],
-                self.max_model_len, self.config.block_size, self.device, self.dtype,
-                spec_config.num_speculative_tokens)
+            spec.drafter = self.runner.drafter = Eagle3Drafter(
+                spec_config.model, self.model, self.model_config, *common)
 
     def set_bench_synthetic_acceptance(self, accept: int) -> None:
         """A benchmark knob (`slipstream bench --spec-synthetic-accept`, nothing else sets
@@ -327,10 +325,8 @@ class EngineCore:
         spec.bench_synthetic_accept = accept
 
     def _loop_depth(self, async_mode: bool) -> int:
-        """2: the overlap loop; a draft model drafts from the host's known tokens, so its
-        engine completes each step before scheduling the next (the synchronous loop)."""
-        spec = self.scheduler.speculative
-        return 2 if async_mode and (spec is None or spec.drafter is None or spec.every_step) else 1
+        """2: the overlap loop (every drafter drafts on the device), 1: the sync baseline."""
+        return 2 if async_mode else 1
 
     def set_async_scheduling(self, enabled: bool) -> None:
         """Switch between the overlap loop (depth 2) and the sync baseline (depth 1)."""
@@ -339,8 +335,7 @@ class EngineCore:
         self.async_scheduling = enabled
         self.loop.depth = self._loop_depth(enabled)
         if self.scheduler.speculative is not None:
-            spec = self.scheduler.speculative
-            spec.device = enabled and (spec.drafter is None or spec.every_step)
+            self.scheduler.speculative.device = enabled
 
     def reset_prefix_cache(self) -> None:
         """Forget cached prefixes (benchmarks run the same prompts twice)."""

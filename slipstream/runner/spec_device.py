@@ -115,9 +115,9 @@ def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs,
     k = spec.k
     first = inp.first_token
     p0 = p.index_select(0, first)
-    eagle = getattr(runner, "eagle", None)
-    if eagle is not None:  # drafted at the end of the previous step (runner/eagle3_drafter.py)
-        drafts, num = eagle.device_drafts(inp.verify_table_rows, p0 + 1)
+    drafter = getattr(runner, "drafter", None)
+    if drafter is not None:  # drafted at the end of the previous step (runner/device_drafter.py)
+        drafts, num = drafter.device_drafts(inp.verify_table_rows, p0 + 1)
     else:
         drafts, num = _propose(h.tokens.index_select(0, inp.verify_table_rows), (p0 + 1).to(torch.int32), k,
                                spec.min_n, spec.max_n)

@@ -50,8 +50,9 @@ class SpecBatch:
     history_resets: list[tuple[int, list[int]]] = field(default_factory=list)
     min_n: int = 1  # n-gram lengths the GPU's drafter matches
     max_n: int = 1
-    # draft_model: each drafting row's q, float32 [m, V] on the device, in row order (opaque
-    # here: the runner's drafter made them, the runner stacks them); None: point-mass drafts
+    # draft_model, eagle3 (synchronous loop): each drafting row's q, float32 [m, V] on the
+    # device, in row order (opaque here: the runner's drafter made them, the runner stacks
+    # them); None: point-mass drafts
     draft_probs: list | None = None
     # `slipstream bench --spec-synthetic-accept A` only: every verification accepts the first
     # min(A, drafted) drafts whatever the target says (the tokens are then not the model's)
@@ -103,16 +104,16 @@ class SpecScheduling:
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
-        # eagle3: the head runs at the end of every step (runner/eagle3_drafter.py), so every
+        # eagle3, draft_model: the drafter runs after every step (runner/device_drafter.py), so every
         # step is a speculative one, and its drafts wait on the device, k a row
-        self.every_step = config.method == "eagle3"
+        self.every_step = config.method in ("eagle3", "draft_model")
         self.stats = SpecStats()
         # device drafting (asynchronous scheduling): the GPU drafts from a device-side token
         # history right before the step, once the previous step's accepted tokens are there
         self.device = False
         self.verifying: set[Request] = set()  # requests whose newest step in flight verifies drafts
         self.synced: set[Request] = set()  # requests whose device token history is complete
-        # draft_model: the runner's drafter (runner/draft_model.py), set by the engine core;
+        # draft_model, eagle3: the runner's drafter (runner/device_drafter.py), set by the engine core;
         # its q of each host draft array, until the batch takes them
         self.drafter = None
         self._probs: dict[int, tuple[np.ndarray, object]] = {}

@@ -1,14 +1,15 @@
-"""The step of an EAGLE-3 engine: every batch runs here (`ModelRunner.launch`), eager.
+"""The step of an engine whose drafter runs on the device after every step (EAGLE-3, a draft
+model: runner/device_drafter.py): every batch runs here (`ModelRunner.launch`), eager.
 
 It is the verification step of runner/speculative.py (upload, forward, the plain draw,
 `verify`, download on the runner's three streams) with the drafter's two additions: the
-target's forward captures the three hidden states the head reads, and after verification the
-head extends over the step's tokens and drafts the next step's tokens on the device
-(runner/eagle3_drafter.py), so neither loop waits for the host to draft.  Under asynchronous
-scheduling a verifying row's buffered drafts are placed in its draft slots by
+target's forward runs inside the drafter's `capture` (EAGLE-3 reads three of its hidden
+states), and after verification the drafter extends over the step's tokens and drafts the
+next step's tokens on the device, so neither loop waits for the host to draft.  Under
+asynchronous scheduling a verifying row's buffered drafts are placed in its draft slots by
 `prepare_device_drafts` (runner/spec_device.py), with their q.
 
-Every step is eager (no CUDA graph): the head must see every token the target computes,
+Every step is eager (no CUDA graph): the drafter must see every token the target computes,
 prefill chunks included.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from slipstream.runner.eagle3_drafter import EagleStepInputs
+from slipstream.runner.device_drafter import DraftStepInputs
 from slipstream.runner.inputs import fill_inputs
 from slipstream.runner.spec_device import (
     DeviceDraftInputs,
@@ -26,9 +27,9 @@ from slipstream.runner.spec_device import (
 from slipstream.runner.speculative import _stack_probs, spec_buffers, verify
 
 
-def launch_eagle(runner, batch, launched_cls):
-    """`ModelRunner.launch` for an EAGLE-3 engine's batch (batch.spec is always set)."""
-    eagle = runner.eagle
+def launch_device_drafting(runner, batch, launched_cls):
+    """`ModelRunner.launch` for such an engine's batch (batch.spec is always set)."""
+    drafter = runner.drafter
     slot = runner.slots[batch.batch_id % 2]
     slot.h2d_done.synchronize()
     shape = fill_inputs(batch, slot.host, runner.block_size, None, runner.max_model_len)
@@ -55,8 +56,8 @@ def launch_eagle(runner, batch, launched_cls):
         else:
             verify_in += (to_device(spec.draft_tokens[rows], dev), to_device(spec.num_drafts[rows], dev))
             uploaded = verify_in
-        eagle_in = EagleStepInputs.upload(batch, slot.host, spec.num_drafts, dev)
-        uploaded = uploaded + eagle_in.tensors()
+        draft_in = DraftStepInputs.upload(batch, slot.host, spec.num_drafts, dev)
+        uploaded = uploaded + draft_in.tensors()
         slot.h2d_done.record()
     if s.cuda:  # made on the h2d stream, read on the compute stream
         for t in uploaded:
@@ -71,10 +72,9 @@ def launch_eagle(runner, batch, launched_cls):
         if device_drafting:
             prev = spec_buffers(runner, 1 - slot.index, spec.k)
             verify_in += prepare_device_drafts(runner, slot, shape, spec, dd_in, prev.num_emitted)
-            draft_probs = eagle.probs.index_select(0, dd_in.verify_table_rows)
-        with eagle.capture() as capture:
+            draft_probs = drafter.probs.index_select(0, dd_in.verify_table_rows)
+        with drafter.capture() as aux:
             hidden = runner.forward_hidden(slot, shape)
-        aux = capture.aux()
         launched.prompt_logprobs = runner.prompt_logprobs(hidden, spans) if spans else None
         logits = runner.logits(slot, shape, hidden)
         if batch.suppress:
@@ -85,7 +85,7 @@ def launch_eagle(runner, batch, launched_cls):
         verify(runner, slot, shape, hidden, bufs, S, *verify_in, draft_probs=draft_probs,
                synthetic_accept=spec.bench_synthetic_accept)
         # the next step's drafts, made now, on the device
-        eagle.after_step(slot, shape, bufs.tokens[:S], bufs.num_emitted[:S], eagle_in, aux)
+        drafter.after_step(slot, shape, bufs.tokens[:S], bufs.num_emitted[:S], draft_in, aux)
         slot.compute_done.record()
     with s.on(s.d2h):
         s.wait(s.d2h, slot.compute_done)

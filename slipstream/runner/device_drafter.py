@@ -1,0 +1,173 @@
+"""Drafters that run on the device at the end of every step: the EAGLE-3 head
+(runner/eagle3_drafter.py) and the draft model (runner/draft_model.py).  What they share:
+
+- `DraftStepInputs`: the host-known indices of a step, uploaded with its inputs;
+- per request-table row buffers: the drafts made at the end of the row's last step, their q
+  (float32 [k, V], for rejection sampling) and the target position of the first draft
+  (`next_pos`; -1: none).  A step verifies a row's buffered drafts only when that position is
+  its first draft slot's, so a row whose previous step ran no drafter (a step with
+  speculation disabled, a prefix-cache hit) drafts nothing that step;
+- the private, row-contiguous paged KV cache: row r of the request table owns blocks
+  [r * B, (r + 1) * B), B = ceil((max_model_len + k) / block_size), so the block table is a
+  function of the row: no block pool, no eviction, and the engine's paged attention kernels
+  run unchanged.  It costs rows x (max_model_len + k) tokens of the drafter's KV.  The entries
+  a drafter writes past a row's accepted tokens (rejected positions, its own drafts) are
+  rewritten by the next step's extend before any query reads them: a step's extend starts at
+  the row's first unverified position.  A preempted request recomputes its tokens through
+  the target, and the drafter's KV with them;
+- the draft loop: draft i of each sampling row is drawn from the drafter's distribution
+  (temperature-scaled; greedy rows take the argmax) with the drafter's own noise at output
+  index (the row's next output + i) (`spec.draft.sample_drafts`), then fed back, one
+  decode-shaped forward for all rows at once.
+
+The scheduler's side (`propose`, synchronous loop) reads the buffers once a step; the
+asynchronous loop's `prepare_device_drafts` (runner/spec_device.py) takes them on the device
+(`device_drafts`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from slipstream.ops.metadata import AttentionMetadata
+from slipstream.runner.spec_device import to_device
+from slipstream.sampling.sampler import GREEDY_EPS
+from slipstream.spec.draft import sample_drafts
+
+
+@dataclass
+class DraftStepInputs:
+    """Host-known indices of one step, on the device."""
+    first: torch.Tensor  # int64 [S]: each sampling row's first query token
+    num_slots: torch.Tensor  # int64 [S]: its draft slots (query tokens past the first)
+    token_seq: torch.Tensor  # int64 [T]: sequence row of each token
+    seq_rows: torch.Tensor  # int64 [B]: request-table row of each sequence row
+    prompt_at: torch.Tensor  # int64 [P]: the last token of each non-sampling row
+    prompt_next: torch.Tensor  # int64 [P]: the prompt token after it
+
+    @classmethod
+    def upload(cls, batch, host, num_slots: np.ndarray, device: torch.device) -> DraftStepInputs:
+        B, S = batch.num_seqs, len(batch.sampled)
+        qsl = host.query_start_loc[:B + 1].astype(np.int64)
+        last = qsl[1:] - 1
+        first = host.logits_indices[:S].astype(np.int64) - num_slots.astype(np.int64)
+        plain = np.ones(B, bool)
+        plain[batch.sample_seq[:S]] = False
+        seqs = np.flatnonzero(plain)
+        nxt_pos = (batch.start + batch.num_new)[seqs].astype(np.int64)
+        L = batch.table.token_ids.shape[1]
+        nxt = batch.table.token_ids[batch.rows[seqs], np.minimum(nxt_pos, L - 1)].astype(np.int64)
+
+        def dev(a) -> torch.Tensor:
+            return to_device(np.ascontiguousarray(a, np.int64), device)
+
+        return cls(dev(first), dev(num_slots), dev(np.repeat(np.arange(B), np.diff(qsl))), dev(batch.rows),
+                   dev(last[seqs]), dev(np.maximum(nxt, 0)))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.first, self.num_slots, self.token_seq, self.seq_rows, self.prompt_at, self.prompt_next)
+
+
+class DeviceDrafter:
+    """The buffers, the KV layout and the draft loop; a subclass runs its model (`extend`,
+    `feed`).  `feed_offset`: how far before a fed token's own position its forward runs
+    (EAGLE-3's head reads token t + 1 at position t: 1; a draft model: 0)."""
+
+    feed_offset = 0
+
+    def __init__(self, num_rows: int, max_model_len: int, block_size: int, device: torch.device, k: int,
+                 vocab_size: int) -> None:
+        self.device, self.k, self.block_size = device, k, block_size
+        self.vocab_size = vocab_size
+        self.blocks_per_row = -(-(max_model_len + k) // block_size)
+        self.num_blocks = num_rows * self.blocks_per_row
+        self.drafts = torch.zeros(num_rows, k, dtype=torch.int32, device=device)
+        self.probs = torch.zeros(num_rows, k, vocab_size, dtype=torch.float32, device=device)
+        self.next_pos = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
+        self._host: tuple[np.ndarray, np.ndarray] | None = None  # (drafts, next_pos), sync loop
+
+    # -- the scheduler's side (synchronous loop: the previous step is complete) ---------------
+    def forget(self, req) -> None:
+        """(A row's buffered drafts are checked against its position when used.)"""
+
+    def propose(self, req, tokens: np.ndarray, limit: int, temperature: float, seed: int,
+                token_index: int) -> tuple[np.ndarray, torch.Tensor | None]:
+        """The row's buffered drafts (at most `limit`) when they continue `tokens`, else none."""
+        if self._host is None:
+            self._host = (self.drafts.cpu().numpy(), self.next_pos.cpu().numpy())
+        drafts, next_pos = self._host
+        if next_pos[req.row] != len(tokens):
+            return np.zeros(0, np.int32), None
+        return drafts[req.row, :limit].astype(np.int32), self.probs[req.row, :limit]
+
+    # -- the runner's side (compute stream) ---------------------------------------------------
+    def device_drafts(self, table_rows: torch.Tensor, first_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Asynchronous loop: the buffered drafts int32 [R, k] and their counts int32 [R] (k
+        when they were made for draft position `first_pos`, else 0); their q is
+        `probs.index_select(0, table_rows)`."""
+        valid = self.next_pos.index_select(0, table_rows) == first_pos.long()
+        num = torch.where(valid, self.k, 0).to(torch.int32)
+        return self.drafts.index_select(0, table_rows), num
+
+    def meta(self, qsl, seq_lens, table_rows, positions, token_rows, max_query_len, max_seq_len) -> AttentionMetadata:
+        """Attention metadata over the private cache: sequences in request-table rows
+        `table_rows`, tokens (in rows `token_rows`) at `positions`."""
+        bs = self.block_size
+        table = (table_rows.long()[:, None] * self.blocks_per_row
+                 + torch.arange(self.blocks_per_row, device=self.device)[None, :]).to(torch.int32)
+        p = positions.long()
+        slots = (token_rows.long() * self.blocks_per_row + p // bs) * bs + p % bs
+        return AttentionMetadata(qsl.to(torch.int32), seq_lens.to(torch.int32), table, slots.to(torch.int32),
+                                 max_query_len, max_seq_len)
+
+    def capture(self):
+        """A context around the target's forward (what the drafter reads of it); its value
+        goes to `extend` as `aux`."""
+        from contextlib import nullcontext
+        return nullcontext()
+
+    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src: torch.Tensor):
+        """Run the drafter over the step's tokens; return (logits [S, V] of draft 0, the state
+        `feed` carries)."""
+        raise NotImplementedError
+
+    def feed(self, tokens: torch.Tensor, positions: torch.Tensor, state, meta: AttentionMetadata):
+        """One decode-shaped forward of the drafted tokens: (logits [S, V] of the next draft, state)."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def after_step(self, slot, shape, out: torch.Tensor, num_emitted: torch.Tensor, inp: DraftStepInputs,
+                   aux) -> None:
+        """Draft k tokens for each sampling row of the step into the buffers.  `out` int32
+        [S, k + 1] / `num_emitted` int32 [S]: the rows' emitted tokens (after verification);
+        `aux`: what `capture` gathered."""
+        self._host = None
+        d = slot.dev
+        S, k, dev = shape.num_samples, self.k, self.device
+        # each row's last accepted query token: the emitted out[num - 1] follows it
+        src = inp.first + num_emitted[:S].long() - 1
+        logits, state = self.extend(slot, shape, out, num_emitted, inp, aux, src)
+        pos = d.positions[:shape.num_tokens].long().index_select(0, src)  # draft i is at pos + 2 + i
+        rows = d.state_row[:S].long()
+        temperature = d.temperature[:S].float()
+        greedy = temperature < GREEDY_EPS
+        scale = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+        seed = d.seed[:S]
+        token_index = d.token_index[:S].long() + num_emitted[:S].long()
+        qsl = torch.arange(S + 1, dtype=torch.int32, device=dev)
+        drafts = torch.zeros(S, k, dtype=torch.int32, device=dev)
+        probs = torch.zeros(S, k, self.vocab_size, dtype=torch.float32, device=dev)
+        for i in range(k):
+            tok, q = sample_drafts(logits.float() / scale, greedy, seed, token_index + i)
+            drafts[:, i] = tok
+            probs[:, i] = q
+            if i == k - 1:
+                break
+            p = pos + 2 + i - self.feed_offset
+            logits, state = self.feed(tok.long(), p, state,
+                                      self.meta(qsl, p + 1, rows, p, rows, 1, shape.max_seq_len + k + 1))
+        self.drafts.index_copy_(0, rows, drafts)
+        self.probs.index_copy_(0, rows, probs)
+        self.next_pos.index_copy_(0, rows, pos + 2)
