@@ -47,14 +47,13 @@ from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
 SHAPES_8B = {"qkv": (6144, 4096, "norm"), "o": (4096, 4096, "residual"), "gate_up": (28672, 4096, "norm"),
              "down": (4096, 14336, "silu_mul"), "lm_head": (128256, 4096, "plain")}
 SHAPES_TINY = {"qkv": (48, 160, "norm"), "down": (32, 96, "silu_mul")}
-# the variants timed unless --no-default-variants: the kernel at one row, then each MMA tile
-# field moved one step from the default
+# the variants timed unless --no-default-variants: the FMA kernel at one row, then each MMA
+# tile field moved a step from the default
 DEFAULT_VARIANTS = [
-    "mma:fma_rows=0", "fma-n16:block_n=16", "fma-k512:block_k=512,stages=8",
-    "mma-n64:fma_rows=0,mma_block_n=64", "mma-n256:fma_rows=0,mma_block_n=256,mma_stages=2",
-    "mma-k512:fma_rows=0,mma_block_k=512,mma_stages=2", "mma-s4:fma_rows=0,mma_stages=4",
-    "mma-w8:fma_rows=0,mma_warps=8,mma_block_k=512", "mma-split1:fma_rows=0,mma_split_k=1",
-    "mma-split2:fma_rows=0,mma_split_k=2", "mma-split8:fma_rows=0,mma_split_k=8",
+    "fma:fma_rows=1", "fma-n16:fma_rows=1,block_n=16", "fma-k512:fma_rows=1,block_k=512",
+    "mma-n64:mma_block_n=64", "mma-n256:mma_block_n=256,mma_stages=2", "mma-k512:mma_block_k=512,mma_stages=2",
+    "mma-s2:mma_stages=2", "mma-s4:mma_stages=4", "mma-w8:mma_warps=8,mma_block_k=512",
+    "mma-split1:mma_split_k=1", "mma-split2:mma_split_k=2", "mma-split4:mma_split_k=4", "mma-pad8:mma_min_m_pad=8",
 ]
 L2_BYTES = 50 << 20
 MMA_FIELDS = [f.name for f in dataclasses.fields(Fp8GemvConfig) if f.name.startswith("mma_")]

@@ -32,7 +32,7 @@ from slipstream.quant.fp8 import (
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # tiny tiles for the interpreter: K = 160 is 2.5 K tiles of 64 (a partial last tile), N = 48
 # is 3 row blocks of 16
-FMA_TINY = Fp8GemvConfig(block_n=8, block_k=64)
+FMA_TINY = Fp8GemvConfig(fma_rows=1, block_n=8, block_k=64)
 MMA_TINY = Fp8GemvConfig(fma_rows=0, mma_block_n=16, mma_block_k=64, mma_warps=2, mma_stages=2)
 LAYOUTS = ["tensor", "channel", "block"]
 
@@ -145,9 +145,9 @@ def test_rows_outside_1_to_16_are_refused():
 
 
 def test_tile_rules():
-    """128 weight rows a program at up to 8 input rows, 64 at 9-16, fewer for small weights;
-    split-K fills the SMs (the 8B shape's o at 128 rows: 32 row blocks, 8 slices on 132 SMs)."""
-    assert mma_columns(28672, 8) == 128 and mma_columns(28672, 16) == 64 and mma_columns(40, 8) == 64 and mma_columns(20, 16) == 32
+    """128 weight rows a program, fewer for small weights; split-K fills the SMs (the 8B
+    shape's o at 128 rows: 32 row blocks, 8 slices on 132 SMs)."""
+    assert mma_columns(28672) == 128 and mma_columns(40) == 64 and mma_columns(20) == 32
     assert mma_split(32, 16, 132) == 8 and mma_split(224, 16, 132) == 1 and mma_split(48, 2, 132) == 2
 
 

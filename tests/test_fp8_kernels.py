@@ -50,7 +50,7 @@ def test_gemv_matches_the_weight_only_reference(block, block_k, gamma):
     x = _x(1, 96)
     b = _x(1, 48, seed=2)[0]
     ref = fp8_linear_ref(x.float(), w, b.float())
-    y = fp8_gemv(x, w, b, cfg=Fp8GemvConfig(block_n=8, block_k=block_k))
+    y = fp8_gemv(x, w, b, cfg=Fp8GemvConfig(fma_rows=1, block_n=8, block_k=block_k))
     assert y.dtype == torch.bfloat16 and y.shape == (1, 48)
     torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
 
@@ -59,12 +59,12 @@ def test_gemv_row_scale_residual_and_silu_mul():
     from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref
     w = _weight(40, 64, (16, 32), True)
     x = _x(1, 64) * 5.0  # far from unit RMS: a missing row scale cannot pass
-    y = fp8_gemv(x, w, row_scale_eps=1e-5, cfg=Fp8GemvConfig(block_n=8, block_k=32))
+    y = fp8_gemv(x, w, row_scale_eps=1e-5, cfg=Fp8GemvConfig(fma_rows=1, block_n=8, block_k=32))
     ref = scale_rows_ref(fp8_linear_ref(x.float(), w), x.float(), 1e-5, None)
     torch.testing.assert_close(y.float(), ref, atol=3e-2, rtol=2e-2)
     gate_up, r = _x(1, 128, seed=3), _x(1, 40, seed=4)
     expect = r.float() + fp8_linear_ref(silu_and_mul_ref(gate_up).float(), w)
-    out = fp8_gemv(gate_up, w, residual=r, out=r, silu_mul=True, cfg=Fp8GemvConfig(block_n=8, block_k=32))
+    out = fp8_gemv(gate_up, w, residual=r, out=r, silu_mul=True, cfg=Fp8GemvConfig(fma_rows=1, block_n=8, block_k=32))
     assert out.data_ptr() == r.data_ptr()
     torch.testing.assert_close(r.float(), expect, atol=3e-2, rtol=2e-2)
 
@@ -195,10 +195,11 @@ def compile_fp8_for_hopper() -> int:
         x, h = torch.zeros(64, 14336, dtype=bf), torch.zeros(1, 4096, dtype=bf)
         tq.quantize_rows(x, torch.ones(14336))
         tq.quantize_rows(x, None, 128)
-        tv.fp8_gemv(h, weight(6144, 4096, None), row_scale_eps=1e-5)
-        tv.fp8_gemv(h, weight(4096, 4096, (128, 128), False), residual=h, out=h)
+        fma = tv.Fp8GemvConfig(fma_rows=1)  # the FMA kernel (tests/test_fp8_gemv.py compiles the MMA one)
+        tv.fp8_gemv(h, weight(6144, 4096, None), row_scale_eps=1e-5, cfg=fma)
+        tv.fp8_gemv(h, weight(4096, 4096, (128, 128), False), residual=h, out=h, cfg=fma)
         tv.fp8_gemv(torch.zeros(1, 2 * 14336, dtype=bf), weight(4096, 14336, None, False), residual=h, out=h,
-                    silu_mul=True)
+                    silu_mul=True, cfg=fma)
         # (each GEMM launch comes after its input's quantization launch)
         tm.fp8_gemm(torch.zeros(256, 4096, dtype=bf), weight(6144, 4096, None))
         tm.fp8_gemm(torch.zeros(256, 4096, dtype=bf), weight(6144, 4096, (128, 128)), torch.zeros(6144, dtype=bf))

@@ -50,10 +50,11 @@ class Fp8GemvConfig:
     # M up to this takes the GEMV (ops/fp8_linear.py), more rows the FP8 GEMMs; 0: never
     max_rows: int = int(os.environ.get("SLIPSTREAM_FP8_GEMV_ROWS", "16"))
     # 1: one row takes the FMA kernel, more rows the MMA kernel; 0: the MMA kernel always (the
-    # FMA kernel takes one row only); fma_rows_silu for the down product's SiLU·mul input
-    # (None: fma_rows), whose sigmoid the MMA kernel computes for every padding row too (8 at
-    # one row)
-    fma_rows: int = 1
+    # FMA kernel takes one row only; SLIPSTREAM_FP8_GEMV_FMA_ROWS=1 for A/B runs); by its
+    # loop's SASS on sm_90 the MMA kernel issues 1.2 instructions a weight byte at one row
+    # against the FMA kernel's 3.6-4.6; fma_rows_silu: the same for the down product's
+    # SiLU·mul input (None: fma_rows)
+    fma_rows: int = int(os.environ.get("SLIPSTREAM_FP8_GEMV_FMA_ROWS", "0"))
     fma_rows_silu: int | None = None
     # the FMA kernel: the bf16 streaming kernel's tuned shape (ops/triton_gemv.py: 1,024-wide
     # chunks, 8 or 16 columns for the 8B shape) in the same bytes: the same chunk width (the
@@ -70,6 +71,9 @@ class Fp8GemvConfig:
     mma_stages: int = 3
     mma_warps: int = 4
     mma_split_k: int | None = None
+    # rows are padded to a power of two, at least this (the dot's narrow side is 2 x that:
+    # hi and lo; 8 pads every row count to one MMA width in the kernel itself)
+    mma_min_m_pad: int = 1
 
 
 DEFAULT_FP8_GEMV_CONFIG = Fp8GemvConfig()
@@ -165,7 +169,8 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
         sms = sm_count(x.device)
         fp8_gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
                      silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=cfg.mma_block_k,
-                     stages=cfg.mma_stages, num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sms)
+                     stages=cfg.mma_stages, num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sms,
+                     min_m_pad=cfg.mma_min_m_pad)
         return out
     qw = w.qweight
     # columns a program as the bf16 kernel picks them for this shape: each program re-reads

@@ -14,8 +14,10 @@ Layout: each K tile is cut into WARPS slices along K and multiplied as one batch
 (mma.sync m16n8k16, the FP8 tile read from shared memory with ldmatrix), so no two warps
 convert the same weights, and a program can own 64-128 weight rows without the wgmma path's
 2-byte shared loads of an FP8 operand in registers. The slices' sums are added once at the
-end. 1.3-2.6 SASS instructions a weight byte in the loop (64-256 rows a program, one input
-row), most of the rest the input's work, which more rows a program amortise.
+end. The input rows are padded to a power of two only (Triton pads the dot's narrow side to
+the MMA's 8 itself), so the input's work (loads, SiLU, the f16 split) is the real rows'. The
+loop issues 1.2 SASS instructions a weight byte at one input row (128 weight rows a program,
+sm_90), 1.5 at 4, 1.9 at 8, 2.9 at 16, against 1.85 for the bf16 GEMV's two-byte weights.
 
 The input in f16: v = x * gamma (fp32) is split into hi = f16(v / 2^8) and lo = f16(v - hi *
 2^8), the B operand's first and second M_PAD columns; y = acc_hi * 2^8 + acc_lo. hi holds
@@ -54,45 +56,30 @@ SPLIT_SHIFT = tl.constexpr(256.0)  # 2^8: hi = f16(v / 2^8)
 
 @triton.jit
 def _input_tile(x_ptr, g_ptr, offs_m, kk, mmask, kmask, stride_xm, K: tl.constexpr, M_PAD: tl.constexpr,
-                ONE_ROW: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr, SHIFT: tl.constexpr):
+                SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr, SHIFT: tl.constexpr):
     """The B operand of one K tile, kk [WARPS, K_SLICE] its columns of K: [WARPS, K_SLICE,
     2 x M_PAD] f16, hi of each row of x * gamma then lo of each; and x^2 (fp32, [WARPS,
-    K_SLICE, M_PAD], or [.., 1] for ONE_ROW) for the row scale. x is silu(gate) * up rounded to
-    the input dtype when SILU_MUL. ONE_ROW: the one row is loaded and split once, then placed
-    in columns 0 and M_PAD of a zero operand (the padding rows cost no loads, SiLU or splits)."""
-    if ONE_ROW:
-        ptrs = x_ptr + kk
-        mask = kmask
-    else:
-        ptrs = x_ptr + offs_m[None, None, :] * stride_xm + kk[:, :, None]
-        mask = kmask[:, :, None] & mmask[None, None, :]
+    K_SLICE, M_PAD]) for the row scale. x is silu(gate) * up rounded to the input dtype when
+    SILU_MUL."""
+    ptrs = x_ptr + offs_m[None, None, :] * stride_xm + kk[:, :, None]
+    mask = kmask[:, :, None] & mmask[None, None, :]
     x = tl.load(ptrs, mask=mask, other=0.0)
     if SILU_MUL:
         x = silu_mul(x, tl.load(ptrs + K, mask=mask, other=0.0)).to(x.dtype)
     xf = x.to(tl.float32)
     v = xf
     if HAS_GAMMA:
-        g = tl.load(g_ptr + kk, mask=kmask, other=0.0)
-        if ONE_ROW:
-            v = xf * g
-        else:
-            v = xf * g[:, :, None]
+        v = xf * tl.load(g_ptr + kk, mask=kmask, other=0.0)[:, :, None]
     hi = (v * (1.0 / SHIFT)).to(tl.float16)
     lo = (v - hi.to(tl.float32) * SHIFT).to(tl.float16)
-    if ONE_ROW:
-        col = tl.arange(0, 2 * M_PAD)[None, None, :]
-        b = tl.where(col == 0, hi[:, :, None], tl.where(col == M_PAD, lo[:, :, None], 0.0).to(tl.float16))
-        x2 = (xf * xf)[:, :, None]
-    else:
-        b = tl.reshape(tl.permute(tl.join(hi, lo), (0, 1, 3, 2)), (hi.shape[0], hi.shape[1], 2 * M_PAD))
-        x2 = xf * xf
-    return b, x2
+    b = tl.reshape(tl.permute(tl.join(hi, lo), (0, 1, 3, 2)), (hi.shape[0], hi.shape[1], 2 * M_PAD))
+    return b, xf * xf
 
 
 @triton.jit
 def _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm, stride_sn,
           w_pre, PRELOADED: tl.constexpr, K: tl.constexpr, K_SLICE: tl.constexpr, M_PAD: tl.constexpr,
-          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, ONE_ROW: tl.constexpr, BN_S: tl.constexpr,
+          EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BN_S: tl.constexpr,
           BLOCK_SCALES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
     """acc [WARPS, BLOCK_N, 2 M_PAD] and sq after the K tile at k."""
     kmask = (kk + k) < K
@@ -100,8 +87,8 @@ def _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mm
         w = w_pre
     else:
         w = _weight_tile(w_ptrs + k, nmask, kmask, EVEN_K, EVEN_N)
-    b, x2 = _input_tile(x_ptr, g_ptr, offs_m, kk + k, mmask, kmask, stride_xm, K, M_PAD, ONE_ROW, SILU_MUL,
-                        HAS_GAMMA, SPLIT_SHIFT)
+    b, x2 = _input_tile(x_ptr, g_ptr, offs_m, kk + k, mmask, kmask, stride_xm, K, M_PAD, SILU_MUL, HAS_GAMMA,
+                        SPLIT_SHIFT)
     if BLOCK_SCALES:  # a slice is one scale block: its own dot, times the block's scales
         kb = (k // K_SLICE) + tl.arange(0, acc.shape[0])
         s = tl.load(s_ptr + (offs_n // BN_S)[None, :] * stride_sn + kb[:, None],
@@ -125,7 +112,7 @@ def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_p
                          M, N, eps, k_per_split, stride_xm, stride_wn, stride_sn, stride_rm, stride_om,
                          K: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, K_SLICE: tl.constexpr,
                          WARPS: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-                         EVEN_N: tl.constexpr, ONE_ROW: tl.constexpr, BN_S: tl.constexpr,
+                         EVEN_N: tl.constexpr, BN_S: tl.constexpr,
                          BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
                          HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
                          USE_PDL: tl.constexpr):
@@ -143,17 +130,16 @@ def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_p
     w0 = _weight_tile(w_ptrs + k0, nmask, (kk + k0) < K, EVEN_K, EVEN_N)
     pdl_start(USE_PDL)
     acc = tl.zeros([WARPS, BLOCK_N, 2 * M_PAD], tl.float32)
-    sq = tl.zeros([WARPS, K_SLICE, 1 if ONE_ROW else M_PAD], tl.float32)
+    sq = tl.zeros([WARPS, K_SLICE, M_PAD], tl.float32)
     acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k0, nmask, mmask, stride_xm,
-                    stride_sn, w0, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, ONE_ROW, BN_S, BLOCK_SCALES, SILU_MUL,
-                    HAS_GAMMA)
+                    stride_sn, w0, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL, HAS_GAMMA)
     for k in tl.range(k0 + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
         acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm,
-                        stride_sn, w0, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, ONE_ROW, BN_S, BLOCK_SCALES,
-                        SILU_MUL, HAS_GAMMA)
+                        stride_sn, w0, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
+                        HAS_GAMMA)
     hi, lo = tl.split(tl.permute(tl.reshape(tl.sum(acc, axis=0), (BLOCK_N, 2, M_PAD)), (0, 2, 1)))
     y = hi * SPLIT_SHIFT + lo  # [BLOCK_N, M_PAD]
-    sq_m = tl.sum(tl.sum(sq, axis=0), axis=0) + tl.zeros([M_PAD], tl.float32)  # [M_PAD]
+    sq_m = tl.sum(tl.sum(sq, axis=0), axis=0)  # [M_PAD]
     if SPLIT > 1:
         # this slice's partial sums out; the last program of the row block adds them all
         ws = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
@@ -192,13 +178,12 @@ def _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmas
     tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], y.to(out_ptr.dtype.element_ty), mask=omask)
 
 
-def mma_columns(n: int, m_pad: int) -> int:
-    """Weight rows a program (the MMA's M): 128 at up to 8 input rows (the input's work, a
-    fixed cost a K tile, over as many weight bytes as the registers allow: 1.9 SASS
-    instructions a weight byte in the loop against 2.9 at 64 rows, sm_90), 64 at 9-16 rows
-    (the fp32 accumulators of 32 B columns), fewer for a weight of fewer rows. Split-K
-    (`mma_split`) then fills the SMs."""
-    block = 128 if m_pad <= 8 else 64
+def mma_columns(n: int) -> int:
+    """Weight rows a program (the MMA's M): 128 (the input's work is a fixed cost a K tile, so
+    as many weight bytes as the registers allow: the loop's SASS instructions a weight byte on
+    sm_90, one input row 1.2 at 128 rows against 2.9 at 64 with 8 padded rows; 16 rows 2.9
+    against 4.5), fewer for a weight of fewer rows. Split-K (`mma_split`) fills the SMs."""
+    block = 128
     while block > 16 and block >= 2 * n:
         block //= 2
     return block
@@ -270,13 +255,15 @@ def _workspace(device: torch.device, n: int, row_blocks: int, split: int, m_pad:
 def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2: torch.Tensor,
                  out2: torch.Tensor, *, has_res: bool, row_scale_eps: float | None, silu_mul: bool,
                  block_n: int | None, block_k: int, stages: int, num_warps: int, split: int | None,
-                 sms: int) -> None:
+                 sms: int, min_m_pad: int = 1) -> None:
     """Launch over x2 [M, K or 2K] (M <= 16, unit stride along K) into out2 [M, N]. block_n:
     None: `mma_columns`; block_k: the K tile (num_warps slices); block weights take slices of
-    their block's width. split: slices of K (None: `mma_split`)."""
+    their block's width. split: slices of K (None: `mma_split`). The rows are padded to a power
+    of two, at least min_m_pad (Triton pads a narrow dot's side to the MMA's 8 itself: the
+    input's work, loads, SiLU and splits, is then the real rows' only)."""
     m = x2.shape[0]
-    m_pad = 8 if m <= 8 else 16
-    block_n = block_n or mma_columns(w.shape[0], m_pad)
+    m_pad = max(triton.next_power_of_2(m), min_m_pad)
+    block_n = block_n or mma_columns(w.shape[0])
     n, k = w.shape
     bn_s, bk_s = w.block or (1, 1)
     k_slice = bk_s if w.block is not None else max(16, block_k // num_warps)
@@ -294,6 +281,6 @@ def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2
         res2, out2, *ws, m, n, float(row_scale_eps or 0.0), k_per_split,
         x2.stride(0), qw.stride(0), w.scale.stride(0), res2.stride(0), out2.stride(0),
         K=k, M_PAD=m_pad, BLOCK_N=block_n, K_SLICE=k_slice, WARPS=num_warps, STAGES=stages, SPLIT=split,
-        EVEN_K=k % k_per_split == 0 and k_per_split % tile == 0, EVEN_N=n % block_n == 0, ONE_ROW=False, BN_S=bn_s, BLOCK_SCALES=w.block is not None, HAS_GAMMA=w.gamma is not None,
+        EVEN_K=k % k_per_split == 0 and k_per_split % tile == 0, EVEN_N=n % block_n == 0, BN_S=bn_s, BLOCK_SCALES=w.block is not None, HAS_GAMMA=w.gamma is not None,
         HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
         num_warps=num_warps, **pdl_launch(x2.device))
