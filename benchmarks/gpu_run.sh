@@ -240,6 +240,29 @@ for stage in "$@"; do
     profile-bs1) run profile-bs1 300 python3 benchmarks/profile_step.py --case llama-3.1-8b:1:512 --case qwen3-0.6b:1:512 --out "$RES/bs1" ;;
     bs1-small) run bs1-small 200 python3 -m slipstream.cli bench --workload small-bs1 --mode async --out "$RES/bs1" ;;
     bs1) run bs1-seed 200 python3 -m slipstream.cli bench --workload seed-8b-bs1 --mode async --out "$RES/bs1" ;;
+    # speculative decoding end to end on the 8B shape (dummy weights): plain against each method
+    # at synthetic acceptance A = 0..k (tokens a step = A + 1), an EAGLE-3 head of the published
+    # size (Llama-3.1-8B's: hidden 4096, one layer, draft vocabulary 32000) and a draft model of
+    # the Llama-3.2-1B shape; the drafters' KV and q buffers are sized by max_num_seqs x
+    # max_model_len outside the KV budget, hence 8 rows and 0.8 of the memory for every run.
+    # SPEC_K (3), ACCEPTS ("0 .. k"), METHODS ("eagle3 draft_model ngram"), WORKLOADS
+    spec-e2e) k=${SPEC_K:-3}; common=(--mode async --max-num-seqs 8 --gpu-memory-utilization 0.8)
+              cfg=slipstream/bench/configs
+              for w in ${WORKLOADS:-seed-8b-bs1 seed-8b-bs8}; do
+                run "spec-e2e-$w-plain" 300 python3 -m slipstream.cli bench --workload "$w" "${common[@]}" --out "$RES/spec-e2e/$w-plain"
+                for m in ${METHODS:-eagle3 draft_model ngram}; do
+                  case $m in
+                    eagle3) sc="{\"method\": \"eagle3\", \"model\": \"$cfg/llama-3.1-8b-eagle3/config.json\", \"num_speculative_tokens\": $k}" ;;
+                    draft_model) sc="{\"method\": \"draft_model\", \"model\": \"$cfg/llama-3.2-1b/config.json\", \"num_speculative_tokens\": $k}" ;;
+                    ngram) sc="{\"method\": \"ngram\", \"num_speculative_tokens\": $k}" ;;
+                  esac
+                  for a in ${ACCEPTS:-$(seq 0 "$k")}; do
+                    run "spec-e2e-$w-$m-a$a" 400 python3 -m slipstream.cli bench --workload "$w" "${common[@]}" \
+                      --speculative-config "$sc" --spec-synthetic-accept "$a" --out "$RES/spec-e2e/$w-$m-a$a"
+                  done
+                done
+              done ;;
+    spec-e2e-tests) run spec-e2e-tests 500 python3 -m pytest -q -m gpu tests/test_gpu_spec_drafters.py tests/test_spec_gpu.py ;;
     serve-small) run serve-small-si1 300 bash benchmarks/serve_bench.sh small "$RES" 1
                  run serve-small-si${SI:-8} 300 bash benchmarks/serve_bench.sh small "$RES" "${SI:-8}" ;;
     serve-latency-async) run serve-latency-async 300 bash benchmarks/serve_bench.sh latency "$RES" ;;

@@ -191,3 +191,26 @@ def test_a_head_that_does_not_fit_the_target_is_refused(tiny_model, tmp_path):
     path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="the target has 2 layers"):
         _llm(folder, speculative_config=_eagle(str(path)))
+
+
+@pytest.mark.parametrize("method", ["eagle3", "draft_model"])
+def test_bench_synthetic_acceptance_with_device_drafters(tiny_model, random_head, tmp_path, monkeypatch, method):
+    """`slipstream bench --spec-synthetic-accept A` with the EAGLE-3 head and a draft model:
+    every drafting row-step emits A + 1 tokens, both loops (the lead's tokens/s against
+    tokens-per-step curves, benchmarks/gpu_run.sh spec-e2e)."""
+    from slipstream.bench import workloads
+    from slipstream.cli.main import main
+
+    folder, _ = tiny_model("llama")
+    model = random_head if method == "eagle3" else folder
+    prompts = [[7 * i + j + 3 for j in range(6)] for i in range(4)]
+    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True) for _ in prompts]
+    monkeypatch.setitem(workloads.WORKLOADS, "synthetic-unit", lambda: workloads.Workload(
+        "synthetic-unit", folder, prompts, params, dict(max_num_seqs=4, max_model_len=128)))
+    flag = json.dumps({"method": method, "model": model, "num_speculative_tokens": 3})
+    assert main(["bench", "--workload", "synthetic-unit", "--device", "cpu", "--speculative-config", flag,
+                 "--spec-synthetic-accept", "2", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "synthetic-unit.json").read_text())
+    for mode in ("sync", "async"):
+        s = summary["results"][mode]["speculation"]
+        assert s["drafted"] > 0 and s["mean_accepted_length"] == 3.0, (mode, s)

@@ -23,6 +23,8 @@ import torch
 
 from slipstream.model.eagle3 import AuxHiddenCapture
 from slipstream.model.eagle3_loader import load_eagle3
+from slipstream.model.llama import rope_inv_freq
+from slipstream.ops.fused import build_cos_sin_cache
 from slipstream.runner.device_drafter import DeviceDrafter, DraftStepInputs
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches
 
@@ -44,8 +46,10 @@ class Eagle3Drafter(DeviceDrafter):
             raise ValueError(f"speculative_config.model: the EAGLE-3 head reads target hidden states of "
                              f"size {c.target_hidden_size}, the target's are {target_config.hidden_size}")
         if c.layer.max_position_embeddings < max_model_len + k:
-            raise ValueError(f"speculative_config.model: the EAGLE-3 head's max_position_embeddings "
-                             f"({c.layer.max_position_embeddings}) is below max_model_len + k ({max_model_len + k})")
+            # published heads declare their training length (2048 for Llama 3.1's) and serve
+            # the target's: RoPE's table only has to reach the target's positions
+            inv_freq = rope_inv_freq(c.layer).to(self.head.device)
+            self.head.cos_sin_cache = build_cos_sin_cache(inv_freq, max_model_len + k + 1).to(device)
         if self.head.embed_tokens is None:
             self.head.share_embedding(target.embed_tokens.weight)
         self.aux_layers = c.aux_layers(len(target.layers))
