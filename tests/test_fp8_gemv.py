@@ -156,15 +156,19 @@ def test_tile_rules():
 SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # qkv, o, gate_up, down
 
 
+GPU_KERNELS = {"fma": Fp8GemvConfig(fma_rows=1), "mma": Fp8GemvConfig(fma_rows=0),
+               "mma-pad8": Fp8GemvConfig(fma_rows=0, mma_min_m_pad=8)}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", SHAPES_8B)
 @pytest.mark.parametrize("layout", ["channel", "block"])
-@pytest.mark.parametrize("m", [1, 2, 8, 16])
-@pytest.mark.parametrize("kernel", ["fma", "mma"])
-def test_gpu_gemv_at_8b_sizes(n, k, layout, m, kernel):
-    if kernel == "fma" and m > 1:
-        pytest.skip("the FMA kernel takes one row")
-    cfg = Fp8GemvConfig(fma_rows=1 if kernel == "fma" else 0)
+@pytest.mark.parametrize("kernel,m", [("fma", 1), ("mma", 1), ("mma-pad8", 1), ("mma", 2), ("mma", 5), ("mma", 8),
+                                      ("mma", 16)])
+def test_gpu_gemv_at_8b_sizes(n, k, layout, kernel, m):
+    """Each form the model runs (the FMA kernel takes one row), split-K where the shape has
+    few row blocks (qkv, o, down)."""
+    cfg = GPU_KERNELS[kernel]
     for epilogue in ("norm", "residual", "silu_mul"):
         _close(*_case(epilogue, m, n, k, layout, cfg, block=(128, 128)))
 
