@@ -6,13 +6,13 @@ weight an e4m3 -> f16 conversion (one instruction for two values), an f16 -> f32
 and an FMA: 3.6-4.6 SASS instructions a weight byte in its loop against the bf16 GEMV's 1.85
 (two bytes a weight; both compiled for sm_90 on the CPU), so it can run out of issue slots
 before it runs out of bandwidth. Here the weight tile is converted to f16 (exactly: e4m3 is
-a subset of f16) and an MMA does the multiply-add; the input rows are the MMA's N (padded to
-8 or 16, so 16 rows cost what one does), the weight's rows its M ("swap AB").
+a subset of f16) and an MMA does the multiply-add; the input rows are the MMA's N, the
+weight's rows its M ("swap AB"), so more rows cost the MMA nothing.
 
 Layout: each K tile is cut into WARPS slices along K and multiplied as one batched dot
 [WARPS, BLOCK_N, K_SLICE] x [WARPS, K_SLICE, 2 M_PAD]: Triton gives each warp its own slice
 (mma.sync m16n8k16, the FP8 tile read from shared memory with ldmatrix), so no two warps
-convert the same weights, and a program can own 64-128 weight rows without the wgmma path's
+convert the same weights, and a program can own 128 weight rows without the wgmma path's
 2-byte shared loads of an FP8 operand in registers. The slices' sums are added once at the
 end. The input rows are padded to a power of two only (Triton pads the dot's narrow side to
 the MMA's 8 itself), so the input's work (loads, SiLU, the f16 split) is the real rows'. The
