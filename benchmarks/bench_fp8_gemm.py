@@ -17,8 +17,9 @@ the engine runs the head on sampled rows only), and Qwen3-0.6B's at 256 rows. Va
                    ops) + _scaled_mm tensor-wise: cuBLASLt's own FP8 kernel
     skinny, skinny-block   ops/triton_fp8_gemm_skinny.py (<= 256 rows)
     triton         ops/triton_fp8_gemm.py, per-channel weights (the batch-invariant kernel)
-    tb-mMnNwWsS    ops/triton_fp8_gemm.py on block weights with BLOCK_M x BLOCK_N tiles, W warps,
-                   S stages (tb-m64n128w4s3 is the default config)
+    tb-mMnNwWsS[p] ops/triton_fp8_gemm.py on block weights with BLOCK_M x BLOCK_N tiles, W warps,
+                   S stages, p: persistent (tb-m64n128w4s3 is the default config); the routing
+                   table takes these names too
     mm-block       torch's block-scaled _scaled_mm (1x128 input groups, 128x128 weight blocks);
                    reported once as unsupported where this torch / cuBLASLt lacks it
     mm-block-v2    the same through torch.nn.functional.scaled_mm (BlockWise1x128 x BlockWise128x128)
@@ -46,7 +47,7 @@ from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.ops.fp8_dispatch import fp8_product  # noqa: E402
 from slipstream.ops.fp8_linear import fp8_linear  # noqa: E402
 from slipstream.ops.linear import linear  # noqa: E402
-from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm  # noqa: E402
+from slipstream.ops.triton_fp8_gemm import DEFAULT_FP8_GEMM_CONFIG, Fp8GemmConfig, fp8_gemm  # noqa: E402
 from slipstream.ops.triton_fp8_quant import quantize_rows  # noqa: E402
 from slipstream.quant.fp8 import (FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weight, quantize_blocks,  # noqa: E402
                                   quantize_per_channel, quantize_per_tensor)
@@ -62,16 +63,16 @@ ROWS_06B = [256]
 LM_HEAD_MAX_ROWS = 2048
 SKINNY_MAX_ROWS = 256
 ROT = 3
-TB_CONFIGS = {"tb-m64n128w4s3": Fp8GemmConfig(64, 128, 128, 8, 4, 3),
-              "tb-m128n128w8s3": Fp8GemmConfig(128, 128, 128, 8, 8, 3),
-              "tb-m128n128w8s4": Fp8GemmConfig(128, 128, 128, 8, 8, 4),
-              "tb-m64n128w4s4": Fp8GemmConfig(64, 128, 128, 8, 4, 4),
-              "tb-m128n256w8s3": Fp8GemmConfig(128, 256, 128, 8, 8, 3)}
+TB_CONFIGS = {c.name: c for c in [
+    Fp8GemmConfig(64, 128, 128, 8, 4, 3), Fp8GemmConfig(64, 128, 128, 8, 4, 4), Fp8GemmConfig(128, 128, 128, 8, 8, 3),
+    Fp8GemmConfig(128, 128, 128, 8, 8, 4), Fp8GemmConfig(128, 256, 128, 8, 8, 3),
+    Fp8GemmConfig(128, 128, 128, 8, 8, 3, persistent=True), Fp8GemmConfig(128, 128, 128, 8, 8, 4, persistent=True)]}
 VARIANTS = ["bf16", "fp8", "fp8-block", "mm", "mm-fast", "mm-tensor", "mm-tensor-fast", "skinny", "skinny-block",
             "triton", *TB_CONFIGS, "mm-block", "mm-block-v2"]
 # what the routing table can pick, per layout (bench name -> table kernel)
 ROUTABLE = {"channel": {"mm": "scaled_mm", "mm-fast": "scaled_mm_fast", "skinny": "skinny", "triton": "triton"},
-            "block": {"skinny-block": "skinny", "tb-m64n128w4s3": "triton", "mm-block": "scaled_mm_block"}}
+            "block": {"skinny-block": "skinny", "mm-block": "scaled_mm_block",
+                      **{t: ("triton" if c == DEFAULT_FP8_GEMM_CONFIG else t) for t, c in TB_CONFIGS.items()}}}
 
 
 def quantize_tensorwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +133,10 @@ def variant_fn(name: str, ws: dict):
 
 
 def applies(name: str, m: int) -> bool:
-    return not (name.startswith("skinny") and m > SKINNY_MAX_ROWS)
+    """The skinny kernel up to 256 rows; the other Triton block tiles from 256 rows (prefill)."""
+    if name.startswith("skinny"):
+        return m <= SKINNY_MAX_ROWS
+    return not (name in TB_CONFIGS and TB_CONFIGS[name] != DEFAULT_FP8_GEMM_CONFIG and m < 256)
 
 
 def rel_rms(y: torch.Tensor, exact: torch.Tensor) -> float:
@@ -203,7 +207,7 @@ def suggest_routes(results: list[dict], rows: list[int]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--rows", default=ROWS, help="rows of the 8B shapes (the 0.6B's run at 256)")
+    ap.add_argument("--rows", default=None, help=f"rows of the 8B shapes (the 0.6B's run at 256; default {ROWS})")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--shapes", default=None, help="e.g. 8b:o,8b:down (default: all)")
     ap.add_argument("--tiny", action="store_true")
@@ -218,7 +222,7 @@ def main() -> None:
     shapes = SHAPES_TINY if args.tiny else SHAPES
     if args.shapes:
         shapes = [s for s in shapes if f"{s[0]}:{s[1]}" in args.shapes.split(",")]
-    rows8b = [4, 24] if args.tiny else [int(r) for r in args.rows.split(",")]
+    rows8b = [int(r) for r in (args.rows or ("4,24" if args.tiny else ROWS)).split(",")]
     rot = 1 if args.tiny else ROT
     gen = torch.Generator(device=dev).manual_seed(0)
     results, unsupported = [], {}

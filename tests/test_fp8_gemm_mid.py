@@ -14,7 +14,7 @@ import torch
 from slipstream.ops.fp8_dispatch import (ANY_ROWS, DISPATCH, Fp8Dispatch, Fp8Route, fp8_product,
                                          parse_dispatch)
 from slipstream.ops.fp8_linear import fp8_linear_add_, fp8_linear_ref
-from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm
+from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm, parse_tile_name
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for
 from slipstream.quant.fp8 import Fp8Weight, quantize_blocks, quantize_per_channel
 
@@ -76,6 +76,31 @@ def test_skinny_without_a_split_sums_as_the_gemm():
     a = fp8_gemm_skinny(x, w, None, Fp8SkinnyConfig(**TINY))
     b = fp8_gemm(x, w, None, Fp8GemmConfig(block_m=16, block_n=16, block_k=32))
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("block", [None, (16, 32)])
+def test_persistent_gemm_has_the_same_bits(block):
+    """A program walking several tiles (4 programs, 12 tiles under the interpreter) sums each
+    as one program a tile does: the same bits, so batch invariance holds for either."""
+    w = _weight(48, 96, block, True)
+    x = _x(37, 96)
+    tiles = dict(block_m=16, block_n=16, block_k=32)
+    a = fp8_gemm(x, w, None, Fp8GemmConfig(**tiles))
+    b = fp8_gemm(x, w, None, Fp8GemmConfig(**tiles, persistent=True))
+    assert torch.equal(a, b)
+
+
+def test_tile_names_route_to_the_triton_gemm_with_that_tile():
+    cfg = Fp8GemmConfig(block_m=16, block_n=32, num_warps=2, num_stages=2, persistent=True)
+    assert cfg.name == "tb-m16n32w2s2p" and parse_tile_name(cfg.name) == cfg
+    assert parse_tile_name("triton") is None and parse_tile_name("tb-m16n32") is None
+    d = parse_dispatch("block=skinny:8,tb-m16n32w2s2p")
+    assert d.kernel_for(9, True) == "tb-m16n32w2s2p"
+    w = _weight(48, 96, (16, 32), False)
+    x, r = _x(9, 96), _x(9, 48, seed=6)
+    expect = r.float() + fp8_linear_ref(x.float(), w, quantize_input=True)
+    assert fp8_product(x, w, None, d.kernel_for(9, True), residual=r, out=r) is r
+    _close(r, expect)
 
 
 def test_skinny_config_follows_rows_and_splits_narrow_weights():
@@ -205,12 +230,14 @@ def test_gpu_block_scaled_mm_matches_the_reference_where_torch_has_it():
 
 def compile_skinny_for_hopper() -> list[str]:
     """The skinny GEMM's launches at the 8B shape (per channel at 32 rows, split in two;
-    128x128 blocks at 17 rows; the down product into the residual at 64 rows) compiled for
-    sm_90: returns each launch's wgmma instruction."""
+    128x128 blocks at 17 rows; the down product into the residual at 64 rows) and the
+    persistent 128x128 Triton GEMM on block weights at 2048 rows, compiled for sm_90: returns
+    each launch's wgmma instruction."""
     import re
 
     from test_attention_kernels import compile_launch_for_hopper, recorded_launches
 
+    import slipstream.ops.triton_fp8_gemm as tm
     import slipstream.ops.triton_fp8_gemm_skinny as ts
     import slipstream.ops.triton_fp8_quant as tq
     bf, f8 = torch.bfloat16, torch.float8_e4m3fn
@@ -220,11 +247,14 @@ def compile_skinny_for_hopper() -> list[str]:
         return Fp8Weight(torch.zeros(n, k, dtype=f8), scale, block, None)
 
     launches: list = []
-    with recorded_launches(tq, ["_quant_rows_kernel"], []), recorded_launches(ts, ["_fp8_skinny_kernel"], launches):
+    with recorded_launches(tq, ["_quant_rows_kernel"], []), recorded_launches(ts, ["_fp8_skinny_kernel"], launches), \
+            recorded_launches(tm, ["_fp8_gemm_kernel"], launches):
         ts.fp8_gemm_skinny(torch.zeros(32, 4096, dtype=bf), weight(4096, 4096, None))
         ts.fp8_gemm_skinny(torch.zeros(17, 4096, dtype=bf), weight(6144, 4096, (128, 128)))
         h = torch.zeros(64, 4096, dtype=bf)
         ts.fp8_gemm_skinny(torch.zeros(64, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h)
+        tm.fp8_gemm(torch.zeros(2048, 4096, dtype=bf), weight(6144, 4096, (128, 128)),
+                    cfg=tm.Fp8GemmConfig(128, 128, 128, 8, 8, 4, persistent=True))
     found = []
     for fn, args, kw in launches:
         compiled = compile_launch_for_hopper(fn, args, kw)[0]
@@ -236,7 +266,7 @@ def compile_skinny_for_hopper() -> list[str]:
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the GPU tests compile the kernels")
-def test_skinny_compiles_for_hopper_on_fp8_wgmma():
+def test_skinny_and_persistent_gemm_compile_for_hopper_on_fp8_wgmma():
     import os
     import subprocess
     import sys
@@ -248,9 +278,11 @@ def test_skinny_compiles_for_hopper_on_fp8_wgmma():
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("compiled")]
-    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64
+    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64; the
+    # persistent 128x128 tile on two warpgroups of m64n128
     assert lines == ["compiled wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"] * 2 + \
-        ["compiled wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"], r.stdout
+        ["compiled wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3",
+         "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"], r.stdout
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ Kernels (each quantizes its input per token, per token and 128-column group for 
 - `skinny`: ops/triton_fp8_gemm_skinny.py, operands swapped so few rows fill the MMA's narrow
   side, K split when N gives too few programs; the residual added in its epilogue;
 - `triton`: ops/triton_fp8_gemm.py, 64-row tiles (the batch-invariant kernel); residual in
-  its epilogue;
+  its epilogue; `tb-mMnNwWsS[p]` (`Fp8GemmConfig.name`) is the same kernel with another tile,
+  warps, stages (p: persistent), as the bench names them;
 - `scaled_mm_block`: torch's block-scaled `_scaled_mm` (1x128 input groups, 128x128 weight
   blocks; cuBLASLt 12.9+ on sm_90), block weights only.
 """
@@ -28,12 +29,13 @@ from dataclasses import dataclass
 
 import torch
 
+from slipstream.ops.triton_fp8_gemm import parse_tile_name
 from slipstream.quant.fp8 import Fp8Weight
 
 KERNELS = ("scaled_mm", "scaled_mm_fast", "skinny", "triton", "scaled_mm_block")
 CHANNEL_KERNELS = ("scaled_mm", "scaled_mm_fast", "skinny", "triton")
 BLOCK_KERNELS = ("skinny", "triton", "scaled_mm_block")
-# kernels that add a residual in their epilogue (rounded once, in place)
+# kernels that add a residual in their epilogue (rounded once, in place), and any tb- tile
 RESIDUAL_KERNELS = ("skinny", "triton")
 ANY_ROWS = 1 << 62
 
@@ -60,8 +62,9 @@ def _parse_routes(text: str, allowed: tuple[str, ...], layout: str) -> tuple[Fp8
     routes = []
     for i, part in enumerate(p.strip() for p in text.split(",")):
         kernel, _, rows = part.partition(":")
-        if kernel not in allowed:
-            raise ValueError(f"FP8 routes: kernel {kernel!r} for {layout} weights is not one of {', '.join(allowed)}")
+        if kernel not in allowed and parse_tile_name(kernel) is None:
+            raise ValueError(f"FP8 routes: kernel {kernel!r} for {layout} weights is not one of "
+                             f"{', '.join(allowed)} or tb-mMnNwWsS[p]")
         last = i == len(text.split(",")) - 1
         if not rows and not last:
             raise ValueError(f"FP8 routes: {layout} route {part!r} needs ':ROWS' (only the last takes any rows)")
@@ -109,6 +112,10 @@ def scaled_mm_blockwise(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     return torch._scaled_mm(q, w.qweight.t(), scale_a=s_a, scale_b=w.scale.t(), out_dtype=x.dtype)
 
 
+def adds_residual(kernel: str) -> bool:
+    return kernel in RESIDUAL_KERNELS or parse_tile_name(kernel) is not None
+
+
 def fp8_product(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, kernel: str,
                 residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias) by `kernel`; with a residual (only `RESIDUAL_KERNELS`) the
@@ -119,6 +126,10 @@ def fp8_product(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, kernel
     if kernel == "triton":
         from slipstream.ops.triton_fp8_gemm import fp8_gemm
         return fp8_gemm(x, w, bias, residual=residual, out=out)
+    tile = parse_tile_name(kernel)
+    if tile is not None:
+        from slipstream.ops.triton_fp8_gemm import fp8_gemm
+        return fp8_gemm(x, w, bias, tile, residual=residual, out=out)
     assert residual is None, kernel
     if kernel == "scaled_mm_block":
         y = scaled_mm_blockwise(x, w)

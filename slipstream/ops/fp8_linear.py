@@ -81,10 +81,10 @@ def fp8_linear_add_(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, bias: torc
         from slipstream.ops.triton_fp8_gemv import fp8_gemv
         return fp8_gemv(x, w, bias, residual=out, out=out)
     if x.is_cuda and out.dim() == 2 and out.stride(1) == 1:
-        from slipstream.ops.fp8_dispatch import DISPATCH, RESIDUAL_KERNELS, fp8_product
+        from slipstream.ops.fp8_dispatch import DISPATCH, adds_residual, fp8_product
         x2 = x.reshape(-1, x.shape[-1])
         kernel = "triton" if batch_invariant else DISPATCH.kernel_for(x2.shape[0], w.block is not None)
-        if kernel in RESIDUAL_KERNELS:  # the residual added in its epilogue
+        if adds_residual(kernel):  # the residual added in its epilogue
             return fp8_product(x2, w, bias, kernel, residual=out, out=out)
     return out.add_(fp8_linear(x, w, bias, batch_invariant))
 

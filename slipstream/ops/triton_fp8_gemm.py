@@ -16,6 +16,7 @@ The reference is `ops.fp8_linear.fp8_linear_ref(..., quantize_input=True)`.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -34,9 +35,39 @@ class Fp8GemmConfig:
     group_m: int = 8  # M-tiles that walk the N-tiles together (the weight stays in L2)
     num_warps: int = 4
     num_stages: int = 3
+    # one program an SM walking the tiles (the next tile's loads overlap this one's epilogue);
+    # a tile's sums are the same either way, so batch invariance holds
+    persistent: bool = False
+
+    @property
+    def name(self) -> str:
+        """tb-mMnNwWsS[p]: the bench's and the routing table's name of this tile config."""
+        return (f"tb-m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
+                + ("p" if self.persistent else ""))
 
 
 DEFAULT_FP8_GEMM_CONFIG = Fp8GemmConfig()
+
+
+def parse_tile_name(name: str) -> Fp8GemmConfig | None:
+    """`Fp8GemmConfig.name` back to its config (None: not such a name)."""
+    m = re.fullmatch(r"tb-m(\d+)n(\d+)w(\d+)s(\d+)(p?)", name)
+    if m is None:
+        return None
+    bm, bn, w, st = (int(g) for g in m.groups()[:4])
+    return Fp8GemmConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st, persistent=bool(m.group(5)))
+
+
+_SMS: dict[int, int] = {}
+
+
+def _programs(device: torch.device, tiles: int) -> int:
+    if device.type != "cuda":
+        return min(tiles, 4)  # the interpreter: a few programs, several tiles each
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return min(tiles, _SMS[idx])
 
 
 @triton.jit
@@ -44,8 +75,25 @@ def _fp8_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, M, N, K,
                      stride_am, stride_asm, stride_wn, stride_wsn, stride_rm, stride_cm,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_M: tl.constexpr, BN_S: tl.constexpr, BLOCK_SCALES: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
-    pid = tl.program_id(0)
+                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PERSISTENT: tl.constexpr = False):
+    if PERSISTENT:
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        for pid in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
+            _fp8_gemm_tile(pid, a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, M, N, K,
+                           stride_am, stride_asm, stride_wn, stride_wsn, stride_rm, stride_cm,
+                           BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BN_S, BLOCK_SCALES, HAS_BIAS, HAS_RES)
+    else:
+        _fp8_gemm_tile(tl.program_id(0), a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, M, N, K,
+                       stride_am, stride_asm, stride_wn, stride_wsn, stride_rm, stride_cm,
+                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, BN_S, BLOCK_SCALES, HAS_BIAS, HAS_RES)
+
+
+@triton.jit
+def _fp8_gemm_tile(pid, a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, M, N, K,
+                   stride_am, stride_asm, stride_wn, stride_wsn, stride_rm, stride_cm,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, BN_S: tl.constexpr, BLOCK_SCALES: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     in_group = GROUP_M * tiles_n
@@ -99,12 +147,13 @@ def fp8_gemm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
     if m == 0:
         return out
     res = residual if residual is not None else out
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    grid = (_programs(x.device, tiles) if cfg.persistent else tiles,)
     _fp8_gemm_kernel[grid](
         q, s, w.qweight, w.scale, bias if bias is not None else w.scale, res, out, m, n, k,
         q.stride(0), s.stride(0), w.qweight.stride(0), w.scale.stride(0), res.stride(0), out.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GROUP_M=cfg.group_m,
         BN_S=w.block[0] if w.block is not None else 1, BLOCK_SCALES=w.block is not None,
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, PERSISTENT=cfg.persistent,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
