@@ -8,6 +8,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The processes that tests start (servers, engine cores, the CLI, TP and DP workers) run their
+# torch ops on one OpenMP thread: next to the test process and their own event loop and core
+# threads they oversubscribe two cores, where an OpenMP barrier waits out whole scheduler
+# quanta (a SmolLM2 server's 6-token request: 7 s of CPU with two threads, 0.5 s with one).
+# This process keeps its threads (read first, so the variable below does not reach it) for the
+# transformers oracles of real models. An OMP_NUM_THREADS already set wins.
+torch.get_num_threads()
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_configure(config):
     config.addinivalue_line(
