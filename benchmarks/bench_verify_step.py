@@ -3,8 +3,8 @@
 On the Llama-3.1-8B and Qwen3-0.6B shapes (dummy bf16 weights, random KV, a context of
 --context tokens a row), at 1, 8 and 32 rows and k = 1..7 drafts a row: the runner's padded
 verify step (`runner.speculative.verify_step`: the forward over rows x (k + 1) tokens with
-the verify attention kernel, the LM head on every verified position, the plain draw and the
-acceptance on the device) against the plain decode step of the same rows
+the verify attention kernel, the LM head on every verified position, the acceptance on the
+device) against the plain decode step of the same rows
 (`ModelRunner.compute_step`: forward, LM head, sampler), both timed as CUDA graphs (median of
 replays, slipstream/bench/cuda_timing.py).  Prints a table of ratios (the target at 1 row,
 k <= 4: <= 1.15) and writes bench_verify_step.json with --out.

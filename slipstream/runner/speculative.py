@@ -210,22 +210,22 @@ def _launch_padded(runner, batch, slot, shape, graphs, launched_cls):
 
 
 def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synthetic_accept: int | None) -> None:
-    """The padded verify step on the compute stream (eager, or captured): forward, the plain
-    draw of every row, the acceptance of every row's drafts (a row without drafts keeps its
-    plain draw), fixed shapes and no host reads."""
+    """The padded verify step on the compute stream (eager, or captured): the forward, the LM
+    head once over every row's k + 1 verified positions, and the acceptance of every row's
+    drafts; fixed shapes, no host reads.  No plain draw: the acceptance draws every position
+    as the plain sampler would (spec/rejection.py), so a row without drafts emits the token
+    drawn at its one position, the plain draw's, and every row's slot token is its last
+    emitted one.  (Penalties and logprobs, which need the plain draw, are not on this path.)"""
     P, K1 = shape.num_seqs, shape.verify_len
     hidden = runner.forward_hidden(slot, shape)
     last = slot.dev.logits_indices[:P].long()
     nd = vin.slots[:P].long()
     cols = torch.minimum(torch.arange(K1, device=last.device)[None, :], nd[:, None])
     positions = (last[:, None] - nd[:, None] + cols).reshape(-1)
-    # the LM head once over every verified position: a row's last one (column nd) is its
-    # plain draw's
     logits = runner.model.compute_logits(hidden.index_select(0, positions))
     rows = torch.arange(P, device=last.device)
-    runner.sample(slot, shape, logits.view(P, K1, -1)[rows, nd])
     verify(runner, slot, shape, hidden, bufs, P, rows, positions, vin.drafts[:P], vin.num_drafts[:P],
-           synthetic_accept=synthetic_accept, logits=logits, slots=vin.slots[:P])
+           synthetic_accept=synthetic_accept, logits=logits)
 
 
 def _download(runner, slot, launched, bufs: SpecBuffers, S: int) -> None:
@@ -293,14 +293,12 @@ def _synthetic_acceptance(target: torch.Tensor, drafts: torch.Tensor, num_drafts
 def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int, rows: torch.Tensor,
            positions: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
            draft_probs: torch.Tensor | None = None, synthetic_accept: int | None = None,
-           logits: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> None:
+           logits: torch.Tensor | None = None) -> None:
     """Rejection-sample the drafting rows (`rows`, sampling-row indices) and write every
     sampling row's emitted tokens into `bufs` (a row without drafts: the token it drew).
     `draft_probs` [R, k, V]: a sampling drafter's q (None: point-mass drafts);
     `synthetic_accept`: the bench's synthetic acceptance (`_synthetic_acceptance`);
-    `logits`: the model's logits at `positions`, when the caller has them; `slots` [R]: each
-    row's draft tokens in the step, when `rows` has rows with none (they keep the plain draw,
-    made at their only token)."""
+    `logits`: the model's logits at `positions`, when the caller has them."""
     from slipstream.spec.rejection import rejection_sample
 
     d = slot.dev
@@ -332,10 +330,6 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
         out, num = _synthetic_acceptance(target, drafts, num_drafts, greedy, cols["seed"].view(R, K1)[:, 0],
                                          token_index.view(R, K1)[:, 0], synthetic_accept)
     out, num = out.to(torch.int32), num.to(torch.int32)
-    if slots is not None:  # (the plain draw: bufs.tokens[:, 0])
-        has = slots > 0
-        out = torch.where(has[:, None], out, bufs.tokens[:S].index_select(0, rows))
-        num = torch.where(has, num, torch.ones_like(num))
     bufs.tokens[:S].index_copy_(0, rows, out)
     bufs.num_emitted[:S].index_copy_(0, rows, num)
     bufs.drafted[:S].index_copy_(0, rows, num_drafts.to(torch.int32))
