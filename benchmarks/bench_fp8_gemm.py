@@ -25,12 +25,13 @@ the engine runs the head on sampled rows only), and Qwen3-0.6B's at 256 rows. Va
                    reported once as unsupported where this torch / cuBLASLt lacks it
     mm-block-v2    the same through torch.nn.functional.scaled_mm (BlockWise1x128 x BlockWise128x128)
 
-Weights rotate over `ROT` copies (more bytes than L2 holds) so that small-row products read
-them from memory, as in a model's forward. Each variant's first 64 output rows are checked
-against the exact product (float64, unquantized operands): relative RMS error <= 0.1 (e4m3
-rounds each operand to within 2^-4). After the tables: the fastest routable kernel per row
-count summed over the 8B layer's four products, as a `SLIPSTREAM_FP8_ROUTES` string, and the
-error of fast accumulation against the exact product of the same FP8 operands.
+Weights rotate over 3 or more copies (at least 150 MB of bf16, three H100 L2s) so that
+small-row products read them from memory, as in a model's forward. Each variant's first 64
+output rows are checked against the exact product (float64, unquantized operands): relative
+RMS error <= 0.1 (e4m3 rounds each operand to within 2^-4), else it is reported WRONG and
+not timed. After the tables: the fastest routable kernel per row count summed over the 8B
+layer's four products, as a `SLIPSTREAM_FP8_ROUTES` string, and the error of fast
+accumulation against the exact product of the same FP8 operands.
 `--tiny`: small shapes on the CPU (Triton's interpreter), a smoke test of this script.
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ ROWS = "8,16,32,64,128,256,2048,8192,16384"
 ROWS_06B = [256]
 LM_HEAD_MAX_ROWS = 2048
 SKINNY_MAX_ROWS = 256
-ROT = 3
+ROT_MIN, ROT_MAX, ROT_BYTES = 3, 32, 150e6  # weight copies: at least ROT_BYTES of bf16
 TB_CONFIGS = {c.name: c for c in [
     Fp8GemmConfig(64, 128, 128, 8, 4, 3), Fp8GemmConfig(64, 128, 128, 8, 4, 4), Fp8GemmConfig(128, 128, 128, 8, 8, 3),
     Fp8GemmConfig(128, 128, 128, 8, 8, 4), Fp8GemmConfig(128, 256, 128, 8, 8, 3),
@@ -185,7 +186,8 @@ def best_by_rows(results: list[dict], rows: list[int], names: list[str]) -> dict
     for m in rows:
         totals: dict[str, list[float]] = {}
         for r in results:
-            if r["model"] == "8b" and r["shape"] != "lm_head" and r["rows"] == m and r["variant"] in names:
+            if (r["model"] == "8b" and r["shape"] != "lm_head" and r["rows"] == m and r["variant"] in names
+                    and not r.get("wrong")):
                 totals.setdefault(r["variant"], []).append(r["ms"])
         full = {v: sum(t) for v, t in totals.items() if len(t) == 4}
         if full:
@@ -229,10 +231,10 @@ def main() -> None:
     if args.shapes:
         shapes = [s for s in shapes if f"{s[0]}:{s[1]}" in args.shapes.split(",")]
     rows8b = [int(r) for r in (args.rows or ("4,24" if args.tiny else ROWS)).split(",")]
-    rot = 1 if args.tiny else ROT
     gen = torch.Generator(device=dev).manual_seed(0)
     results, unsupported = [], {}
     for model, name, n, k in shapes:
+        rot = 1 if args.tiny else min(ROT_MAX, max(ROT_MIN, -int(-ROT_BYTES // (2 * n * k))))
         ws_rot = [weight_sets((torch.randn(n, k, generator=gen, device=dev) / k ** 0.5).to(torch.bfloat16))
                   for _ in range(rot)]
         rows = ROWS_06B if model == "0.6b" else [m for m in rows8b if name != "lm_head" or m <= LM_HEAD_MAX_ROWS]
@@ -256,7 +258,12 @@ def main() -> None:
                     print(f"  {v}: unsupported here: {unsupported[v]}")
                     cells.append(f"{'n/a':>16}")
                     continue
-                assert err <= 0.1, f"{model} {name} rows {m} {v}: relative RMS error {err:.3f}"
+                if not err <= 0.1:  # reported, not timed; the other variants go on
+                    print(f"  WRONG: {model} {name} rows {m} {v}: relative RMS error {err:.3f}")
+                    results.append(dict(model=model, shape=name, n=n, k=k, rows=m, variant=v, wrong=True,
+                                        rel_rms_err=err))
+                    cells.append(f"{'WRONG':>16}")
+                    continue
                 ms = time_graph([lambda fn=fn, x=x: fn(x) for fn in fns], device=dev)
                 base = ms if v == "bf16" else base
                 tflops = 2 * m * n * k / ms / 1e9
