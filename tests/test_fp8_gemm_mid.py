@@ -8,6 +8,8 @@ kernel at the 8B shape's sizes and under a CUDA graph.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -21,6 +23,7 @@ from slipstream.quant.fp8 import Fp8Weight, quantize_blocks, quantize_per_channe
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@functools.lru_cache(maxsize=4)  # the GPU tests reuse the 8B shape's weights (read-only)
 def _weight(n: int, k: int, block, gamma: bool, seed: int = 0) -> Fp8Weight:
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g) / k ** 0.5
