@@ -136,6 +136,32 @@ def test_the_input_split_keeps_large_and_small_values():
     _close(y[1:], fp8_linear_ref(x[1:].float(), w), extra=2 ** -25 * sum_w)
 
 
+def test_a_triton_that_refuses_narrow_dots_gets_rows_padded_to_8(monkeypatch):
+    """Where Triton compiles no dot narrower than 16 columns, the first such launch fails while
+    compiling (nothing ran) and the rows are padded to 8 from then on, with the same result."""
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    import slipstream.ops.triton_fp8_gemv_mma as tm
+    launch, pads = tm._launch, []
+
+    def strict(*args):
+        pads.append(args[5])
+        if args[5] < 8:
+            raise CompilationError(None, ast.Pass(), "dot: 16 columns at least")
+        launch(*args)
+
+    monkeypatch.setattr(tm, "_launch", strict)
+    monkeypatch.setattr(tm, "_NARROW_FLOOR", [1])
+    w, x = _weight(48, 160, "channel", True), _x(3, 160)
+    y = fp8_gemv(x, w, row_scale_eps=1e-5, cfg=MMA_TINY)
+    _close(y, scale_rows_ref(fp8_linear_ref(x.float(), w), x.float(), 1e-5, None))
+    assert pads == [4, 8] and tm._NARROW_FLOOR == [8]
+    fp8_gemv(x[:1], w, cfg=MMA_TINY)
+    assert pads[-1] == 8  # no second failing try
+
+
 def test_rows_outside_1_to_16_are_refused():
     w = _weight(48, 160, "channel", False)
     with pytest.raises(ValueError, match="1 to 16 input rows"):

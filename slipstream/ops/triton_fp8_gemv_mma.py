@@ -41,17 +41,20 @@ one's use of them. The reference is `ops.fp8_linear.fp8_linear_ref`.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.compiler.errors import CompilationError
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_fused import silu_mul
 from slipstream.quant.fp8 import Fp8Weight
 
 SPLIT_SHIFT = tl.constexpr(256.0)  # 2^8: hi = f16(v / 2^8)
+logger = logging.getLogger(__name__)
 
 
 @triton.jit
@@ -262,9 +265,29 @@ def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2
     of two, at least min_m_pad (Triton pads a narrow dot's side to the MMA's 8 itself: the
     input's work, loads, SiLU and splits, is then the real rows' only)."""
     m = x2.shape[0]
-    m_pad = max(triton.next_power_of_2(m), min_m_pad)
-    block_n = block_n or mma_columns(w.shape[0])
+    m_pad = max(triton.next_power_of_2(m), min_m_pad, _NARROW_FLOOR[0])
+    try:
+        _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
+                num_warps, split, sms)
+    except CompilationError:
+        if m_pad >= 8:
+            raise
+        # a Triton that wants 16 columns a dot: pad the rows to 8 (hi and lo: 16) from now on
+        # (nothing ran: the launch failed while compiling)
+        _NARROW_FLOOR[0] = 8
+        logger.warning("fp8_gemv: this Triton refuses dots of %d columns; rows are padded to 8", 2 * m_pad)
+        _launch(x2, w, bias, res2, out2, 8, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
+                num_warps, split, sms)
+
+
+_NARROW_FLOOR = [1]  # the least row padding this Triton compiles (8 once a narrower dot failed)
+
+
+def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
+            num_warps, split, sms) -> None:
+    m = x2.shape[0]
     n, k = w.shape
+    block_n = block_n or mma_columns(n)
     bn_s, bk_s = w.block or (1, 1)
     k_slice = bk_s if w.block is not None else max(16, block_k // num_warps)
     tile = num_warps * k_slice
@@ -281,6 +304,7 @@ def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2
         res2, out2, *ws, m, n, float(row_scale_eps or 0.0), k_per_split,
         x2.stride(0), qw.stride(0), w.scale.stride(0), res2.stride(0), out2.stride(0),
         K=k, M_PAD=m_pad, BLOCK_N=block_n, K_SLICE=k_slice, WARPS=num_warps, STAGES=stages, SPLIT=split,
-        EVEN_K=k % k_per_split == 0 and k_per_split % tile == 0, EVEN_N=n % block_n == 0, BN_S=bn_s, BLOCK_SCALES=w.block is not None, HAS_GAMMA=w.gamma is not None,
-        HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
-        num_warps=num_warps, **pdl_launch(x2.device))
+        EVEN_K=k % k_per_split == 0 and k_per_split % tile == 0, EVEN_N=n % block_n == 0, BN_S=bn_s,
+        BLOCK_SCALES=w.block is not None, HAS_GAMMA=w.gamma is not None, HAS_BIAS=bias is not None,
+        HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul, num_warps=num_warps,
+        **pdl_launch(x2.device))
