@@ -111,8 +111,11 @@ def test_skinny_config_follows_rows_and_splits_narrow_weights():
     assert skinny_config_for(8, 28672, 4096).block_m == 16
     assert skinny_config_for(256, 28672, 4096).block_m == 64
     assert skinny_config_for(32, 28672, 4096).split_k == 1  # 448 programs
-    assert skinny_config_for(32, 4096, 14336).split_k == 2  # 64 programs for 132 SMs
-    assert skinny_config_for(32, 4096, 1024).split_k == 1  # too little K to split
+    assert skinny_config_for(32, 6144, 4096).split_k == 2  # 96 programs for 132 SMs
+    assert skinny_config_for(32, 4096, 14336).split_k == 3  # 64
+    assert skinny_config_for(32, 1024, 2048).split_k == 4  # 16 (the 0.6B's o): at most 4 ways
+    assert skinny_config_for(32, 4096, 1024).split_k == 2  # 64, K allows 2 splits of 512
+    assert skinny_config_for(256, 4096, 4096).split_k == 1  # 4 row tiles: 256 programs
 
 
 def test_dispatch_routes_by_rows_and_layout():

@@ -10,7 +10,7 @@ MMA's 64-row side and the activation rows its narrow side (Hopper's wgmma m64nXk
 256). FP8 MMAs want both operands K-major, which W [N, K] and x [M, K] already are.
 
 `split_k` > 1 splits K over programs too (N = 4096 at BLOCK_N 64 gives 64 programs for 132
-SMs): each split writes its fp32 partial to a workspace and counts itself in done by one
+SMs; `skinny_config_for`): each split writes its fp32 partial to a workspace and counts itself in done by one
 atomic; the split that arrives last sums the partials in split order (the same bits whatever
 the arrival order) and runs the epilogue. The counters come zeroed with each call
 (one memset), so launches stay shape-only and CUDA-graph safe.
@@ -47,12 +47,15 @@ class Fp8SkinnyConfig:
 DEFAULT_FP8_SKINNY_CONFIG = Fp8SkinnyConfig()
 
 
+SMS = 132  # an H100 SXM's (an H200's too): the programs a split aims at
+
+
 def skinny_config_for(m: int, n: int, k: int) -> Fp8SkinnyConfig:
-    """The tile for `m` rows: the narrowest activation tile that holds them (16-64), and K
-    split in two when the weight's N gives fewer programs than a Hopper has SMs (132)."""
+    """The tile for `m` rows: the narrowest activation tile that holds them (16-64); K split
+    (up to 4 ways, at least 512 columns a split) when the tiles alone leave SMs idle."""
     block_m = min(max(16, triton.next_power_of_2(m)), 64)
     tiles = triton.cdiv(n, 64) * triton.cdiv(m, block_m)
-    split = 2 if tiles < 100 and k >= 2048 else 1
+    split = max(1, min(4, triton.cdiv(SMS, tiles), k // 512))
     return Fp8SkinnyConfig(block_m=block_m, split_k=split)
 
 
