@@ -68,7 +68,7 @@ class Fp8GemvConfig:
     # slices of K (split-K; None: `mma_split`, enough programs for every SM)
     mma_block_n: int | None = None  # None: `mma_columns`
     mma_block_k: int = 256
-    mma_stages: int = 3
+    mma_stages: int | None = None  # None: 3 up to 8 rows, 2 above (3 spill registers at 16)
     mma_warps: int = 4
     mma_split_k: int | None = None
     # rows are padded to a power of two, at least this (the dot's narrow side is 2 x that:
@@ -166,10 +166,10 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
     res2 = residual.view(m, n) if residual is not None else out2
     fma_rows = cfg.fma_rows if not silu_mul or cfg.fma_rows_silu is None else cfg.fma_rows_silu
     if m > min(fma_rows, 1):
-        sms = sm_count(x.device)
+        stages = cfg.mma_stages or (3 if m <= 8 else 2)
         fp8_gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
-                     silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=cfg.mma_block_k,
-                     stages=cfg.mma_stages, num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sms,
+                     silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=cfg.mma_block_k, stages=stages,
+                     num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sm_count(x.device),
                      min_m_pad=cfg.mma_min_m_pad)
         return out
     qw = w.qweight
