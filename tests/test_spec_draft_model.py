@@ -155,3 +155,18 @@ def test_smollm2_as_its_own_draft_on_the_gpu():
         assert _tokens(llm.generate(prompts, sampled)) == first
         stats = llm.engine.stats()
         assert stats["spec_num_accepted_tokens"] >= 0.95 * stats["spec_num_draft_tokens"] > 0, stats
+
+
+def test_the_drafts_are_the_draft_models_own_greedy_continuation(tiny_model, random_draft):
+    """After a prompt's prefill step, the drafts buffered for its row are the draft model's
+    greedy continuation of the prompt and the target's token, as the draft model decodes
+    them alone."""
+    folder, _ = tiny_model("llama")
+    prompt, k = [5, 17, 99, 3, 42, 7, 7, 130, 64], 3
+    llm = _llm(folder, speculative_config=_draft(random_draft, k=k))
+    token = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))[0].outputs[0].token_ids
+    drafter = llm.engine.runner.drafter
+    row = int((drafter.next_pos == len(prompt) + 1).nonzero()[0, 0])
+    alone = LLM(random_draft, device="cpu", max_model_len=128, load_format="dummy")
+    want = alone.generate([prompt + list(token)], SamplingParams(max_tokens=k, temperature=0, ignore_eos=True))
+    assert drafter.drafts[row].tolist() == list(want[0].outputs[0].token_ids)

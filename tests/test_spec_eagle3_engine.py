@@ -214,3 +214,46 @@ def test_bench_synthetic_acceptance_with_device_drafters(tiny_model, random_head
     for mode in ("sync", "async"):
         s = summary["results"][mode]["speculation"]
         assert s["drafted"] > 0 and s["mean_accepted_length"] == 3.0, (mode, s)
+
+
+def test_the_heads_drafts_equal_a_reference_from_the_targets_hidden_states(tiny_model, random_head):
+    """After a prompt's prefill step, the drafts buffered for its row are those of the head run
+    by hand: the target's hidden states at layers (0, 1, 1) over the prompt, the head over
+    them with each position reading the next token (the prompt's, then the sampled one), then
+    k greedy steps feeding each draft back with the head's own output."""
+    from slipstream.model.eagle3 import AuxHiddenCapture
+    from slipstream.model.eagle3_loader import load_eagle3
+    from slipstream.model.loader import load_model
+    from slipstream.ops.metadata import AttentionMetadata
+
+    folder, _ = tiny_model("llama")
+    prompt = [5, 17, 99, 3, 42, 7, 7, 130, 64]
+    P, k = len(prompt), 3
+    llm = _llm(folder, speculative_config=_eagle(random_head, k=k))
+    out = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    drafter = llm.engine.runner.drafter
+    row = int((drafter.next_pos == P + 1).nonzero()[0, 0])
+    got = drafter.drafts[row].tolist()
+
+    def meta(start, n):
+        return AttentionMetadata(torch.tensor([0, n], dtype=torch.int32), torch.tensor([start + n], dtype=torch.int32),
+                                 torch.arange(4, dtype=torch.int32)[None], torch.arange(start, start + n, dtype=torch.int32),
+                                 n, start + n)
+
+    target, _ = load_model(folder, "auto", torch.float32, "cpu")
+    head = load_eagle3(random_head, "dummy", torch.float32, "cpu")
+    ids = torch.tensor(prompt, dtype=torch.int32)
+    kv = [(torch.zeros(4, 16, 2, 16), torch.zeros(4, 16, 2, 16)) for _ in range(2)]
+    head_kv = (torch.zeros(4, 16, 2, 16), torch.zeros(4, 16, 2, 16))
+    with torch.no_grad():
+        with AuxHiddenCapture(target, (0, 1, 1)) as capture:
+            token = int(target.compute_logits(target(ids, torch.arange(P), meta(0, P), kv)[-1:]).argmax())
+        assert token == out[0].outputs[0].token_ids[0]
+        nxt = torch.tensor(prompt[1:] + [token], dtype=torch.int32)
+        normed, pre = head(nxt, torch.arange(P), head.combine_hidden_states(capture.aux()), meta(0, P), head_kv)
+        normed, hidden, want = normed[-1:], pre[-1:], []
+        for i in range(k):
+            want.append(int(head.target_logits(normed).argmax()))
+            normed, hidden = head(torch.tensor([want[-1]], dtype=torch.int32), torch.tensor([P + i]), hidden,
+                                  meta(P + i, 1), head_kv)
+    assert got == want
