@@ -17,6 +17,7 @@ the engine runs the head on sampled rows only), and Qwen3-0.6B's at 256 rows. Va
                    ops) + _scaled_mm tensor-wise: cuBLASLt's own FP8 kernel
     skinny, skinny-block   ops/triton_fp8_gemm_skinny.py (<= 256 rows; its tile for the rows)
     skinny[-block]-m128    the same with 128 activation rows a program (128-256 rows)
+    skinny-nopf, skinny-s1 `skinny` without its weight prefetch before the PDL wait / K split
     triton         ops/triton_fp8_gemm.py, per-channel weights (the batch-invariant kernel)
     tb-mMnNwWsS[p] ops/triton_fp8_gemm.py on block weights with BLOCK_M x BLOCK_N tiles, W warps,
                    S stages, p: persistent (tb-m64n128w4s3 is the default config); the routing
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 import sys
 
 import torch
@@ -50,7 +52,7 @@ from slipstream.ops.fp8_dispatch import fp8_product  # noqa: E402
 from slipstream.ops.fp8_linear import fp8_linear  # noqa: E402
 from slipstream.ops.linear import linear  # noqa: E402
 from slipstream.ops.triton_fp8_gemm import DEFAULT_FP8_GEMM_CONFIG, Fp8GemmConfig, fp8_gemm  # noqa: E402
-from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny  # noqa: E402
+from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for  # noqa: E402
 from slipstream.ops.triton_fp8_quant import quantize_rows  # noqa: E402
 from slipstream.quant.fp8 import (FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weight, quantize_blocks,  # noqa: E402
                                   quantize_per_channel, quantize_per_tensor)
@@ -71,7 +73,7 @@ TB_CONFIGS = {c.name: c for c in [
     Fp8GemmConfig(128, 128, 128, 8, 8, 4), Fp8GemmConfig(128, 256, 128, 8, 8, 3),
     Fp8GemmConfig(128, 128, 128, 8, 8, 3, persistent=True), Fp8GemmConfig(128, 128, 128, 8, 8, 4, persistent=True)]}
 VARIANTS = ["bf16", "fp8", "fp8-block", "mm", "mm-fast", "mm-tensor", "mm-tensor-fast", "skinny", "skinny-block",
-            "skinny-m128", "skinny-block-m128",
+            "skinny-m128", "skinny-block-m128", "skinny-nopf", "skinny-s1",
             "triton", *TB_CONFIGS, "mm-block", "mm-block-v2"]
 # what the routing table can pick, per layout (bench name -> table kernel)
 ROUTABLE = {"channel": {"mm": "scaled_mm", "mm-fast": "scaled_mm_fast", "skinny": "skinny", "triton": "triton"},
@@ -119,6 +121,12 @@ def variant_fn(name: str, ws: dict):
         return lambda x: fp8_product(x, ws["channel"], None, kernel)
     if name == "skinny-block":
         return lambda x: fp8_product(x, ws["block"], None, "skinny")
+    if name in ("skinny-nopf", "skinny-s1"):  # the skinny tile for the rows without its L2 prefetch / K split
+        def one_change(x):
+            cfg = skinny_config_for(x.shape[0], *ws["channel"].shape)
+            cfg = replace(cfg, prefetch_k=0) if name == "skinny-nopf" else replace(cfg, split_k=1)
+            return fp8_gemm_skinny(x, ws["channel"], None, cfg)
+        return one_change
     if name.endswith("-m128"):  # 128 activation rows a program (wgmma m64n128), K unsplit
         wt = ws["block" if "block" in name else "channel"]
         return lambda x: fp8_gemm_skinny(x, wt, None, Fp8SkinnyConfig(block_m=128, num_stages=4))

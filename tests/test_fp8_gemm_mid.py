@@ -235,8 +235,9 @@ def test_gpu_block_scaled_mm_matches_the_reference_where_torch_has_it():
 # --- compiled for Hopper without a GPU ---
 
 def compile_skinny_for_hopper() -> list[str]:
-    """The skinny GEMM's launches at the 8B shape (per channel at 32 rows, split in two;
-    128x128 blocks at 17 rows; the down product into the residual at 64 rows) and the
+    """The skinny GEMM's launches at the 8B shape (per channel at 32 rows, K split; 128x128
+    blocks at 17 rows; the down product into the residual at 64 rows; each with its weight
+    prefetch before the PDL wait, which the interpreter cannot run) and the
     persistent 128x128 Triton GEMM on block weights at 2048 rows, compiled for sm_90: returns
     each launch's wgmma instruction."""
     import re
@@ -263,8 +264,12 @@ def compile_skinny_for_hopper() -> list[str]:
                     cfg=tm.Fp8GemmConfig(128, 128, 128, 8, 8, 4, persistent=True))
     found = []
     for fn, args, kw in launches:
-        compiled = compile_launch_for_hopper(fn, args, kw)[0]
-        found.append(",".join(sorted(set(re.findall(r"wgmma\.mma_async\.\S+", compiled.asm["ptx"])))))
+        if "PREFETCH_K" in kw:  # as on a GPU, with PDL on: the weight rows' L2 prefetch before the wait
+            kw = dict(kw, PREFETCH_K=ts.DEFAULT_FP8_SKINNY_CONFIG.prefetch_k)
+        ptx = compile_launch_for_hopper(fn, args, kw)[0].asm["ptx"]
+        found.append(",".join(sorted(set(re.findall(r"wgmma\.mma_async\.\S+", ptx)))))
+        if "PREFETCH_K" in kw:
+            assert 0 <= ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait"), "prefetch after the wait"
         print("compiled", found[-1])
     return found
 

@@ -42,6 +42,10 @@ class Fp8SkinnyConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 5  # weight bytes in flight: the product is bound by them
+    # with PDL, the first prefetch_k columns of each of the program's weight rows are asked
+    # into L2 before the wait for the input's quantization (weights are written by no kernel
+    # of a step): the weight stream starts while the quantization runs. 0: off.
+    prefetch_k: int = 1024
 
 
 DEFAULT_FP8_SKINNY_CONFIG = Fp8SkinnyConfig()
@@ -64,8 +68,8 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
                        stride_am, stride_asm, stride_wn, stride_wsn, stride_rm, stride_cm,
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT_K: tl.constexpr, BN_S: tl.constexpr, BLOCK_SCALES: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_start(USE_PDL)
+                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, USE_PDL: tl.constexpr,
+                       PREFETCH_K: tl.constexpr = 0):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -79,6 +83,11 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
     per_split = tl.cdiv(steps, SPLIT_K)
     k_lo = pid_s * per_split * BLOCK_K
     k_hi = tl.minimum(K, k_lo + per_split * BLOCK_K)
+    if PREFETCH_K > 0:  # one L2 prefetch a 128-byte line, before the wait (pdl.py's exception)
+        lines = k_lo + tl.arange(0, PREFETCH_K // 128) * 128
+        addr = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + lines[None, :]
+        _prefetch_l2(addr, nmask[:, None] & (lines < k_hi)[None, :], w_ptr)
+    pdl_start(USE_PDL)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     a_ptrs = a_ptr + offs_m.to(tl.int64)[None, :] * stride_am + offs_k[:, None]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -116,6 +125,15 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
 
 
 @triton.jit
+def _prefetch_l2(ptrs, mask, base):
+    """`prefetch.global.L2` of each masked-in address (no value comes back); masked-out lanes
+    prefetch `base` (a valid address) instead."""
+    safe = tl.where(mask, ptrs, base)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [safe],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] (+ bias) (+ residual) stored transposed into c [M, N]."""
@@ -135,24 +153,26 @@ def fp8_gemm_skinny(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = N
     n, k = w.shape
     m = x.shape[0]
     cfg = cfg or skinny_config_for(m, n, k)
+    assert cfg.prefetch_k == 0 or (cfg.prefetch_k >= 128 and cfg.prefetch_k & (cfg.prefetch_k - 1) == 0), cfg
     block_k = w.block[1] if w.block is not None else cfg.block_k
-    q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    res = residual if residual is not None else out
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
-    if cfg.split_k > 1:
+    if cfg.split_k > 1:  # (the counters' memset before the quantization: PDL chains the two kernels)
         part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
         cnt = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x.device)
     else:
         part = cnt = out  # unused
+    q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
+    res = residual if residual is not None else out
+    pdl = pdl_launch(x.device)
     _fp8_skinny_kernel[grid](
         q, s, w.qweight, w.scale, bias if bias is not None else w.scale, res, out, part, cnt, m, n, k,
         q.stride(0), s.stride(0), w.qweight.stride(0), w.scale.stride(0), res.stride(0), out.stride(0),
         BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         BN_S=w.block[0] if w.block is not None else 1, BLOCK_SCALES=w.block is not None,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl_launch(x.device))
+        num_stages=cfg.num_stages, PREFETCH_K=cfg.prefetch_k if pdl["USE_PDL"] else 0, **pdl)
     return out
