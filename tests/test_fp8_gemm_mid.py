@@ -166,6 +166,13 @@ def test_linear_add_takes_the_routed_kernel_with_its_residual(monkeypatch):
     _close(r, expect)
 
 
+def test_small_256_fp8_is_small_256_with_fp8_weights():
+    from slipstream.bench.workloads import get_workload
+    w, p = get_workload("small-256-fp8"), get_workload("small-256")
+    assert w.name == "small-256-fp8" and w.engine == {**p.engine, "quantization": "fp8"}
+    assert w.prompts == p.prompts and w.params == p.params
+
+
 # --- GPU: the 8B shape's sizes ---
 
 SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
