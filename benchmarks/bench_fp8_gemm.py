@@ -217,7 +217,7 @@ def suggest_routes(results: list[dict], rows: list[int]) -> str:
                 continue
             routes.append(kernel if i + 1 == len(best) else f"{kernel}:{m}")
         parts.append(f"{layout}={','.join(routes)}")
-    return ";".join(parts)
+    return "/".join(parts)
 
 
 def main() -> None:

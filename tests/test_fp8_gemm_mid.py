@@ -119,7 +119,8 @@ def test_skinny_config_follows_rows_and_splits_narrow_weights():
 
 
 def test_dispatch_routes_by_rows_and_layout():
-    d = parse_dispatch("channel=scaled_mm_fast:16,skinny:128,scaled_mm;block=scaled_mm_block")
+    d = parse_dispatch("channel=scaled_mm_fast:16,skinny:128,scaled_mm/block=scaled_mm_block")
+    assert parse_dispatch("channel=scaled_mm_fast:16,skinny:128,scaled_mm;block=scaled_mm_block") == d
     assert [d.kernel_for(m, False) for m in (1, 16, 17, 128, 129, 100_000)] == \
         ["scaled_mm_fast", "scaled_mm_fast", "skinny", "skinny", "scaled_mm", "scaled_mm"]
     assert d.kernel_for(5, True) == d.kernel_for(50_000, True) == "scaled_mm_block"

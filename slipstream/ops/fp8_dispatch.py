@@ -7,7 +7,9 @@ defaults are set from `benchmarks/bench_fp8_gemm.py` (gpu_run.sh stage `fp8-gemm
 fastest kernel at each row count, activation quantization included); `SLIPSTREAM_FP8_ROUTES`
 overrides them for A/B runs, e.g.
 
-    SLIPSTREAM_FP8_ROUTES="channel=skinny:64,scaled_mm;block=skinny:256,triton"
+    SLIPSTREAM_FP8_ROUTES="channel=skinny:64,scaled_mm/block=skinny:256,triton"
+
+(layouts apart by '/' or ';': gpu_run.sh's ab-env takes ';' between its arms).
 
 Kernels (each quantizes its input per token, per token and 128-column group for blocks):
 - `scaled_mm`: `torch._scaled_mm` (cuBLASLt / CUTLASS) with row-wise scales, fp32 accumulation
@@ -78,9 +80,10 @@ def _parse_routes(text: str, allowed: tuple[str, ...], layout: str) -> tuple[Fp8
 
 
 def parse_dispatch(text: str, base: Fp8Dispatch = Fp8Dispatch()) -> Fp8Dispatch:
-    """`channel=K:ROWS,...,K;block=K:ROWS,...,K` (either part may be left out: the default's)."""
+    """`channel=K:ROWS,...,K/block=K:ROWS,...,K` (or ';' between the two; either part may be
+    left out: the default's)."""
     parts = {}
-    for part in filter(None, (p.strip() for p in text.split(";"))):
+    for part in filter(None, (p.strip() for p in text.replace(";", "/").split("/"))):
         layout, _, routes = part.partition("=")
         if layout not in ("channel", "block") or not routes:
             raise ValueError(f"FP8 routes: {part!r} is not 'channel=...' or 'block=...'")
