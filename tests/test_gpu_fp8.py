@@ -20,8 +20,8 @@ def _replays(llm) -> dict:
 def test_fp8_async_equals_sync_under_graphs(tmp_path, block):
     """FP8 weights under CUDA graphs on both IO slots, with carry-over: 24 requests admitted
     together with known lengths run the same batches in sync and async mode, so the tokens
-    are the same (one row: the FP8 GEMV; 24: _scaled_mm, or the block GEMM for 128x128 block
-    scales), then one request alone (the GEMV for every product)."""
+    are the same (one row: the FP8 GEMV; 24: the kernel ops/fp8_dispatch.py routes 24 rows to,
+    the skinny FP8 GEMM by default), then one request alone (the GEMV for every product)."""
     import json
     import shutil
 
