@@ -3,9 +3,10 @@
 
 The table is per weight layout (per-tensor / per-channel, 128x128 blocks): routes sorted by
 `up_to_rows`, the first that holds the batch's rows wins, the last one takes any count. The
-defaults are set from `benchmarks/bench_fp8_gemm.py` (gpu_run.sh stage `fp8-gemm`: the
-fastest kernel at each row count, activation quantization included); `SLIPSTREAM_FP8_ROUTES`
-overrides them for A/B runs, e.g.
+defaults are to follow `benchmarks/bench_fp8_gemm.py` (gpu_run.sh stage `fp8-gemm`: the
+fastest kernel at each row count, activation quantization included, printed as a routes
+string); until that has run on a GPU the skinny kernel's routes are unmeasured.
+`SLIPSTREAM_FP8_ROUTES` overrides them (A/B runs), e.g.
 
     SLIPSTREAM_FP8_ROUTES="channel=skinny:64,scaled_mm/block=skinny:256,triton"
 
