@@ -244,7 +244,8 @@ for stage in "$@"; do
     # at synthetic acceptance A = 0..k (tokens a step = A + 1), an EAGLE-3 head of the published
     # size (Llama-3.1-8B's: hidden 4096, one layer, draft vocabulary 32000) and a draft model of
     # the Llama-3.2-1B shape; the drafters' KV and q buffers are sized by max_num_seqs x
-    # max_model_len outside the KV budget, hence 8 rows and 0.8 of the memory for every run.
+    # max_model_len (counted before the KV budget, not their activations), hence 8 rows and
+    # 0.8 of the memory for every run, plain included.
     # SPEC_K (3), ACCEPTS ("0 .. k"), METHODS ("eagle3 draft_model ngram"), WORKLOADS
     spec-e2e) k=${SPEC_K:-3}; common=(--mode async --max-num-seqs 8 --gpu-memory-utilization 0.8)
               cfg=slipstream/bench/configs

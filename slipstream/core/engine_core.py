@@ -99,6 +99,7 @@ class EngineCore:
         else:  # the runner itself is the executor: nothing between the loop and it
             check_buffer_budget(config.max_num_seqs, tokens, self.max_model_len, config.block_size,
                                 self.model_config, self.device)
+            self._drafter = self._make_drafter()
             self.runner = ModelRunner(self.model, self.model_config, self._runner_options(tokens), self.device,
                                       self.dtype)
         self.startup = self._startup_report(weights_s, time.perf_counter() - start)
@@ -299,17 +300,23 @@ class EngineCore:
     def _setup_speculation(self, spec_config, async_mode: bool) -> None:
         spec = self.scheduler.speculative = SpecScheduling(spec_config, self.max_model_len)
         spec.device = async_mode  # (drafts made on the GPU)
-        rows, k = self.table.token_ids.shape[0], spec_config.num_speculative_tokens
-        common = (rows, self.max_model_len, self.config.block_size, self.device, self.dtype, k)
-        # draft_model, eagle3: drafts made on the GPU at the end of every step
+        spec.drafter = self.runner.drafter = self._drafter
+
+    def _make_drafter(self):
+        """draft_model, eagle3: the drafter that runs on the device after every step (None:
+        ngram or no speculation).  Made before the runner sizes its KV cache from the memory
+        left, so that its weights, KV and buffers count against `gpu_memory_utilization`."""
+        spec_config = self.config.speculative_config
+        if spec_config is None or spec_config.method not in ("draft_model", "eagle3"):
+            return None
+        rows = self.config.max_num_seqs + 1  # (the request table's rows)
+        common = (rows, self.max_model_len, self.config.block_size, self.device, self.dtype,
+                  spec_config.num_speculative_tokens)
         if spec_config.method == "draft_model":
             from slipstream.runner.draft_model import DraftModelDrafter
-            spec.drafter = self.runner.drafter = DraftModelDrafter(
-                spec_config.model, self.model_config.vocab_size, *common)
-        elif spec_config.method == "eagle3":
-            from slipstream.runner.eagle3_drafter import Eagle3Drafter
-            spec.drafter = self.runner.drafter = Eagle3Drafter(
-                spec_config.model, self.model, self.model_config, *common)
+            return DraftModelDrafter(spec_config.model, self.model_config.vocab_size, *common)
+        from slipstream.runner.eagle3_drafter import Eagle3Drafter
+        return Eagle3Drafter(spec_config.model, self.model, self.model_config, *common)
 
     def set_bench_synthetic_acceptance(self, accept: int) -> None:
         """A benchmark knob (`slipstream bench --spec-synthetic-accept`, nothing else sets
