@@ -165,7 +165,7 @@ class DeviceDrafter:
             probs[:, i] = q
             if i == k - 1:
                 break
-            p = pos + 2 + i - self.feed_offset
+            p = (pos + 2 + i - self.feed_offset).to(torch.int32)  # (int32, as the target's positions)
             logits, state = self.feed(tok.long(), p, state,
                                       self.meta(qsl, p + 1, rows, p, rows, 1, shape.max_seq_len + k + 1))
         self.drafts.index_copy_(0, rows, drafts)

@@ -45,13 +45,13 @@ class DraftModelDrafter(DeviceDrafter):
     def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src):
         d = slot.dev
         T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
-        positions = d.positions[:T].long()
+        positions = d.positions[:T]
         token_rows = inp.seq_rows.index_select(0, inp.token_seq)
         meta = self.meta(d.query_start_loc[:B + 1], d.seq_lens[:B], inp.seq_rows, positions, token_rows,
                          shape.max_query_len, shape.max_seq_len)
         self.model(d.input_ids[:T], positions, meta, self.kv_caches)  # (its KV only)
         last = out.long().gather(1, (num_emitted[:S].long() - 1)[:, None]).squeeze(1)
-        p = positions.index_select(0, src) + 1  # the last emitted token's position
+        p = positions.index_select(0, src) + 1  # the last emitted token's position (int32)
         rows = d.state_row[:S].long()
         qsl = torch.arange(S + 1, dtype=torch.int32, device=self.device)
         return self.feed(last, p, None, self.meta(qsl, p + 1, rows, p, rows, 1, shape.max_seq_len + self.k + 1))

@@ -68,7 +68,7 @@ class Eagle3Drafter(DeviceDrafter):
         d = slot.dev
         T, B = shape.num_tokens, shape.num_seqs
         ids = d.input_ids[:T].long()
-        positions = d.positions[:T].long()
+        positions = d.positions[:T]
         nxt = torch.zeros(T + 1, dtype=torch.long, device=self.device)  # (index T: a scratch entry)
         nxt[:T - 1] = ids[1:]
         nxt[inp.prompt_at] = inp.prompt_next
