@@ -1,11 +1,16 @@
 """The grammar's CPU cost per step when the model draws uniformly among the allowed tokens,
 as the constrained bench workloads do under dummy weights: `--rows` matchers of the bench
-schema (BENCH_SCHEMA) fill their bitmask rows, each row draws a random allowed token, and
-every matcher accepts its token.  Times the fill (xgrammar's batch matcher over `--threads`)
-and the accepts (one call a row; and split over a thread pool, which scales only where the
-library lets go of the GIL).
+schema (BENCH_SCHEMA) each accept the token their row drew last step, then fill their bitmask
+rows; each row then draws a random allowed token (not timed; the same draws for every setting).
+
+`--workers 0` is the engine's in-process path (the accepts one at a time in this process,
+the fill on xgrammar's batch threads); N > 0 is `--structured-outputs-workers N`: the rows
+shared out among N grammar worker processes, one `Step` message each, their rows written into
+the shared bitmask and copied into a pinned-like buffer, as `StructuredOutputs` does.  Prints
+the median milliseconds a step of accept + fill (and its parts for N = 0) per setting.
 
     python benchmarks/probe_grammar_random.py --tokenizer .smoltok [--rows 256] [--steps 60]
+        [--workers 0 1 2 4 8] [--vocab 151936]
 """
 from __future__ import annotations
 
@@ -13,7 +18,6 @@ import argparse
 import json
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -23,56 +27,99 @@ from slipstream.bench.workloads import BENCH_SCHEMA
 from slipstream.sampling.grammar.bitmask import allocate_bitmask
 from slipstream.sampling.grammar.compiler import GrammarCompiler
 from slipstream.sampling.grammar.matcher import fill_bitmasks
+from slipstream.sampling.grammar.worker_messages import Step
+from slipstream.sampling.grammar.worker_pool import GrammarWorkerPool, GrammarWorkerSpec
 from slipstream.sampling.grammar.xgrammar_backend import XGrammarBackend
 from slipstream.sampling.structured import StructuredOutputsParams
 
-VOCAB = 151936  # small-256's model
+STOP = (0,)
 
 
-def random_allowed(bitmask: torch.Tensor, gen: torch.Generator) -> list[int]:
-    bits = ((bitmask[:, :, None] >> torch.arange(32)) & 1).reshape(bitmask.shape[0], -1)[:, :VOCAB]
+def random_allowed(bitmask: torch.Tensor, vocab: int, gen: torch.Generator) -> list[int]:
+    bits = ((bitmask[:, :, None] >> torch.arange(32)) & 1).reshape(bitmask.shape[0], -1)[:, :vocab]
     return torch.multinomial(bits.float() + 1e-12, 1, generator=gen)[:, 0].tolist()
+
+
+class Draws:
+    """Each step's tokens, drawn once (by the first setting) and replayed by the others."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab, self.steps = vocab, []
+        self.gen = torch.Generator().manual_seed(0)
+
+    def after(self, step: int, bitmask: torch.Tensor) -> list[int]:
+        if len(self.steps) <= step:
+            self.steps.append(random_allowed(bitmask, self.vocab, self.gen))
+        return self.steps[step]
+
+
+def in_process(tok, a, draws: Draws) -> dict:
+    backend = XGrammarBackend(tok, vocab_size=a.vocab, stop_token_ids=STOP)
+    with GrammarCompiler(backend) as comp:
+        handle = comp.submit(StructuredOutputsParams(json=BENCH_SCHEMA))
+        matchers = [comp.new_matcher(handle) for _ in range(a.rows)]
+    bitmask = allocate_bitmask(a.rows, a.vocab)
+    accept, fill, tokens = [], [], None
+    for step in range(a.steps):
+        t0 = time.perf_counter()
+        if tokens is not None:
+            for m, t in zip(matchers, tokens):
+                m.accept(t)
+        t1 = time.perf_counter()
+        fill_bitmasks(matchers, bitmask, list(range(a.rows)))
+        t2 = time.perf_counter()
+        accept.append(t1 - t0)
+        fill.append(t2 - t1)
+        tokens = draws.after(step, bitmask)
+    total = [x + y for x, y in zip(accept[1:], fill[1:])]
+    return {"step_ms_median": 1e3 * statistics.median(total),
+            "accept_ms_median": 1e3 * statistics.median(accept[1:]),
+            "fill_ms_median": 1e3 * statistics.median(fill[1:])}
+
+
+def with_workers(tok, a, n: int, draws: Draws) -> dict:
+    key = StructuredOutputsParams(json=BENCH_SCHEMA).key()
+    pool = GrammarWorkerPool(GrammarWorkerSpec("xgrammar", tok, a.vocab, STOP), n)
+    t0 = time.perf_counter()
+    owners = [pool.assign(row, key) for row in range(a.rows)]  # least loaded: round-robin
+    while not all(pool.is_ready(w) for w in set(owners)):
+        time.sleep(0.01)
+    start_s = time.perf_counter() - t0
+    pinned = allocate_bitmask(a.rows, a.vocab)
+    shared = pool.bitmask(a.rows, pinned.shape[1])
+    times, tokens = [], None
+    for step in range(a.steps):
+        t0 = time.perf_counter()
+        messages = {w: Step([], [], [], "", 0, 0) for w in set(owners)}
+        for row, w in enumerate(owners):
+            if tokens is not None:
+                messages[w].accepts.append((row, [tokens[row]]))
+            messages[w].fills.append((row, row))
+        errors = pool.step(messages)
+        np.copyto(pinned.numpy(), shared[:a.rows].numpy())  # as StructuredOutputs does
+        times.append(time.perf_counter() - t0)
+        if errors:
+            raise RuntimeError(f"workers reported errors: {list(errors.items())[:3]}")
+        tokens = draws.after(step, pinned)
+    pool.close()
+    # the first step waits for the workers' compiles
+    return {"step_ms_median": 1e3 * statistics.median(times[1:]), "workers_start_s": round(start_s, 2)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--tokenizer", default=None, help="a tokenizer folder (default: the embedded SmolLM2's)")
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--vocab", type=int, default=151936, help="the model's vocabulary (small-256's)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4, 8])
     a = ap.parse_args()
     tok = bench_grammar_tokenizer(a.tokenizer)
-    out: dict = {"rows": a.rows, "steps": a.steps}
-    tokens: list[list[int]] = []
-    for nt in a.threads:
-        backend = XGrammarBackend(tok, vocab_size=VOCAB, stop_token_ids=[0], batch_threads=nt)
-        comp = GrammarCompiler(backend)
-        grammar = comp.submit(StructuredOutputsParams(json=BENCH_SCHEMA))
-        while not grammar.ready():
-            time.sleep(0.01)
-        matchers = [comp.new_matcher(grammar) for _ in range(a.rows)]
-        bitmask = allocate_bitmask(a.rows, VOCAB)
-        gen = torch.Generator().manual_seed(0)
-        pool = ThreadPoolExecutor(nt)
-        edges = np.linspace(0, a.rows, nt + 1).astype(int)
-        fill, accept = [], []
-        for step in range(a.steps):
-            t0 = time.perf_counter()
-            fill_bitmasks(matchers, bitmask, list(range(a.rows)))
-            fill.append(time.perf_counter() - t0)
-            if len(tokens) <= step:
-                tokens.append(random_allowed(bitmask, gen))
-            toks = tokens[step]
-
-            def work(c: int, toks=toks) -> None:
-                for i in range(edges[c], edges[c + 1]):
-                    matchers[i].accept(toks[i])
-            t1 = time.perf_counter()
-            list(pool.map(work, range(nt)))
-            accept.append(time.perf_counter() - t1)
-        out[f"threads_{nt}"] = {"fill_ms_median": 1e3 * statistics.median(fill),
-                                "accept_ms_median": 1e3 * statistics.median(accept)}
-        comp.close()
+    draws = Draws(a.vocab)
+    out: dict = {"rows": a.rows, "steps": a.steps, "vocab": a.vocab}
+    for n in a.workers:
+        out[f"workers_{n}"] = in_process(tok, a, draws) if n == 0 else with_workers(tok, a, n, draws)
+        print(f"workers {n}: {out[f'workers_{n}']}", flush=True)
     print(json.dumps(out, indent=1))
 
 

@@ -90,6 +90,11 @@ class EngineConfig:
     structured_outputs_backend: str = option(
         "xgrammar", "the grammar library of structured outputs (JSON schema, regex, choice, grammar), "
                     "loaded at the first request that asks for one", choices=STRUCTURED_OUTPUTS_BACKENDS)
+    structured_outputs_workers: int | None = option(
+        None, "processes the constrained requests' grammar matchers are shared out among, started at "
+              "the first one: a step's token accepts and bitmask rows run in all of them at once "
+              "(0: in the engine core's process; docs/structured-outputs.md)",
+        unset="one per four CPU cores, at most 4 (0 below 8 cores)")
     # a dict or a JSON string in, a SpeculativeConfig after __post_init__ (asdict turns it back
     # into a dict, which is how the config reaches the core's process and the workers)
     speculative_config: SpeculativeConfig | None = option(
@@ -104,6 +109,9 @@ class EngineConfig:
                 _choice(f.name, getattr(self, f.name), f.metadata["choices"])
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        workers = self.structured_outputs_workers
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+            raise ValueError(f"structured_outputs_workers must be a non-negative integer, got {workers!r}")
         if self.max_num_batched_tokens is not None:
             _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive_int("block_size", self.block_size)

@@ -9,6 +9,12 @@ batch N+1, whose forward is already queued on the GPU; the runner then queues it
 
 The backend is built from the tokenizer at the first constrained request (`backend_factory`):
 engines that never see one load no grammar library.
+
+With `workers` > 0 the matchers live in grammar worker processes (sched/grammar_workers.py),
+started at the first constrained request: the scheduler's accepts are queued, and each
+constrained step's accepts and bitmask rows run in all the workers at once. The core still
+compiles every grammar itself (cached), for the readiness and the one-line compile error of
+each request; a request is ready once its grammar compiled here and its worker is up.
 """
 from __future__ import annotations
 
@@ -21,7 +27,9 @@ import torch
 from slipstream.sampling.grammar.backend import GrammarBackend
 from slipstream.sampling.grammar.bitmask import fill_all_allowed, forbid_tokens
 from slipstream.sampling.grammar.compiler import GrammarCompiler
+from slipstream.sampling.grammar.worker_pool import GrammarWorkerPool, GrammarWorkerSpec
 from slipstream.sampling.grammar.matcher import fill_bitmasks
+from slipstream.sched.grammar_workers import RemoteMatcher, WorkerMatchers
 from slipstream.sched.request import Request
 
 __all__ = ["StructuredOutputs", "StructuredOutputsStats"]
@@ -45,8 +53,17 @@ class StructuredOutputsStats:
 class StructuredOutputs:
     """The grammar compiler of one engine core, built on first use, and its requests."""
 
-    def __init__(self, backend_factory: Callable[[], GrammarBackend]) -> None:
+    def __init__(self, backend_factory: Callable[[], GrammarBackend], workers: int = 0,
+                 worker_spec: Callable[[], GrammarWorkerSpec] | None = None) -> None:
+        """workers: grammar worker processes (0: the matchers run in this process);
+        worker_spec: what they build their backend from (called at the first request)."""
+        if workers and worker_spec is None:
+            raise ValueError("grammar workers need a worker_spec")
         self._backend_factory = backend_factory
+        self.num_workers = workers
+        self._worker_spec = worker_spec
+        self.workers: WorkerMatchers | None = None
+        self._remote: dict[Request, RemoteMatcher] = {}  # compiling, with a worker
         self.compiler: GrammarCompiler | None = None
         self._backend_error: str | None = None
         self.compiling: list[Request] = []
@@ -65,6 +82,11 @@ class StructuredOutputs:
             return self._backend_error
         self.num_requests += 1
         req.grammar = self.compiler.submit(req.params.structured_outputs)
+        if self.num_workers:
+            if self.workers is None:
+                spec = self._worker_spec()
+                self.workers = WorkerMatchers(GrammarWorkerPool(spec, self.num_workers), spec.stop_token_ids)
+            self._remote[req] = self.workers.submit(req)
         self.compiling.append(req)
         return None
 
@@ -73,15 +95,22 @@ class StructuredOutputs:
         those whose compile failed. Never blocks."""
         failed, still = [], []
         for req in self.compiling:
+            remote = self._remote.get(req)
             if req.finished:
+                self._remote.pop(req, None)
                 continue
-            if not req.grammar.ready():
+            if not req.grammar.ready() or (remote is not None and not self.workers.ready(remote)):
                 still.append(req)
-            elif req.grammar.error is not None:
-                failed.append((req, req.grammar.error))
+            elif req.grammar.error is not None or (remote is not None and remote.worker.error):
+                failed.append((req, req.grammar.error or remote.worker.error))
+                self._remote.pop(req, None)
+            elif remote is not None:
+                req.matcher = self._remote.pop(req)
             else:
                 req.matcher = self.compiler.new_matcher(req.grammar)
         self.compiling = still
+        if self.workers is not None:
+            failed += self.workers.take_failed()
         return failed
 
     def fill_token_bitmask(self, sampled: list[Request], bitmask: torch.Tensor,
@@ -94,9 +123,12 @@ class StructuredOutputs:
         grammar allows nothing but stop tokens keeps them, so the request ends "stop" instead
         of drawing from an empty distribution."""
         start = time.perf_counter()
-        rows = [j for j, req in enumerate(sampled) if req.matcher is not None and not req.finished]
-        if rows:
-            fill_bitmasks([sampled[j].matcher for j in rows], bitmask, rows)
+        if self.workers is not None:
+            rows = self.workers.fill(sampled, bitmask)
+        else:
+            rows = [j for j, req in enumerate(sampled) if req.matcher is not None and not req.finished]
+            if rows:
+                fill_bitmasks([sampled[j].matcher for j in rows], bitmask, rows)
         if len(rows) < bitmask.shape[0]:
             constrained = set(rows)
             fill_all_allowed(bitmask, [j for j in range(bitmask.shape[0]) if j not in constrained])
@@ -113,6 +145,13 @@ class StructuredOutputs:
             stats.grammar_compile_seconds, stats.grammar_cache_hits = c.total_compile_s, c.cache_hits
         return stats
 
+    @property
+    def worker_pids(self) -> list[int]:
+        """The grammar worker processes started and not stopped."""
+        return self.workers.pool.pids if self.workers is not None else []
+
     def close(self) -> None:
+        if self.workers is not None:
+            self.workers.pool.close()
         if self.compiler is not None:
             self.compiler.close()

@@ -57,8 +57,10 @@ GRAMMAR_BACKENDS = {
 
 
 def create_grammar_backend(name: str, hf_tokenizer: Any, vocab_size: int,
-                           stop_token_ids: Sequence[int]) -> GrammarBackend:
-    """The backend `name` for a transformers fast tokenizer and the model's vocabulary size."""
+                           stop_token_ids: Sequence[int], *,
+                           batch_threads: int | None = None) -> GrammarBackend:
+    """The backend `name` for a transformers fast tokenizer and the model's vocabulary size;
+    batch_threads: the threads of its batch bitmask fills (None: the backend's default)."""
     if name not in GRAMMAR_BACKENDS:
         raise ValueError(f"unknown grammar backend {name!r}; known: {', '.join(GRAMMAR_BACKENDS)}")
     module, _, cls = GRAMMAR_BACKENDS[name].partition(":")
@@ -66,4 +68,4 @@ def create_grammar_backend(name: str, hf_tokenizer: Any, vocab_size: int,
         loaded = importlib.import_module(module)
     except ModuleNotFoundError as e:  # an optional library (llguidance) not installed
         raise ValueError(f"the {name} backend needs the {e.name} package: pip install {e.name}") from None
-    return getattr(loaded, cls)(hf_tokenizer, vocab_size, stop_token_ids)
+    return getattr(loaded, cls)(hf_tokenizer, vocab_size, stop_token_ids, batch_threads=batch_threads)

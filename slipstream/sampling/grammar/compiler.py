@@ -78,7 +78,10 @@ class GrammarCompiler:
 
     def submit(self, params: StructuredOutputsParams) -> GrammarHandle:
         """Starts compiling `params` (or finds it cached) and returns at once."""
-        key = params.key()
+        return self.submit_key(params.key())
+
+    def submit_key(self, key: GrammarKey) -> GrammarHandle:
+        """`submit` for a constraint's canonical key (what a grammar worker process receives)."""
         with self._lock:
             future = self._cache.get(key)
             if future is not None:
