@@ -13,8 +13,8 @@ the engine runs the head on sampled rows only), and Qwen3-0.6B's at 256 rows. Va
     fp8 / fp8-block   ops.fp8_linear.fp8_linear as the engine runs it (the GEMV at 1-16 rows,
                    then the routing table), per-channel / 128x128-block weights
     mm, mm-fast    per-token quantization + _scaled_mm row-wise, use_fast_accum off / on
-    mm-tensor[-fast]  per-tensor weight and activation scales (the activation's amax by torch
-                   ops) + _scaled_mm tensor-wise: cuBLASLt's own FP8 kernel
+    mm-tensor[-fast]  per-tensor weight and activation scales (ops/triton_fp8_quant_tensor.py:
+                   an amax kernel, then the quantization) + _scaled_mm tensor-wise
     skinny, skinny-block   ops/triton_fp8_gemm_skinny.py (<= 256 rows; its tile for the rows)
     skinny[-block]-m128    the same with 128 activation rows a program (128-256 rows)
     skinny-nopf, skinny-s1 `skinny` without its weight prefetch before the PDL wait / K split
@@ -54,8 +54,8 @@ from slipstream.ops.linear import linear  # noqa: E402
 from slipstream.ops.triton_fp8_gemm import DEFAULT_FP8_GEMM_CONFIG, Fp8GemmConfig, fp8_gemm  # noqa: E402
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for  # noqa: E402
 from slipstream.ops.triton_fp8_quant import quantize_rows  # noqa: E402
-from slipstream.quant.fp8 import (FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weight, quantize_blocks,  # noqa: E402
-                                  quantize_per_channel, quantize_per_tensor)
+from slipstream.ops.triton_fp8_quant_tensor import quantize_tensor  # noqa: E402
+from slipstream.quant.fp8 import Fp8Weight, quantize_blocks, quantize_per_channel, quantize_per_tensor  # noqa: E402
 
 # (model, name, N, K)
 SHAPES = [("8b", "qkv", 6144, 4096), ("8b", "o", 4096, 4096), ("8b", "gate_up", 28672, 4096),
@@ -81,12 +81,6 @@ ROUTABLE = {"channel": {"mm": "scaled_mm", "mm-fast": "scaled_mm_fast", "skinny"
                       **{t: ("triton" if c == DEFAULT_FP8_GEMM_CONFIG else t) for t, c in TB_CONFIGS.items()}}}
 
 
-def quantize_tensorwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x to e4m3 with one scale for the whole tensor (amax / 448), by torch ops."""
-    scale = (x.abs().amax().float() / FP8_MAX).clamp(min=MIN_SCALE)
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
-
-
 def scaled_mm_blockwise_v2(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     """The same product as `scaled_mm_block` through torch.nn.functional.scaled_mm (torch's
     newer entry point, recipes named), for a torch whose `_scaled_mm` refuses block scales."""
@@ -105,7 +99,7 @@ def weight_sets(w: torch.Tensor) -> dict:
     qb, sb = quantize_blocks(w, (128, 128))
     qt, st = quantize_per_tensor(w)
     return {"bf16": w, "channel": Fp8Weight(qc, sc), "block": Fp8Weight(qb, sb, (128, 128)),
-            "tensor": (qt, st[:1].reshape(()).contiguous())}
+            "tensor": (qt, st[:1].contiguous())}
 
 
 def variant_fn(name: str, ws: dict):
@@ -140,7 +134,7 @@ def variant_fn(name: str, ws: dict):
         qt, st = ws["tensor"]
 
         def tensorwise(x):
-            q, s = quantize_tensorwise(x)
+            q, s = quantize_tensor(x)
             return torch._scaled_mm(q, qt.t(), scale_a=s, scale_b=st, out_dtype=x.dtype,
                                     use_fast_accum=name.endswith("fast"))
         return tensorwise

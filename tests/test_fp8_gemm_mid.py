@@ -167,6 +167,25 @@ def test_linear_add_takes_the_routed_kernel_with_its_residual(monkeypatch):
     _close(r, expect)
 
 
+@pytest.mark.parametrize("m,k", [(5, 72), (3, 5000)])
+def test_per_tensor_quantization_equals_the_reference_bit_for_bit(m, k):
+    """One scale for all rows (a loud row sets it); K past one 2048-wide chunk, partly. Normal
+    e4m3 values bit for bit; below 2^-6 (subnormal, where the loud row pushes the others)
+    within one subnormal step: Triton's interpreter casts those by truncation, the GPU to
+    nearest (the same caveat as the per-token kernel's)."""
+    from slipstream.ops.triton_fp8_quant_tensor import quantize_tensor
+    from slipstream.quant.fp8 import quantize_per_tensor
+    x = _x(m, k)
+    x[1] *= 50.0
+    q, s = quantize_tensor(x)
+    qr, sr = quantize_per_tensor(x.float())
+    assert s.shape == (1,) and torch.equal(s, sr[:1])
+    normal = (x.float() / s).abs() >= 2.0 ** -6
+    assert normal.float().mean() > 0.5
+    assert torch.equal(q.view(torch.uint8)[normal], qr.view(torch.uint8)[normal])
+    assert (q.float() - qr.float()).abs().max() <= 2.0 ** -9
+
+
 def test_small_256_fp8_is_small_256_with_fp8_weights():
     from slipstream.bench.workloads import get_workload
     w, p = get_workload("small-256-fp8"), get_workload("small-256")
@@ -246,8 +265,8 @@ def compile_skinny_for_hopper() -> list[str]:
     """The skinny GEMM's launches at the 8B shape (per channel at 32 rows, K split; 128x128
     blocks at 17 rows; the down product into the residual at 64 rows; each with its weight
     prefetch before the PDL wait, which the interpreter cannot run) and the
-    persistent 128x128 Triton GEMM on block weights at 2048 rows, compiled for sm_90: returns
-    each launch's wgmma instruction."""
+    persistent 128x128 Triton GEMM on block weights at 2048 rows, and the per-tensor
+    quantization's two kernels, compiled for sm_90: returns each launch's wgmma instruction."""
     import re
 
     from test_attention_kernels import compile_launch_for_hopper, recorded_launches
@@ -270,6 +289,9 @@ def compile_skinny_for_hopper() -> list[str]:
         ts.fp8_gemm_skinny(torch.zeros(64, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h)
         tm.fp8_gemm(torch.zeros(2048, 4096, dtype=bf), weight(6144, 4096, (128, 128)),
                     cfg=tm.Fp8GemmConfig(128, 128, 128, 8, 8, 4, persistent=True))
+    import slipstream.ops.triton_fp8_quant_tensor as tt
+    with recorded_launches(tt, ["_row_amax_kernel", "_quant_tensor_kernel"], launches):
+        tt.quantize_tensor(torch.zeros(64, 14336, dtype=bf))  # (no dots: listed as "")
     found = []
     for fn, args, kw in launches:
         if "PREFETCH_K" in kw:  # as on a GPU, with PDL on: the weight rows' L2 prefetch before the wait
@@ -298,10 +320,10 @@ def test_skinny_and_persistent_gemm_compile_for_hopper_on_fp8_wgmma():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("compiled")]
     # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64; the
-    # persistent 128x128 tile on two warpgroups of m64n128
+    # persistent 128x128 tile on two warpgroups of m64n128; the per-tensor quantization's two kernels
     assert lines == ["compiled wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"] * 2 + \
         ["compiled wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3",
-         "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"], r.stdout
+         "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "compiled ", "compiled "], r.stdout
 
 
 if __name__ == "__main__":
