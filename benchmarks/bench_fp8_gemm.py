@@ -266,7 +266,12 @@ def main() -> None:
                                         rel_rms_err=err))
                     cells.append(f"{'WRONG':>16}")
                     continue
-                ms = time_graph([lambda fn=fn, x=x: fn(x) for fn in fns], device=dev)
+                try:
+                    ms = time_graph([lambda fn=fn, x=x: fn(x) for fn in fns], device=dev)
+                except RuntimeError as e:  # e.g. not capturable: reported, the others go on
+                    print(f"  FAILED under a CUDA graph: {model} {name} rows {m} {v}: {str(e).splitlines()[0][:200]}")
+                    cells.append(f"{'FAILED':>16}")
+                    continue
                 base = ms if v == "bf16" else base
                 tflops = 2 * m * n * k / ms / 1e9
                 results.append(dict(model=model, shape=name, n=n, k=k, rows=m, variant=v, ms=ms, tflops=tflops,
