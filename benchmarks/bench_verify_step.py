@@ -7,7 +7,8 @@ the verify attention kernel, the LM head on every verified position, the accepta
 device) against the plain decode step of the same rows
 (`ModelRunner.compute_step`: forward, LM head, sampler), both timed as CUDA graphs (median of
 replays, slipstream/bench/cuda_timing.py).  Prints a table of ratios (the target at 1 row,
-k <= 4: <= 1.15) and writes bench_verify_step.json with --out.
+k <= 4: <= 1.15), and the forward alone of both (its layers' GEMMs take k + 1 rows: cuBLAS,
+where one row takes the GEMV), and writes bench_verify_step.json with --out.
 
 `--device cpu --tiny`: a tiny random Llama on the CPU, timed eagerly (a smoke run of the
 whole path; its numbers mean nothing).
@@ -82,11 +83,15 @@ def measure(runner, rows: int, ks: list[int], ctx: int, device: str, iters: int)
     with torch.inference_mode():
         shape = fill(runner, slot, rows, 1, ctx, 0)
         plain = time_graph([lambda: runner.compute_step(slot, shape)], iters, device)
+        plain_fwd = time_graph([lambda: runner.forward_hidden(slot, shape)], iters, device)
         for k in ks:
             vshape = fill(runner, slot, rows, k + 1, ctx, k)
             bufs, vin = spec_buffers(runner, slot.index, k), verify_inputs(runner, slot.index, k)
             verify = time_graph([lambda: verify_step(runner, slot, vshape, bufs, vin, None)], iters, device)
-            out.append({"rows": rows, "k": k, "plain_ms": plain, "verify_ms": verify, "ratio": verify / plain})
+            # the forward alone (layers, no LM head): what k + 1 rows cost the GEMMs and attention
+            fwd = time_graph([lambda: runner.forward_hidden(slot, vshape)], iters, device)
+            out.append({"rows": rows, "k": k, "plain_ms": plain, "verify_ms": verify, "ratio": verify / plain,
+                        "plain_forward_ms": plain_fwd, "verify_forward_ms": fwd, "forward_ratio": fwd / plain_fwd})
     return out
 
 
@@ -134,6 +139,13 @@ def main(argv=None) -> int:
         for r in args.rows:
             cells = [x for x in rows if x["rows"] == r]
             print(f"| {r} | {cells[0]['plain_ms']:.3f} | " + " | ".join(f"{x['ratio']:.3f}" for x in cells) + " |")
+        print("forward alone (no LM head, no sampling): verify / plain")
+        print("| rows | plain forward ms | " + " | ".join(f"k={k}" for k in args.ks) + " |")
+        print("|---|---|" + "---|" * len(args.ks))
+        for r in args.rows:
+            cells = [x for x in rows if x["rows"] == r]
+            print(f"| {r} | {cells[0]['plain_forward_ms']:.3f} | "
+                  + " | ".join(f"{x['forward_ratio']:.3f}" for x in cells) + " |")
         one = [x["ratio"] for x in rows if x["rows"] == 1 and x["k"] <= 4]
         if one:
             print(f"1 row, k <= 4: worst {max(one):.3f} x (target <= {TARGET})")

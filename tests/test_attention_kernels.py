@@ -729,6 +729,21 @@ def launch_every_kernel(ta, te, tf, tg) -> None:
         epi = QKVEpilogue(torch.zeros(1, dtype=torch.int32), build_cos_sin_cache(torch.ones(64), 64), w, w)
         ta.paged_attention_triton(qkv[:, :8 * group * 128].view(1, 8 * group, 128), kc, vc, meta, 0.1,
                                   epilogue=epi)
+    # the verify kernel (speculative decoding, meta.verify_len = k + 1): the 8B shape at k = 4,
+    # bf16 and fp32, its splits merged in the kernel and by the reduce pass; the 0.6B shape at
+    # k = 7, one row; an FP8 cache at 32 rows; a sliding window
+    for dtype in [torch.bfloat16, torch.float32]:
+        for counters in (True, False):
+            q, kc, vc, meta = make_batch([(8192, 5)] * 2, 8, 4, 128, 16, dtype, seed=0, counters=counters)
+            ta.paged_attention_triton(q, kc, vc, replace(meta, verify_len=5, max_seq_len=8192), 0.1)
+    q, kc, vc, meta = make_batch([(512, 8)], 8, 2, 128, 16, torch.bfloat16, seed=0)
+    ta.paged_attention_triton(q, kc, vc, replace(meta, verify_len=8), 0.1)
+    from slipstream.ops.kv_quant import FP8_DTYPE, KVScales
+    q, kc, vc, meta = make_batch([(512, 5)] * 32, 8, 4, 128, 16, torch.bfloat16, seed=0)
+    ta.paged_attention_triton(q, kc.to(FP8_DTYPE), vc.to(FP8_DTYPE), replace(meta, verify_len=5), 0.1,
+                              kv_scales=KVScales(0.5, 0.25))
+    q, kc, vc, meta = make_batch([(4096, 5)] * 2, 8, 4, 128, 16, torch.bfloat16, seed=0)
+    ta.paged_attention_triton(q, kc, vc, replace(meta, verify_len=5), 0.1, window=1024)
     # the layer's other Triton kernels with the folded norms' row scale (8B shape, bf16):
     # the qkv epilogue (with q/k norms, and with a qkv bias), SiLU·mul, the final RMSNorm
     bf = torch.bfloat16
@@ -792,7 +807,8 @@ def compile_for_hopper(ptx_dir: str | None = None) -> None:
 
     launches: list = []
     with contextlib.ExitStack() as stack:
-        for module, names in [(ta, ["_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel"]),
+        for module, names in [(ta, ["_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel", "_verify_kernel",
+                                    "_verify_reduce_kernel"]),
                               (te, ["_qkv_epilogue_kernel"]), (tf, ["_silu_and_mul_kernel", "_rms_norm_kernel"]),
                               (tg, ["_gemv_kernel", "_gemv_stream_kernel"])]:
             stack.enter_context(recorded_launches(module, names, launches))
@@ -817,7 +833,7 @@ def test_kernels_compile_for_hopper():
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 36, r.stdout
+    assert r.stdout.count("compiled") == 45, r.stdout
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes

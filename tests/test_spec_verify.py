@@ -112,4 +112,41 @@ def test_bench_verify_step_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     res = json.load(open(tmp_path / "bench_verify_step.json"))
     rows = res["results"]["tiny"]
     assert [(r["rows"], r["k"]) for r in rows] == [(1, 1), (1, 3), (2, 1), (2, 3)]
-    assert all(r["verify_ms"] > 0 and r["plain_ms"] > 0 for r in rows)
+    assert all(r["verify_ms"] > 0 and r["plain_ms"] > 0 and r["verify_forward_ms"] > 0 for r in rows)
+    assert "| rows | plain forward ms | k=1 | k=3 |" in out
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_point_mass_acceptance_from_the_samplers_draws_equals_rejection_sampling(greedy):
+    """verify's point-mass path (the plain sampler's draws at every position, then
+    `_accept_draws`) emits what spec.rejection.rejection_sample emits from the processed
+    distribution, row for row, with drafts matching the draws for a while then not."""
+    import torch
+
+    from slipstream.runner.speculative import _accept_draws
+    from slipstream.sampling.sampler import SamplerFlags, SamplingTensors, processed_logits, sample
+    from slipstream.spec.rejection import rejection_sample
+    R, k, V = 6, 4, 50
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(R * (k + 1), V, generator=g) * 3
+    n = R * (k + 1)
+    temp = torch.full((n,), 0.0 if greedy else 0.9)
+    t = SamplingTensors(temperature=temp, top_k=torch.full((n,), 0 if greedy else 10, dtype=torch.int32),
+                        top_p=torch.ones(n), min_p=torch.zeros(n), seed=torch.arange(n, dtype=torch.int64) // (k + 1),
+                        token_index=(torch.arange(n) % (k + 1) + 7).to(torch.int32),
+                        repetition_penalty=torch.ones(n), presence_penalty=torch.zeros(n),
+                        frequency_penalty=torch.zeros(n), state_row=torch.zeros(n, dtype=torch.int32),
+                        inv_t=1.0 / torch.where(temp > 0, temp, torch.ones(n)), log_min_p=torch.full((n,), float("-inf")))
+    flags = SamplerFlags(use_top_k_top_p=not greedy, use_penalties=False, num_logprobs=0)
+    drawn = sample(logits, t, flags).tokens.view(R, k + 1)
+    drafts = drawn[:, :k].clone().to(torch.int32)
+    for r in range(R):  # row r matches its first r draws (then a wrong draft)
+        if r < k:
+            drafts[r, r] = (drafts[r, r] + 1) % V
+    num_drafts = torch.tensor([4, 4, 3, 2, 4, 0], dtype=torch.int32)
+    out, num = _accept_draws(drawn, drafts, num_drafts)
+    want_out, want_num = rejection_sample(processed_logits(logits, t, flags).view(R, k + 1, V), drafts, num_drafts,
+                                          None, temp.view(R, k + 1)[:, 0] == 0, seed=t.seed.view(R, k + 1)[:, 0],
+                                          token_index=t.token_index.view(R, k + 1)[:, 0])
+    assert torch.equal(out, want_out) and torch.equal(num.to(torch.int32), want_num)
+    assert num.tolist() == [1, 2, 3, 3, 5, 1]

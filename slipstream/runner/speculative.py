@@ -15,7 +15,9 @@ causal mask.  After the forward pass:
    position (`processed_logits`: penalties with the drafts before the position counted,
    temperature, top-k, top-p, min-p, exactly what the sampler draws from), and
    `spec.rejection.rejection_sample` accepts a prefix of the drafts and draws the token
-   after it (greedy rows: the drafts equal to the argmax);
+   after it (greedy rows: the drafts equal to the argmax); point-mass drafts without
+   penalties skip the distribution: the sampler draws every position itself and a draft is
+   accepted iff it is the draw (`_accept_draws`, the same rule);
 3. the slot's `tokens` row of a drafting row becomes its last emitted token (the penalty
    counts take its emitted tokens instead of step 1's draw), and the emitted tokens
    [S, k + 1], their counts [S] and, when asked, their logprobs are copied out beside the
@@ -40,7 +42,7 @@ from slipstream.runner.slots import MAX_LOGPROBS
 from slipstream.runner.spec_device import DeviceDraftInputs, prepare_device_drafts, to_device
 from slipstream.runner.verify_graphs import VerifyInputs, verify_graphs, verify_inputs, verify_route, verify_shape
 from slipstream.sampling.columns import ALL_COLUMNS
-from slipstream.sampling.sampler import GREEDY_EPS, SamplingTensors, processed_logits
+from slipstream.sampling.sampler import GREEDY_EPS, SamplingTensors, processed_logits, sample
 
 
 @dataclass
@@ -290,6 +292,18 @@ def _synthetic_acceptance(target: torch.Tensor, drafts: torch.Tensor, num_drafts
     return out, accepted + 1
 
 
+def _accept_draws(drawn: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor):
+    """Point-mass acceptance from the target's draws [R, k + 1] at every position: the
+    drafts equal to the draws before them, then the draw after them (rejection_sample's rule
+    for draft_probs None); the emitted tokens (-1 after them) and their counts."""
+    R, K1 = drawn.shape
+    pos = torch.arange(K1, device=drawn.device)
+    match = (drawn[:, :K1 - 1].long() == drafts.long()) & (pos[None, :K1 - 1] < num_drafts.long()[:, None])
+    accepted = match.to(torch.int32).cumprod(dim=1).sum(dim=1)
+    out = torch.where(pos[None, :] <= accepted[:, None], drawn.to(torch.int32), torch.full_like(drawn, -1, dtype=torch.int32))
+    return out, accepted + 1
+
+
 def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int, rows: torch.Tensor,
            positions: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
            draft_probs: torch.Tensor | None = None, synthetic_accept: int | None = None,
@@ -321,14 +335,21 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
         state = _penalty_state_per_position(runner.penalties, state_rows.long(), d.tokens[:S].index_select(0, rows),
                                             drafts, num_drafts)
         t.state_row = torch.arange(R * K1, dtype=torch.int32, device=rows.device)
-    target = processed_logits(logits, t, shape.flags, state).view(R, K1, -1)
-    greedy = cols["temperature"].view(R, K1)[:, 0] < GREEDY_EPS
-    out, num = rejection_sample(target, drafts, num_drafts, draft_probs, greedy,
-                                seed=cols["seed"].view(R, K1)[:, 0],
-                                token_index=token_index.view(R, K1)[:, 0])
-    if synthetic_accept is not None:
-        out, num = _synthetic_acceptance(target, drafts, num_drafts, greedy, cols["seed"].view(R, K1)[:, 0],
-                                         token_index.view(R, K1)[:, 0], synthetic_accept)
+    if draft_probs is None and synthetic_accept is None and not shape.flags.use_penalties:
+        # point-mass drafts: the acceptance compares each draft with the target's own draw at
+        # its position (spec/rejection.py), which the plain sampler makes here directly from
+        # the logits (no processed distribution: a few vocabulary-wide passes less)
+        drawn = sample(logits, t, replace(shape.flags, num_logprobs=0), state).tokens.view(R, K1)
+        out, num = _accept_draws(drawn, drafts, num_drafts)
+    else:
+        target = processed_logits(logits, t, shape.flags, state).view(R, K1, -1)
+        greedy = cols["temperature"].view(R, K1)[:, 0] < GREEDY_EPS
+        out, num = rejection_sample(target, drafts, num_drafts, draft_probs, greedy,
+                                    seed=cols["seed"].view(R, K1)[:, 0],
+                                    token_index=token_index.view(R, K1)[:, 0])
+        if synthetic_accept is not None:
+            out, num = _synthetic_acceptance(target, drafts, num_drafts, greedy, cols["seed"].view(R, K1)[:, 0],
+                                             token_index.view(R, K1)[:, 0], synthetic_accept)
     out, num = out.to(torch.int32), num.to(torch.int32)
     bufs.tokens[:S].index_copy_(0, rows, out)
     bufs.num_emitted[:S].index_copy_(0, rows, num)
