@@ -134,7 +134,8 @@ def test_a_bad_schema_fails_alone(tokenized_tiny):
 
 
 def test_a_request_waiting_for_its_grammar_stalls_no_one(tokenized_tiny):
-    core = EngineCore(EngineConfig(model=tokenized_tiny, **COMMON))
+    # in-process matchers: with workers, "warm" would wait for their start too (seconds)
+    core = EngineCore(EngineConfig(model=tokenized_tiny, structured_outputs_workers=0, **COMMON))
     release = threading.Event()
     slow_schema = {"type": "object", "properties": {"slow": {"type": "boolean"}}, "required": ["slow"]}
     core.add(AddRequest("warm", [1, 2], SamplingParams(max_tokens=1, structured_outputs={"regex": "a"}).to_dict()))
