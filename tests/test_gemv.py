@@ -24,8 +24,9 @@ def _data(m, n, k, dtype, seed=0):
     return [t.to(DEVICE) for t in (w, x, b, r)]
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("m", [3, 1, 8])
 def test_values_match_f_linear(dtype, m):
     w, x, b, r = _data(m, 37, 200, dtype)
     ref = F.linear(x.float(), w.float(), b.float())
@@ -157,6 +158,7 @@ STREAM_WIDE = [STREAM, GemvConfig(stream_weight_bytes=0, stream_block_n=8, strea
                GemvConfig(stream_weight_bytes=0, stream_block_n=16, stream_block_k=64)]
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("cfg", STREAM_WIDE, ids=["4x2", "8x4", "16x4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_streaming_kernel_every_form_at_one_row(dtype, cfg):

@@ -67,6 +67,7 @@ def test_reference_window_matches_a_dense_mask():
 DECODE_SEQS = [(1, 1), (9, 1), (0, 1), (16, 1), (17, 1), (50, 1), (70, 1)]
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("window,splits", [(5, 1), (20, 3), (33, None), (200, 2)])
 def test_decode_window(window, splits):
     # windows shorter than every row, between, and longer than every context
@@ -91,6 +92,7 @@ def test_decode_window_without_split_counters_bf16():
 PREFILL_SEQS = [(40, 40), (37, 19), (9, 1), (0, 1), (64, 3), (30, 30)]
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("window", [1, 6, 17, 100])
 def test_prefill_window_over_cached_prefix(window):
     # rows 1 and 4 have a cached prefix; a window smaller and larger than a query tile
@@ -118,6 +120,7 @@ def test_batch_invariant_window_decode_through_the_prefill_kernel():
     check_window(DECODE_SEQS, 13, prefill_config=SMALL_PREFILL, batch_invariant=True)
 
 
+@pytest.mark.quick_sample(1)
 @pytest.mark.parametrize("prefetch", [0, 8])
 def test_decode_window_with_the_epilogue_inside(prefetch):
     # one kernel for the qkv epilogue and attention (small decode batches): the newest
