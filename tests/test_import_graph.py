@@ -6,6 +6,7 @@ own layer and the layers below it."""
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -43,6 +44,7 @@ def _modules() -> dict[str, pathlib.Path]:
     return mods
 
 
+@functools.cache  # parsed once for the tests that read it (none changes it)
 def import_graph() -> dict[str, set[str]]:
     """module -> the package's modules it imports (anywhere in its body)."""
     mods = _modules()
