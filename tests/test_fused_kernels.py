@@ -277,7 +277,7 @@ def _check_epilogue(case, ref_q, ref_kc, ref_vc, got_q, got_kc, got_vc, exact_fp
     (torch.bfloat16, 4, 2, 64), (torch.bfloat16, 3, 1, 16),
     (torch.float16, 4, 2, 16),
 ])
-@pytest.mark.quick_sample(2)
+@pytest.mark.quick_sample(1)
 def test_qkv_epilogue(dtype, hq, hk, D, qk_norm):
     case = _epilogue_case(7, hq, hk, D, dtype, qk_norm, seed=40 + D + hq)
     qkv0 = case["qkv"].clone()
@@ -292,7 +292,7 @@ def test_qkv_epilogue(dtype, hq, hk, D, qk_norm):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qk_norm,hidden_size,bias", [(False, 48, False), (True, 48, False),
                                                       (False, 0, True), (False, 8200, True)])
-@pytest.mark.quick_sample(2)
+@pytest.mark.quick_sample(1)
 def test_qkv_epilogue_row_scale_and_bias(dtype, qk_norm, hidden_size, bias):
     # the folded input norm's row scale (8200: wider than one row_rstd block, the loop) and
     # the qkv bias, applied before the q/k norm and RoPE, and to v
