@@ -18,7 +18,6 @@ from slipstream.sampling.grammar.matcher import GrammarMatcher
 from slipstream.sampling.grammar.worker_main import GrammarWorkerState
 from slipstream.sampling.grammar.worker_messages import AddGrammar, Step
 from slipstream.sampling.grammar.worker_pool import default_grammar_workers
-from slipstream.sched.grammar_workers import RemoteMatcher
 
 PROMPTS = ["Tell me about a pet:", "Go", "Answer me", "free text please",
            "Request number 6 wants a pet record:", "Request number 7 wants a pet record:"]
@@ -45,11 +44,11 @@ def results(llm: LLM, temperature: float):
 def engines(tokenized_tiny):
     made = {
         "in-process": LLM(tokenized_tiny, async_scheduling=True, structured_outputs_workers=0, **COMMON),
-        "workers-async": LLM(tokenized_tiny, async_scheduling=True, structured_outputs_workers=2, **COMMON),
-        # little KV: requests are preempted mid-output and recomputed
-        "workers-sync-preempting": LLM(tokenized_tiny, async_scheduling=False, structured_outputs_workers=2,
-                                       num_kv_blocks=10, max_num_batched_tokens=64, max_num_seqs=8,
-                                       block_size=8, debug_kv=True, **COMMON),
+        # little KV: requests are preempted mid-output and recomputed; the tests switch it
+        # between async and sync (one engine: its workers start once)
+        "workers": LLM(tokenized_tiny, async_scheduling=True, structured_outputs_workers=2,
+                       num_kv_blocks=10, max_num_batched_tokens=64, max_num_seqs=8, block_size=8,
+                       debug_kv=True, **COMMON),
     }
     for llm in made.values():
         # Workers up and every grammar compiled first: a request is scheduled once its grammar
@@ -80,7 +79,7 @@ def test_a_worker_step_writes_the_rows_of_plain_matchers(tokenized_tiny):
     for gid, c in ((0, person), (1, regex), (2, regex)):
         state.add(AddGrammar(gid, *c.key()))
     text = backend.tokenizer_info.decoded_vocab
-    first = [t for t, s in enumerate(text) if s == b'{"'][0]
+    first = next(t for t, s in enumerate(text) if s == b'{"')
     ab = [t for t, s in enumerate(text) if s in (b"ab", b"a")][:2]
     got = allocate_bitmask(4, backend.vocab_size)
     done = state.step(Step([], [(0, [first]), (1, ab), (2, [first])], [(0, 0), (1, 1), (2, 2)], "", 0, 0), got)
@@ -100,22 +99,24 @@ def test_a_worker_step_writes_the_rows_of_plain_matchers(tokenized_tiny):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_workers_give_the_tokens_of_in_process_matchers(engines, temperature):
     want = results(engines["in-process"], temperature)
-    for name in ("workers-async", "workers-sync-preempting"):
-        llm = engines[name]
+    llm = engines["workers"]
+    so = llm.engine.scheduler.structured_outputs
+    preemptions = llm.engine.stats()["num_preemptions"]
+    for async_scheduling in (True, False):
+        llm.engine.set_async_scheduling(async_scheduling)
         got = results(llm, temperature)
-        assert got == want, name
-        so = llm.engine.scheduler.structured_outputs
+        assert got == want, async_scheduling
         assert len(so.worker_pids) == 2
-        assert all(isinstance(r[1], RemoteMatcher) for r in so.workers.requests.values()) or not so.workers.requests
         for (tokens, reason), p in zip(got, params(temperature)):
             if p.structured_outputs is not None:
                 assert_follows(llm, p.structured_outputs, tokens, reason)
-    assert engines["workers-sync-preempting"].engine.stats()["num_preemptions"] > 0
+    llm.engine.set_async_scheduling(True)
+    assert llm.engine.stats()["num_preemptions"] > preemptions
     assert sum(reason == "stop" for _, reason in want) >= 2  # grammars do end requests
 
 
 def test_a_bad_schema_fails_alone_with_workers(engines):
-    llm = engines["workers-async"]
+    llm = engines["workers"]
     bad = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(
         json={"type": "object", "properties": {"x": {"type": "nonsense"}}}))
     good = SamplingParams(max_tokens=8, temperature=0, structured_outputs=StructuredOutputsParams(regex="[ab]+"))
@@ -127,7 +128,7 @@ def test_a_bad_schema_fails_alone_with_workers(engines):
 
 
 def test_a_dead_worker_fails_its_requests_alone(engines):
-    core = engines["workers-async"].engine
+    core = engines["workers"].engine
     so = core.scheduler.structured_outputs
     schema = {"json": PERSON}
     for i in range(4):
@@ -157,7 +158,7 @@ def test_a_dead_worker_fails_its_requests_alone(engines):
 
 
 def test_no_worker_outlives_the_engine(engines):
-    llm = engines["workers-async"]
+    llm = engines["workers"]
     pool = llm.engine.scheduler.structured_outputs.workers.pool
     pids = pool.pids
     live = [w for w in pool.slots if w is not None and w.ready and w.error is None]

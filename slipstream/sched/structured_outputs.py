@@ -27,8 +27,8 @@ import torch
 from slipstream.sampling.grammar.backend import GrammarBackend
 from slipstream.sampling.grammar.bitmask import fill_all_allowed, forbid_tokens
 from slipstream.sampling.grammar.compiler import GrammarCompiler
-from slipstream.sampling.grammar.worker_pool import GrammarWorkerPool, GrammarWorkerSpec
 from slipstream.sampling.grammar.matcher import fill_bitmasks
+from slipstream.sampling.grammar.worker_pool import GrammarWorkerPool, GrammarWorkerSpec
 from slipstream.sched.grammar_workers import RemoteMatcher, WorkerMatchers
 from slipstream.sched.request import Request
 

@@ -26,7 +26,13 @@ from slipstream.sampling.grammar.backend import create_grammar_backend
 from slipstream.sampling.grammar.bitmask import fill_all_allowed
 from slipstream.sampling.grammar.compiler import GrammarCompiler, GrammarHandle
 from slipstream.sampling.grammar.matcher import GrammarMatcher, fill_bitmasks
-from slipstream.sampling.grammar.worker_messages import AddGrammar, Ready, Step, StepDone, ToWorker
+from slipstream.sampling.grammar.worker_messages import (
+    AddGrammar,
+    Ready,
+    Step,
+    StepDone,
+    ToWorker,
+)
 from slipstream.sampling.structured import GrammarKey
 
 __all__ = ["GrammarWorkerState", "worker_main"]
@@ -108,8 +114,8 @@ class GrammarWorkerState:
                 continue
             count = matcher.accept_many(tokens)
             if count < len(tokens):
-                errors.append((gid, f"the sampled token {tokens[count]} does not follow the "
-                                    f"request's grammar"))
+                error = f"the sampled token {tokens[count]} does not follow the request's grammar"
+                errors.append((gid, error))
                 self.failed.add(gid)
         live, rows, free = [], [], []
         for gid, row in msg.fills:

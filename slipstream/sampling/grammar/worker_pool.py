@@ -33,7 +33,13 @@ import msgspec
 import numpy as np
 import torch
 
-from slipstream.sampling.grammar.worker_messages import AddGrammar, FromWorker, Ready, Step, StepDone
+from slipstream.sampling.grammar.worker_messages import (
+    AddGrammar,
+    FromWorker,
+    Ready,
+    Step,
+    StepDone,
+)
 from slipstream.sampling.structured import GrammarKey
 
 __all__ = ["GrammarWorker", "GrammarWorkerPool", "GrammarWorkerSpec", "default_grammar_workers"]
