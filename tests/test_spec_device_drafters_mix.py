@@ -46,9 +46,8 @@ def test_the_mix_with_preemption_prefix_hits_and_stop_strings(tokenized_tiny, tm
         assert len(got) == len(plain)
         stats = llm.engine.stats()
         assert stats["spec_num_draft_tokens"] > 0 and llm.engine.scheduler.num_preemptions > 0
-        if method == "draft_model":  # the target drafting for itself: every draft, but where a
-            # prefix-cache hit skipped tokens its KV never saw (without prefix caching: all)
-            assert stats["spec_num_accepted_tokens"] > 0.3 * stats["spec_num_draft_tokens"], stats
+        if method == "draft_model":  # the target drafting for itself (prefix hits caught up)
+            assert stats["spec_num_accepted_tokens"] > 0.95 * stats["spec_num_draft_tokens"], stats
         while llm.engine.has_work():  # a step drawn past a request's end may still be in flight
             llm.engine.step()
         assert llm.engine.pool.num_free == llm.engine.pool.num_blocks

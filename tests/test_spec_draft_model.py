@@ -90,15 +90,13 @@ def test_sampled_sync_equals_async(tiny_model, random_draft):
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_preemption_recomputes_the_drafts_cache(tiny_model, async_scheduling):
-    """A KV cache too small for every row: preempted requests recompute from 0 (the draft's
-    KV with them); the target as its own draft still accepts every draft.  (Prefix caching
-    off: a prefix-cache hit skips tokens the drafter then never sees, which costs acceptance,
-    not exactness: docs/speculative-decoding.md.)"""
+    """A KV cache too small for every row: preempted requests recompute (the draft's KV with
+    them; the tokens a prefix-cache hit skips are caught up from the host's tokens); the
+    target as its own draft still accepts every draft."""
     folder, _ = tiny_model("llama")
     prompts = [[7 + i, 20 + i, 33 + i] * 6 for i in range(6)]
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    common = dict(async_scheduling=async_scheduling, num_kv_blocks=14, max_num_batched_tokens=64,
-                  enable_prefix_caching=False)
+    common = dict(async_scheduling=async_scheduling, num_kv_blocks=14, max_num_batched_tokens=64)
     plain = _tokens(_llm(folder, **common).generate(prompts, params))
     llm = _llm(folder, speculative_config=_draft(folder), **common)
     assert _tokens(llm.generate(prompts, params)) == plain

@@ -122,13 +122,18 @@ class DeviceDrafter:
         return AttentionMetadata(qsl.to(torch.int32), seq_lens.to(torch.int32), table, slots.to(torch.int32),
                                  max_query_len, max_seq_len)
 
+    def upload_catch_up(self, batch, device: torch.device):
+        """Tokens the drafter's KV misses before this step's (host-known), uploaded now and run
+        by `extend`; None: none (the base drafter never catches up)."""
+        return None
+
     def capture(self):
         """A context around the target's forward (what the drafter reads of it); its value
         goes to `extend` as `aux`."""
         from contextlib import nullcontext
         return nullcontext()
 
-    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src: torch.Tensor):
+    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src: torch.Tensor, catch_up=None):
         """Run the drafter over the step's tokens; return (logits [S, V] of draft 0, the state
         `feed` carries)."""
         raise NotImplementedError
@@ -139,16 +144,16 @@ class DeviceDrafter:
 
     @torch.inference_mode()
     def after_step(self, slot, shape, out: torch.Tensor, num_emitted: torch.Tensor, inp: DraftStepInputs,
-                   aux) -> None:
+                   aux, catch_up=None) -> None:
         """Draft k tokens for each sampling row of the step into the buffers.  `out` int32
         [S, k + 1] / `num_emitted` int32 [S]: the rows' emitted tokens (after verification);
-        `aux`: what `capture` gathered."""
+        `aux`: what `capture` gathered; `catch_up`: `upload_catch_up`'s."""
         self._host = None
         d = slot.dev
         S, k, dev = shape.num_samples, self.k, self.device
         # each row's last accepted query token: the emitted out[num - 1] follows it
         src = inp.first + num_emitted[:S].long() - 1
-        logits, state = self.extend(slot, shape, out, num_emitted, inp, aux, src)
+        logits, state = self.extend(slot, shape, out, num_emitted, inp, aux, src, catch_up)
         pos = d.positions[:shape.num_tokens].long().index_select(0, src)  # draft i is at pos + 2 + i
         rows = d.state_row[:S].long()
         temperature = d.temperature[:S].float()

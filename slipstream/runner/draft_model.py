@@ -12,6 +12,11 @@ EAGLE-3; this file runs the model:
 2. draft: each sampling row feeds the last token it emitted at its position, which gives
    the draft model's distribution for draft 0; each draft is fed back the same way.
 
+Catch-up: the draft needs only token ids, so the positions a row's step skips that its KV
+never saw (a prefix-cache hit, steps run with speculation off) are run first, from the
+host's tokens (`upload_catch_up`; per request, how far its KV reaches, in the host's
+layout).  A request that leaves the running set is forgotten and starts from 0.
+
 Greedy rows draft the draft model's argmax; sampled rows draw from q = softmax(draft logits
 / temperature) with the drafter's own noise, and q goes to rejection sampling, so the emitted
 tokens follow the target whatever the draft model is.  Loaded like any model: safetensors,
@@ -19,11 +24,31 @@ GGUF, or dummy weights from a config.json path.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from slipstream.model.loader import load_model
 from slipstream.runner.device_drafter import DeviceDrafter, DraftStepInputs
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches
+from slipstream.runner.spec_device import to_device
+
+
+@dataclass
+class CatchUp:
+    """Known tokens the draft's KV misses, one chunk a row, on the device."""
+    ids: torch.Tensor  # int32 [N]
+    positions: torch.Tensor  # int32 [N]
+    qsl: torch.Tensor  # int32 [R + 1]
+    seq_lens: torch.Tensor  # int32 [R]: each chunk's end
+    rows: torch.Tensor  # int64 [R]: request-table rows
+    token_rows: torch.Tensor  # int64 [N]
+    max_query_len: int
+    max_seq_len: int
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.ids, self.positions, self.qsl, self.seq_lens, self.rows, self.token_rows)
 
 
 class DraftModelDrafter(DeviceDrafter):
@@ -41,9 +66,36 @@ class DraftModelDrafter(DeviceDrafter):
         spec = KVCacheSpec(self.config.num_layers, block_size, heads, self.config.head_dim,
                            next(self.model.parameters()).dtype)
         self.kv_caches = allocate_kv_caches(spec, self.num_blocks, device)
+        self.seen: dict[object, int] = {}  # request -> positions from 0 its KV holds (host layout)
 
-    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src):
+    def forget(self, req) -> None:
+        self.seen.pop(req, None)
+
+    def upload_catch_up(self, batch, device: torch.device) -> CatchUp | None:
+        chunks = []
+        for b, req in enumerate(batch.requests):
+            start, seen = int(batch.start[b]), self.seen.get(req, 0)
+            if seen < start:
+                chunks.append((int(batch.rows[b]), seen, start))
+            self.seen[req] = max(seen, start + int(batch.num_new[b]))
+        if not chunks:
+            return None
+        lens = np.array([e - s for _, s, e in chunks], np.int64)
+        ids = np.concatenate([batch.table.token_ids[r, s:e] for r, s, e in chunks]).astype(np.int32)
+        pos = np.concatenate([np.arange(s, e) for _, s, e in chunks]).astype(np.int32)
+        rows = np.array([r for r, _, _ in chunks], np.int64)
+        qsl = np.zeros(len(chunks) + 1, np.int32)
+        np.cumsum(lens, out=qsl[1:])
+        ends = np.array([e for _, _, e in chunks], np.int32)
+        return CatchUp(to_device(ids, device), to_device(pos, device), to_device(qsl, device), to_device(ends, device),
+                       to_device(rows, device), to_device(np.repeat(rows, lens), device), int(lens.max()), int(ends.max()))
+
+    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src, catch_up: CatchUp | None = None):
         d = slot.dev
+        if catch_up is not None:  # (its KV only)
+            c = catch_up
+            self.model(c.ids, c.positions, self.meta(c.qsl, c.seq_lens, c.rows, c.positions, c.token_rows,
+                                                     c.max_query_len, c.max_seq_len), self.kv_caches)
         T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
         positions = d.positions[:T]
         token_rows = inp.seq_rows.index_select(0, inp.token_seq)

@@ -58,6 +58,9 @@ def launch_device_drafting(runner, batch, launched_cls):
             uploaded = verify_in
         draft_in = DraftStepInputs.upload(batch, slot.host, spec.num_drafts, dev)
         uploaded = uploaded + draft_in.tensors()
+        catch_up = drafter.upload_catch_up(batch, dev)
+        if catch_up is not None:
+            uploaded = uploaded + catch_up.tensors()
         slot.h2d_done.record()
     if s.cuda:  # made on the h2d stream, read on the compute stream
         for t in uploaded:
@@ -85,7 +88,7 @@ def launch_device_drafting(runner, batch, launched_cls):
         verify(runner, slot, shape, hidden, bufs, S, *verify_in, draft_probs=draft_probs,
                synthetic_accept=spec.bench_synthetic_accept)
         # the next step's drafts, made now, on the device
-        drafter.after_step(slot, shape, bufs.tokens[:S], bufs.num_emitted[:S], draft_in, aux)
+        drafter.after_step(slot, shape, bufs.tokens[:S], bufs.num_emitted[:S], draft_in, aux, catch_up)
         slot.compute_done.record()
     with s.on(s.d2h):
         s.wait(s.d2h, slot.compute_done)

@@ -62,7 +62,8 @@ class Eagle3Drafter(DeviceDrafter):
     def capture(self) -> AuxHiddenCapture:
         return AuxHiddenCapture(self.target, self.aux_layers)
 
-    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux: AuxHiddenCapture, src):
+    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux: AuxHiddenCapture, src,
+               catch_up=None):
         """The head over the step's tokens (module doc): token t reads the target's hidden
         states at t and the token that follows t."""
         d = slot.dev
