@@ -3,7 +3,9 @@ with the real front door (`validate_request`), for fast tests of the server's pr
 (no model, no core process).
 
 Tokens are bytes (id = byte + 3; 0 pad, 1 BOS, 2 EOS). Completion j of a request writes
-`text` from offset j, one token per `token_delay` seconds; at most `max_num_seqs` requests
+`text` from offset j, one token per `token_delay` seconds (0 by default: each token still yields to
+the event loop, so requests interleave and disconnects land mid-stream, without sleeping ~2 ms a
+token); at most `max_num_seqs` requests
 run at once, the rest wait. Logprobs are made up but deterministic. The outputs come from
 the real output processor, as AsyncLLM's do.
 """
@@ -76,7 +78,7 @@ class FakeTokenizer(Tokenizer):
 
 class FakeAsyncLLM:
     def __init__(self, max_model_len: int = 256, max_num_seqs: int = 4,
-                 token_delay: float = 0.002, text: str = "Hello world! The sky is blue. "):
+                 token_delay: float = 0.0, text: str = "Hello world! The sky is blue. "):
         self.tokenizer = FakeTokenizer()
         self.model_name = "fake-model"
         self.max_model_len = max_model_len
