@@ -30,11 +30,13 @@ def propose_ngram(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndar
     t = np.asarray(tokens).reshape(-1)
     length = t.shape[0]
     for n in range(min(max_n, length - 1), min_n - 1, -1):
-        suffix = t[length - n:]
-        # an occurrence starting at s ends at s + n - 1 <= length - 2
-        for s in range(length - n):
-            if np.array_equal(t[s:s + n], suffix):
-                return t[s + n:s + n + k].astype(np.int32)
+        # the windows starting at s <= length - n - 1 (ending at s + n - 1 <= length - 2),
+        # compared with the suffix at once: a Python loop over s costs ~5 ms a row at 600 tokens
+        windows = np.lib.stride_tricks.sliding_window_view(t, n)[:length - n]
+        hits = np.flatnonzero((windows == t[length - n:]).all(axis=1))
+        if hits.size:
+            s = int(hits[0])
+            return t[s + n:s + n + k].astype(np.int32)
     return np.zeros(0, dtype=np.int32)
 
 
