@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "quick_sample(n): the quick tier (scripts/test.sh --quick) runs the first n "
-        "parametrizations of this test; the others are marked slow")
+        "parametrizations of this test (QUICK_CASES without the mark); the others are marked slow")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,18 +43,21 @@ def _ray_modules_last(items) -> None:
     items.sort(key=lambda item: item.path in ray_modules)  # stable: the order is kept otherwise
 
 
+QUICK_CASES = 2  # parametrizations of a test the quick tier keeps unless quick_sample says
+
+
 def _quick_samples(items) -> None:
-    """A parametrized test marked `quick_sample(n)` keeps its first n parametrizations in the
-    quick tier; the rest are marked slow (a few cases of a Triton kernel, run by its
-    interpreter on the CPU, check it on every change; CI runs them all)."""
+    """A parametrized test keeps its first QUICK_CASES parametrizations (or n, when marked
+    `quick_sample(n)`) in the quick tier; the rest are marked slow (a few cases check a path on
+    every change; CI runs them all)."""
     seen: dict = {}
     for item in items:
         mark = item.get_closest_marker("quick_sample")
-        if mark is None:
+        if mark is None and not hasattr(item, "callspec"):
             continue
         key = (item.path, getattr(item, "originalname", item.name))
         seen[key] = seen.get(key, 0) + 1
-        if seen[key] > mark.args[0]:
+        if seen[key] > (mark.args[0] if mark is not None else QUICK_CASES):
             item.add_marker(pytest.mark.slow)
 
 
