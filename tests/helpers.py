@@ -260,3 +260,19 @@ def drain_core(core) -> tuple[dict[str, tuple[str, str | None]], dict[str, list[
             if o.finish_reason:
                 ends[o.request_id] = (o.finish_reason, o.error)
     return ends, tokens
+
+
+def run_hopper_compile(test_file: str, timeout: float = 600) -> str:
+    """Run `test_file --compile-for-hopper` in a subprocess without TRITON_INTERPRET (its
+    kernels compiled for sm_90 on a machine with no GPU) and return what it printed; a failed
+    run fails the calling test with its output."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, tests, env.get("PYTHONPATH")]))
+    r = subprocess.run([sys.executable, os.path.abspath(test_file), "--compile-for-hopper"], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=timeout, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    return r.stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 from dataclasses import replace
 
@@ -827,13 +826,9 @@ def compile_for_hopper(ptx_dir: str | None = None) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU every test compiles the kernels")
 def test_kernels_compile_for_hopper():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env,
-                       cwd=root, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 45, r.stdout
+    from helpers import run_hopper_compile
+    out = run_hopper_compile(__file__, timeout=300)
+    assert out.count("compiled") == 45, out
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes

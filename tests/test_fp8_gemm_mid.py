@@ -308,22 +308,14 @@ def compile_skinny_for_hopper() -> list[str]:
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the GPU tests compile the kernels")
 def test_skinny_and_persistent_gemm_compile_for_hopper_on_fp8_wgmma():
-    import os
-    import subprocess
-    import sys
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.path.dirname(os.path.abspath(__file__)),
-                                                      env.get("PYTHONPATH")]))
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env, cwd=root,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("compiled")]
+    from helpers import run_hopper_compile
+    out = run_hopper_compile(__file__)
+    lines = [ln for ln in out.splitlines() if ln.startswith("compiled")]
     # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64; the
     # persistent 128x128 tile on two warpgroups of m64n128; the per-tensor quantization's two kernels
     assert lines == ["compiled wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"] * 2 + \
         ["compiled wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3",
-         "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "compiled ", "compiled "], r.stdout
+         "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "compiled ", "compiled "], out
 
 
 if __name__ == "__main__":

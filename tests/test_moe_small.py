@@ -325,17 +325,9 @@ def compile_small_moe_for_hopper() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the GPU tests compile the kernels")
 def test_small_moe_kernels_compile_for_hopper():
-    import os
-    import subprocess
-    import sys
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.path.dirname(os.path.abspath(__file__)),
-                                                      env.get("PYTHONPATH")]))
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile-for-hopper"], env=env, cwd=root,
-                       capture_output=True, text=True, timeout=600, check=False)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    assert r.stdout.count("compiled") == 2 * (len(HOPPER_CONFIGS) + 1), r.stdout
+    from helpers import run_hopper_compile
+    out = run_hopper_compile(__file__)
+    assert out.count("compiled") == 2 * (len(HOPPER_CONFIGS) + 1), out
 
 
 if __name__ == "__main__":
