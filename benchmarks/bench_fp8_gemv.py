@@ -7,7 +7,6 @@ every variant and the lead picks the defaults.
     python benchmarks/bench_fp8_gemv.py [--rows 1,2,4,8,16] [--variant-rows 1,8]
         [--shapes qkv,o,gate_up,down,lm_head] [--variants NAME:field=v,... ...]
         [--no-default-variants] [--out DIR] [--tiny]
-    python benchmarks/bench_gemv.py --fp8 ...        (the same)
 
 Each product runs in the form the model's small-batch layer takes: qkv and gate_up with the
 folded norm (gamma and the row scale), o into the residual, down from [gate | up] with

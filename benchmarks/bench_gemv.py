@@ -15,10 +15,8 @@ layers' weights into L2 could give it.
 One CUDA graph per (model shape, M, implementation) holds the whole chain; the median of
 20 replays is reported, with its bytes' time at the measured copy bandwidth.  Every
 implementation is first checked against F.linear on the first layer.  Variants override
-`GemvConfig` fields (block_n, num_warps, programs_per_sm, tile_elems).
-
-`--fp8 [ARGS]`: the FP8 GEMV's sweep instead (benchmarks/bench_fp8_gemv.py: its variants at
-1-16 rows on every 8B linear, the bf16 product beside them).
+`GemvConfig` fields (block_n, num_warps, programs_per_sm, tile_elems).  The FP8 GEMV's sweep
+is benchmarks/bench_fp8_gemv.py.
 """
 from __future__ import annotations
 
@@ -26,9 +24,6 @@ import argparse
 import dataclasses
 import os
 import sys
-
-if {"--fp8", "--tiny"} <= set(sys.argv):  # bench_fp8_gemv.py's CPU smoke run: before Triton loads
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F
@@ -115,9 +110,6 @@ def copy_bandwidth(dev) -> float:
 
 
 def main() -> int:
-    if "--fp8" in sys.argv[1:]:
-        from bench_fp8_gemv import main as fp8_main  # (this folder)
-        return fp8_main([a for a in sys.argv[1:] if a != "--fp8"])
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--models", default="0.6b,135m,8b")
