@@ -240,3 +240,12 @@ def test_the_ceilings_line_says_whether_they_were_measured():
     recorded = ceilings_line(4.26e12, 792e12, measured=False)
     assert "measured on this GPU" in measured and "copy 3.00 TB/s, matmul 700 TFLOP/s" in measured
     assert "H200" in recorded and "not measured" in recorded and "copy 4.26 TB/s" in recorded
+
+
+def test_an_unmeasured_run_takes_its_own_gpus_recorded_ceilings():
+    from slipstream.bench.throughput import recorded_ceilings
+    assert recorded_ceilings("NVIDIA H100 80GB HBM3") == ("H100", 3.01e12, 790e12)
+    assert recorded_ceilings("NVIDIA H200") == ("H200", 4.26e12, 792e12)
+    assert recorded_ceilings("NVIDIA A100-SXM4-80GB")[0] == "H200"  # no record: the H200's, said so
+    line = ceilings_line(*recorded_ceilings("NVIDIA H100 80GB HBM3")[1:], measured=False, gpu="H100")
+    assert "the H100's recorded ones" in line and "copy 3.01 TB/s" in line

@@ -9,7 +9,8 @@ import torch
 
 from slipstream.bench.report import write_json
 from slipstream.bench.throughput import (COPY_BANDWIDTH, MATMUL_RATE, RunResult, add_prompt, breakdown_table,
-                                         measure_ceilings, result_dict, run_until_done, run_workload)
+                                         measure_ceilings, recorded_ceilings, result_dict, run_until_done,
+                                         run_workload)
 from slipstream.config import EngineConfig
 from slipstream.core.engine_core import EngineCore
 from slipstream.utils.process import freeze_gc
@@ -61,11 +62,13 @@ def run_bench(a, workload, engine_options: dict) -> int:
     ready_s = seconds_since_process_start()
     ready = f"; process start to ready {ready_s:.2f} s" if ready_s is not None else ""
     print(f"engine start: {init_s:.2f} s ({', '.join(f'{k} {v}' for k, v in engine.startup.items())}){ready}")
-    bandwidth, rate = COPY_BANDWIDTH, MATMUL_RATE
+    gpu, bandwidth, rate = "H200", COPY_BANDWIDTH, MATMUL_RATE
     tp = config.tensor_parallel_size
     measured = engine.device.type == "cuda" and not a.no_measure and tp == 1  # (GPU 0 is a rank's under TP)
     if measured:
         bandwidth, rate = measure_ceilings(engine.device)
+    elif engine.device.type == "cuda":
+        gpu, bandwidth, rate = recorded_ceilings(torch.cuda.get_device_name(engine.device))
     bandwidth, rate = bandwidth * tp, rate * tp  # the floor of a step over tp GPUs (no all-reduce)
     # Warm-up: every prompt, 2 tokens each, so the timed runs meet the same prefill batch
     # shapes with their kernels compiled and cuBLAS plans chosen (otherwise the first mode
@@ -127,7 +130,7 @@ def run_bench(a, workload, engine_options: dict) -> int:
             print(f"\n{mode}: where the GPU time goes\n{breakdown_table(r.breakdown)}")
     if "speedup" in summary:
         print(f"async speedup {summary['speedup']:.3f}x; identical outputs: {summary['identical_outputs']}")
-    print(f"{ceilings_line(bandwidth, rate, measured)}; env {summary['env']}")
+    print(f"{ceilings_line(bandwidth, rate, measured, gpu)}; env {summary['env']}")
     if a.out:
         _write(a.out, workload.name, summary, timelines)
     return 0
@@ -176,10 +179,10 @@ def grammar_summary(timelines: dict, constrained: int, stats: dict) -> dict:
     return {"constrained_requests": constrained, "modes": per_mode, **{k: stats.get(k) for k in keys}}
 
 
-def ceilings_line(bandwidth: float, rate: float, measured: bool) -> str:
-    """The floor's ceilings, saying where they come from: unmeasured ones are the H200's, so
-    wall/floor on another GPU compares against the H200's floor, not its own."""
-    source = "measured on this GPU" if measured else "the H200's recorded ones, not measured here"
+def ceilings_line(bandwidth: float, rate: float, measured: bool, gpu: str = "H200") -> str:
+    """The floor's ceilings, saying where they come from: unmeasured ones are those recorded
+    for `gpu` (bench/throughput.py, RECORDED_CEILINGS)."""
+    source = "measured on this GPU" if measured else f"the {gpu}'s recorded ones, not measured here"
     return f"ceilings ({source}): copy {bandwidth / 1e12:.2f} TB/s, matmul {rate / 1e12:.0f} TFLOP/s"
 
 

@@ -22,6 +22,16 @@ from slipstream.ops.kv_quant import kv_cache_torch_dtype
 # The H200's, measured; `measure_ceilings` re-measures them on the GPU at hand.
 COPY_BANDWIDTH = 4.26e12  # bytes/s, read + written
 MATMUL_RATE = 792e12  # bf16 flop/s
+# Each lent GPU's ceilings as `measure_ceilings` found them (the H100 80GB HBM3: copy 3.01 TB/s
+# in every run, matmul 784-798 TFLOP/s): a run that does not measure takes its own GPU's.
+RECORDED_CEILINGS = {"H200": (COPY_BANDWIDTH, MATMUL_RATE), "H100": (3.01e12, 790e12)}
+
+
+def recorded_ceilings(device_name: str) -> tuple[str, float, float]:
+    """(GPU, copy bandwidth, matmul rate) recorded for the GPU named `device_name` (torch's
+    name, e.g. "NVIDIA H100 80GB HBM3"); the H200's for a GPU without a record."""
+    gpu = next((g for g in RECORDED_CEILINGS if g in device_name), "H200")
+    return (gpu, *RECORDED_CEILINGS[gpu])
 
 
 @dataclass
