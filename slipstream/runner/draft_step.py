@@ -14,17 +14,11 @@ prefill chunks included.
 """
 from __future__ import annotations
 
-import numpy as np
-import torch
-
 from slipstream.runner.device_drafter import DraftStepInputs
 from slipstream.runner.inputs import fill_inputs
-from slipstream.runner.spec_device import (
-    DeviceDraftInputs,
-    prepare_device_drafts,
-    to_device,
-)
-from slipstream.runner.speculative import _stack_probs, spec_buffers, verify
+from slipstream.runner.spec_device import prepare_device_drafts
+from slipstream.runner.speculative import (_stack_probs, download_verified, spec_buffers, suppress_tokens,
+                                           upload_verify_inputs, verify)
 
 
 def launch_device_drafting(runner, batch, launched_cls):
@@ -36,26 +30,14 @@ def launch_device_drafting(runner, batch, launched_cls):
     spans = runner._prompt_spans(batch, slot) if batch.prompt_logprobs else None
     S, spec = len(batch.sampled), batch.spec
     bufs = spec_buffers(runner, slot.index, spec.k)
-    rows = np.flatnonzero(spec.num_drafts > 0)
     device_drafting = spec.draft_tokens is None
-    # the drafting rows' query tokens in the step, k + 1 a row (the last one repeated)
-    last = slot.host.logits_indices[:S][rows].astype(np.int64)
-    nd = spec.num_drafts[rows].astype(np.int64)
-    cols = np.minimum(np.arange(spec.k + 1)[None, :], nd[:, None])
-    positions = last[:, None] - nd[:, None] + cols
     launched = launched_cls(batch, slot, S, shape.flags.num_logprobs)
     s, dev = runner.streams, runner.device
     with s.on(s.h2d):
         s.wait(s.h2d, slot.compute_done)
         slot.h2d_start.record()
         slot.upload(batch.num_seqs)
-        verify_in = (to_device(rows.astype(np.int64), dev), to_device(positions.ravel(), dev))
-        if device_drafting:
-            dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
-            uploaded = verify_in + dd_in.tensors()
-        else:
-            verify_in += (to_device(spec.draft_tokens[rows], dev), to_device(spec.num_drafts[rows], dev))
-            uploaded = verify_in
+        verify_in, uploaded, dd_in = upload_verify_inputs(batch, slot, dev)
         draft_in = DraftStepInputs.upload(batch, slot.host, spec.num_drafts, dev)
         uploaded = uploaded + draft_in.tensors()
         catch_up = drafter.upload_catch_up(batch, dev)
@@ -80,22 +62,12 @@ def launch_device_drafting(runner, batch, launched_cls):
             hidden = runner.forward_hidden(slot, shape)
         launched.prompt_logprobs = runner.prompt_logprobs(hidden, spans) if spans else None
         logits = runner.logits(slot, shape, hidden)
-        if batch.suppress:
-            r = [j for j, ids in batch.suppress for _ in ids]
-            c = [t for _, ids in batch.suppress for t in ids]
-            logits[to_device(r, dev, torch.long), to_device(c, dev, torch.long)] = float("-inf")
+        suppress_tokens(batch, logits, dev)
         runner.sample(slot, shape, logits)
         verify(runner, slot, shape, hidden, bufs, S, *verify_in, draft_probs=draft_probs,
                synthetic_accept=spec.bench_synthetic_accept)
         # the next step's drafts, made now, on the device
         drafter.after_step(slot, shape, bufs.tokens[:S], bufs.num_emitted[:S], draft_in, aux, catch_up)
         slot.compute_done.record()
-    with s.on(s.d2h):
-        s.wait(s.d2h, slot.compute_done)
-        slot.d2h_start.record()
-        slot.download(S, launched.num_logprobs)
-        launched.spec_out = bufs.download(S)
-        if launched.num_logprobs:
-            launched.spec_logprobs = bufs.download_logprobs(S, launched.num_logprobs)
-        slot.d2h_done.record()
+    download_verified(runner, slot, launched, bufs, S)
     return launched

@@ -115,27 +115,14 @@ def launch_speculative(runner, batch, launched_cls):
     spans = runner._prompt_spans(batch, slot) if batch.prompt_logprobs else None
     S, spec = len(batch.sampled), batch.spec
     bufs = spec_buffers(runner, slot.index, spec.k)
-    rows = np.flatnonzero(spec.num_drafts > 0)
     device_drafting = spec.draft_tokens is None
-    # the drafting rows' query tokens in the step, k + 1 a row (the last one repeated)
-    last = slot.host.logits_indices[:S][rows].astype(np.int64)
-    nd = spec.num_drafts[rows].astype(np.int64)
-    cols = np.minimum(np.arange(spec.k + 1)[None, :], nd[:, None])
-    positions = last[:, None] - nd[:, None] + cols
     launched = launched_cls(batch, slot, S, shape.flags.num_logprobs)
-    s = runner.streams
+    s, dev = runner.streams, runner.device
     with s.on(s.h2d):
         s.wait(s.h2d, slot.compute_done)
         slot.h2d_start.record()
         slot.upload(shape.num_seqs)
-        dev = runner.device
-        verify_in = (to_device(rows.astype(np.int64), dev), to_device(positions.ravel(), dev))
-        if device_drafting:
-            dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
-            uploaded = verify_in + dd_in.tensors()
-        else:
-            verify_in += (to_device(spec.draft_tokens[rows], dev), to_device(spec.num_drafts[rows], dev))
-            uploaded = verify_in
+        verify_in, uploaded, dd_in = upload_verify_inputs(batch, slot, dev)
         slot.h2d_done.record()
     if s.cuda:  # made on the h2d stream, read on the compute stream
         for t in uploaded:
@@ -153,16 +140,40 @@ def launch_speculative(runner, batch, launched_cls):
         hidden = runner.forward_hidden(slot, shape)
         launched.prompt_logprobs = runner.prompt_logprobs(hidden, spans) if spans else None
         logits = runner.logits(slot, shape, hidden)
-        if batch.suppress:
-            r = [j for j, ids in batch.suppress for _ in ids]
-            c = [t for _, ids in batch.suppress for t in ids]
-            logits[to_device(r, dev, torch.long), to_device(c, dev, torch.long)] = float("-inf")
+        suppress_tokens(batch, logits, dev)
         runner.sample(slot, shape, logits)
         verify(runner, slot, shape, hidden, bufs, S, *verify_in, draft_probs=draft_probs,
                synthetic_accept=spec.bench_synthetic_accept)
         slot.compute_done.record()
-    _download(runner, slot, launched, bufs, S)
+    download_verified(runner, slot, launched, bufs, S)
     return launched
+
+
+def upload_verify_inputs(batch, slot, dev):
+    """On the h2d stream: the drafting rows' indices and the positions of their k + 1 query
+    tokens in the step (the last one repeated past a row's drafts), then either the device
+    drafting inputs or the host's drafts; returns (verify inputs, every tensor uploaded,
+    the device drafting inputs or None)."""
+    spec, S = batch.spec, len(batch.sampled)
+    rows = np.flatnonzero(spec.num_drafts > 0)
+    last = slot.host.logits_indices[:S][rows].astype(np.int64)
+    nd = spec.num_drafts[rows].astype(np.int64)
+    cols = np.minimum(np.arange(spec.k + 1)[None, :], nd[:, None])
+    positions = last[:, None] - nd[:, None] + cols
+    verify_in = (to_device(rows.astype(np.int64), dev), to_device(positions.ravel(), dev))
+    if spec.draft_tokens is None:
+        dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
+        return verify_in, verify_in + dd_in.tensors(), dd_in
+    verify_in += (to_device(spec.draft_tokens[rows], dev), to_device(spec.num_drafts[rows], dev))
+    return verify_in, verify_in, None
+
+
+def suppress_tokens(batch, logits: torch.Tensor, dev) -> None:
+    """-inf at the tokens each row may not draw yet (its stop tokens before min_tokens)."""
+    if batch.suppress:
+        r = [j for j, ids in batch.suppress for _ in ids]
+        c = [t for _, ids in batch.suppress for t in ids]
+        logits[to_device(r, dev, torch.long), to_device(c, dev, torch.long)] = float("-inf")
 
 
 def _unpadded(shape, batch):
@@ -207,7 +218,7 @@ def _launch_padded(runner, batch, slot, shape, graphs, launched_cls):
                           lambda: verify_step(runner, slot, shape, bufs, vin, synthetic), runner.spec_buffers):
             verify_step(runner, slot, shape, bufs, vin, synthetic)
         slot.compute_done.record()
-    _download(runner, slot, launched, bufs, S)
+    download_verified(runner, slot, launched, bufs, S)
     return launched
 
 
@@ -230,7 +241,8 @@ def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synth
            synthetic_accept=synthetic_accept, logits=logits)
 
 
-def _download(runner, slot, launched, bufs: SpecBuffers, S: int) -> None:
+def download_verified(runner, slot, launched, bufs: SpecBuffers, S: int) -> None:
+    """On the d2h stream, after the step: the slot's outputs and the emitted tokens."""
     s = runner.streams
     with s.on(s.d2h):
         s.wait(s.d2h, slot.compute_done)
