@@ -12,24 +12,20 @@ import functools
 
 import pytest
 import torch
+from test_fp8_kernels import _weight as fp8_kernels_weight
 
 from slipstream.ops.fp8_dispatch import (ANY_ROWS, DISPATCH, Fp8Dispatch, Fp8Route, fp8_product,
                                          parse_dispatch)
 from slipstream.ops.fp8_linear import fp8_linear_add_, fp8_linear_ref
 from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm, parse_tile_name
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for
-from slipstream.quant.fp8 import Fp8Weight, quantize_blocks, quantize_per_channel
+from slipstream.quant.fp8 import Fp8Weight
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@functools.lru_cache(maxsize=4)  # the GPU tests reuse the 8B shape's weights (read-only)
-def _weight(n: int, k: int, block, gamma: bool, seed: int = 0) -> Fp8Weight:
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) / k ** 0.5
-    q, s = quantize_blocks(w, block) if block else quantize_per_channel(w)
-    gm = (torch.rand(k, generator=g) + 0.5) if gamma else None
-    return Fp8Weight(q.to(DEVICE), s.to(DEVICE), block, gm.to(DEVICE) if gm is not None else None)
+# test_fp8_kernels' random FP8 weight, cached: the GPU tests reuse the 8B shape's weights (read-only)
+_weight = functools.lru_cache(maxsize=4)(fp8_kernels_weight)
 
 
 def _x(m: int, k: int, seed: int = 1) -> torch.Tensor:
