@@ -4,6 +4,11 @@ Builds the engine as `slipstream bench` does, warms up, then profiles one run (a
 default) and prints the functions with the most own time and the most cumulative time.
 With `--prefill-only`, only the steps that schedule a prefill chunk are profiled.
 
+A constrained workload (small-256-json, ...) takes its grammar's vocabulary as `slipstream
+bench` does (`--grammar-tokenizer`, default the embedded SmolLM2's); `--model` swaps the
+workload's model folder (a tiny config with the same vocabulary profiles the CPU side on a
+CPU); `--structured-outputs-workers` as the engine option.
+
 Usage: python benchmarks/profile_cpu.py [--workload small-256] [--mode async] [--top 30]
 """
 from __future__ import annotations
@@ -17,6 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from slipstream.bench.run import bench_grammar_tokenizer  # noqa: E402
 from slipstream.bench.throughput import add_prompt, run_until_done  # noqa: E402
 from slipstream.bench.workloads import get_workload  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
@@ -32,13 +38,20 @@ def main() -> int:
     ap.add_argument("--num-requests", type=int, default=None)
     ap.add_argument("--prefill-only", action="store_true")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--grammar-tokenizer", default=None)
+    ap.add_argument("--structured-outputs-workers", type=int, default=None)
     args = ap.parse_args()
     w = get_workload(args.workload)
     n = args.num_requests or len(w.prompts)
-    engine = EngineCore(EngineConfig(model=w.model, load_format="dummy", device=args.device, **w.engine))
+    constrained = any(p.structured_outputs is not None for p in w.params[:n])
+    engine = EngineCore(EngineConfig(model=args.model or w.model, load_format="dummy", device=args.device,
+                                     structured_outputs_workers=args.structured_outputs_workers, **w.engine),
+                        grammar_tokenizer=bench_grammar_tokenizer(args.grammar_tokenizer) if constrained else None)
     for i, (prompt, p) in enumerate(zip(w.prompts[:n], w.params[:n])):
         add_prompt(engine, f"warm-up-{i}", prompt,
-                   SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True))
+                   SamplingParams(max_tokens=2, temperature=p.temperature, ignore_eos=True,
+                                  structured_outputs=p.structured_outputs))
     run_until_done(engine)
     engine.set_async_scheduling(args.mode == "async")
     engine.reset_prefix_cache()
