@@ -4,7 +4,7 @@ For each case (model shape, batch, context) it replays the captured decode graph
 torch.profiler and prints, per step: the wall time, the sum of kernel times (the rest
 is gaps between kernels), and the kernels grouped by kind with their count per step.
 
-Usage: python benchmarks/profile_step.py [--out DIR] [--case MODEL:BATCH:CONTEXT ...]
+Usage: python benchmarks/profile_step.py [--out DIR] [--case MODEL:BATCH:CONTEXT[:fp8] ...]
 (the default cases below when no --case is given)
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from slipstream.runner.inputs import StepPad, StepShape  # noqa: E402
 from slipstream.sampling.sampler import SamplerFlags  # noqa: E402
 
 CASES = [("llama-3.1-8b", 32, 1024), ("llama-3.1-8b", 32, 4096), ("qwen3-0.6b", 256, 1024), ("qwen3-0.6b", 48, 1024)]
-KINDS = [("gemm", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "cublas")), ("attention", ("attn", "decode", "prefill")),
+KINDS = [("moe", ("moe", "expert", "route", "small_gate", "small_down", "align", "topk")), ("gemm", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "cublas")), ("attention", ("attn", "decode", "prefill")),
          ("norm", ("rms",)), ("rope/kv", ("rope", "store", "qkv_epilogue")), ("silu", ("silu",)),
          ("sampler", ("sample", "gumbel", "argmax")), ("copy/index", ("copy", "index", "where", "gather", "scatter", "fill"))]
 
@@ -42,8 +42,9 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile_case(model: str, batch: int, context: int, reps: int = 5) -> dict:
+def profile_case(model: str, batch: int, context: int, quantization: str = "none", reps: int = 5) -> dict:
     cfg = EngineConfig(model=os.path.join(CONFIGS, model), load_format="dummy", device="cuda", max_num_seqs=batch,
+                       quantization=quantization,
                        max_model_len=context + 64, max_num_batched_tokens=max(2048, batch), enable_prefix_caching=False)
     engine = EngineCore(cfg)
     runner = engine.runner
@@ -70,10 +71,10 @@ def profile_case(model: str, batch: int, context: int, reps: int = 5) -> dict:
     for name, (count, us) in kernels.items():
         by_kind[kind_of(name)][0] += count / reps
         by_kind[kind_of(name)][1] += us / reps
-    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:12]
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:20]
     engine = runner = None  # (the lambda above holds runner: let both go before empty_cache)
     torch.cuda.empty_cache()
-    return {"model": model, "batch": batch, "context": context, "step_us": step * 1e6, "kernel_us": total_us,
+    return {"model": model, "quantization": quantization, "batch": batch, "context": context, "step_us": step * 1e6, "kernel_us": total_us,
             "kernels_per_step": sum(v[0] for v in kernels.values()) / reps,
             "by_kind": {k: {"per_step": c, "us": u} for k, (c, u) in by_kind.items()},
             "top": [(n[:90], c / reps, u / reps) for n, (c, u) in top]}
@@ -84,12 +85,13 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--case", action="append", default=[], help="MODEL:BATCH:CONTEXT, e.g. qwen3-0.6b:1:512")
     args = ap.parse_args()
-    cases = [(m, int(b), int(c)) for m, b, c in (case.split(":") for case in args.case)] or CASES
+    cases = [(p[0], int(p[1]), int(p[2]), p[3] if len(p) > 3 else "none")
+             for p in (case.split(":") for case in args.case)] or [c + ("none",) for c in CASES]
     results = []
-    for model, batch, context in cases:
-        r = profile_case(model, batch, context)
+    for model, batch, context, quantization in cases:
+        r = profile_case(model, batch, context, quantization)
         results.append(r)
-        print(f"\n## {model} batch {batch} context {context}: step {r['step_us']:.0f} us, kernels {r['kernel_us']:.0f} us "
+        print(f"\n## {model} ({quantization}) batch {batch} context {context}: step {r['step_us']:.0f} us, kernels {r['kernel_us']:.0f} us "
               f"({r['kernels_per_step']:.0f} kernels), gaps {r['step_us'] - r['kernel_us']:.0f} us")
         print("| kind | kernels/step | us/step |\n|---|---|---|")
         for kind, v in sorted(r["by_kind"].items(), key=lambda kv: -kv[1]["us"]):
