@@ -1,0 +1,78 @@
+"""benchmarks/bench_spec_ngram_real.py on the CPU: its --smoke run on a tiny random Llama with
+SmolLM2's tokenizer (the same chat prompts and tokens as the real model, a fraction of its
+cost): plain and n-gram arms, greedy tokens equal, the counters read back consistently; a
+differing arm is counted and fails the run."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import bench_spec_ngram_real as bench  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_model(tmp_path_factory) -> str:
+    """A tiny random Llama (2 layers, hidden 64) with the embedded SmolLM2's tokenizer and chat
+    template: the real prompts' tokens at a fraction of the real model's cost."""
+    import transformers
+
+    from slipstream.model.tokenizer import load_tokenizer
+    folder = str(tmp_path_factory.mktemp("tiny-chat"))
+    tok = load_tokenizer(None)
+    config = transformers.LlamaConfig(
+        vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
+        eos_token_id=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).float().save_pretrained(folder)
+    tok.hf.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: the tiny model's ops gain nothing from two, and on a busy 2-core
+    machine OpenMP's barriers wait out scheduler quanta (3 s a run becomes 20)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+SMOKE = ["--smoke", "--device", "cpu", "--max-model-len", "512"]
+
+
+def test_smoke_run_compares_ngram_with_plain(tiny_chat_model, tmp_path, capsys):
+    assert bench.main(SMOKE + ["--model", tiny_chat_model, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "greedy outputs equal to plain: yes" in out and "| ngram k=2 |" in out
+    res = json.loads((tmp_path / "bench_spec_ngram_real.json").read_text())
+    plain, spec = res["arms"]
+    assert plain["arm"] == "plain" and spec["speculative_config"] == bench.ngram_config(2)
+    assert len(plain["tokens"]) == len(spec["tokens"]) == 2 == len(res["prompt_tokens"])
+    assert all(n > 200 for n in res["prompt_tokens"])  # the grounded texts, through the chat template
+    assert spec["tokens"] == plain["tokens"] and spec["mismatches"] == 0
+    for arm in (plain, spec):
+        assert arm["output_tokens"] == sum(map(len, arm["tokens"])) == 2 * 12  # ignore_eos is off: never EOS (2) here
+        assert arm["tokens_per_s"] > 0 and arm["steps"] >= 2
+    assert plain["drafted"] == 0 and plain["mean_accepted_length"] is None
+    # every verification emits 1..k+1 tokens a drafting row; the counters are this run's
+    assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"]
+    assert 1.0 <= spec["mean_accepted_length"] <= 3.0
+    assert spec["steps"] < plain["steps"] or spec["accepted"] == 0
+
+
+def test_a_differing_arm_is_counted_and_fails_the_run(tiny_chat_model, monkeypatch, capsys):
+    real = bench.run_one
+
+    def spec_arm_off_by_one(llm, prompt, params):
+        tokens, *rest = real(llm, prompt, params)
+        if llm.engine.scheduler.speculative is not None and params.max_tokens == 12:
+            tokens = tokens[:-1] + [tokens[-1] + 1]
+        return (tokens, *rest)
+    monkeypatch.setattr(bench, "run_one", spec_arm_off_by_one)
+    assert bench.main(SMOKE + ["--model", tiny_chat_model, "--num-prompts", "1"]) == 1
+    assert "NO, 1 requests differ" in capsys.readouterr().out
