@@ -3,6 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine gputests-clone kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer moe-small moe-small-ab
 #         async-llm pytests pytests-each bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
+#         spec-e2e spec-real fp8-accuracy
 #         prefill-long prefill-tiles fp8-gemm fp8-gemv boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
@@ -263,6 +264,10 @@ for stage in "$@"; do
                   done
                 done
               done ;;
+    # n-gram speculation on the real SmolLM2, input-grounded prompts at batch 1: plain against
+    # k = 2, 4, 6 (tokens/s, accepted length, greedy tokens equal; docs/speculative-decoding.md)
+    spec-real) if have_smol; then run spec-real 300 python3 benchmarks/bench_spec_ngram_real.py --out "$RES/spec-real" ${SPEC_REAL_ARGS:-}
+               else echo "spec-real: no SmolLM2 here (carry .smolA/.smolB/.smolC)" | tee -a "$LOG"; fi ;;
     spec-e2e-tests) run spec-e2e-tests 500 python3 -m pytest -q -m gpu tests/test_gpu_spec_drafters.py tests/test_spec_gpu.py ;;
     serve-small) run serve-small-si1 300 bash benchmarks/serve_bench.sh small "$RES" 1
                  run serve-small-si${SI:-8} 300 bash benchmarks/serve_bench.sh small "$RES" "${SI:-8}" ;;
@@ -278,6 +283,10 @@ for stage in "$@"; do
     # fraction of the copy bandwidth (docs/fp8.md, "Small-batch GEMV"); FP8_GEMV_ARGS: more
     # --variants NAME:field=v,..., --rows, --shapes, --no-default-variants
     fp8-gemv) run fp8-gemv 540 python3 benchmarks/bench_fp8_gemv.py --out "$RES" ${FP8_GEMV_ARGS:-} ;;
+    # SmolLM2 with FP8 weights, an FP8 KV cache and both against bf16 on 16 chat prompts: greedy
+    # agreement and mean |d logprob| (docs/fp8.md, "Accuracy")
+    fp8-accuracy) if have_smol; then run fp8-accuracy 300 python3 benchmarks/fp8_accuracy.py --out "$RES/fp8-accuracy" ${FP8_ACCURACY_ARGS:-}
+                  else echo "fp8-accuracy: no SmolLM2 here (carry .smolA/.smolB/.smolC)" | tee -a "$LOG"; fi ;;
     sampler) run sampler 240 python3 benchmarks/bench_sampler.py ${SAMPLER_OLD:+--old "$SAMPLER_OLD"} --out "$RES" ;;
     # each workload of $WORKLOADS once, async, with the floor measured (JSON under $RES/<workload>)
     benches) for w in ${WORKLOADS:-small-256}; do

@@ -74,6 +74,24 @@ def make_hf_model(kind: str, folder: str, seed: int | None = None):
     return model
 
 
+def make_tiny_chat_model(folder: str) -> str:
+    """A tiny random Llama (2 layers, hidden 64) with the embedded SmolLM2's tokenizer and chat
+    template, saved into `folder`: the real chat prompts' tokens at a fraction of SmolLM2's
+    cost (no pilot run, unlike async_mix's tokenized model). Returns `folder`."""
+    import transformers
+
+    from slipstream.model.tokenizer import load_tokenizer
+    tok = load_tokenizer(os.environ.get("SLIPSTREAM_TEST_TOKENIZER"))
+    config = transformers.LlamaConfig(
+        vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
+        eos_token_id=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).float().save_pretrained(folder)
+    tok.hf.save_pretrained(folder)
+    return folder
+
+
 def prompt(n: int, seed: int, vocab: int = 256) -> list[int]:
     """n random token ids of a tiny model's vocabulary (3 and up: past the special ids)."""
     return np.random.default_rng(seed).integers(3, vocab, n).tolist()

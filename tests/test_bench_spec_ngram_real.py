@@ -11,25 +11,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import bench_spec_ngram_real as bench  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import make_tiny_chat_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny_chat_model(tmp_path_factory) -> str:
-    """A tiny random Llama (2 layers, hidden 64) with the embedded SmolLM2's tokenizer and chat
-    template: the real prompts' tokens at a fraction of the real model's cost."""
-    import transformers
-
-    from slipstream.model.tokenizer import load_tokenizer
-    folder = str(tmp_path_factory.mktemp("tiny-chat"))
-    tok = load_tokenizer(None)
-    config = transformers.LlamaConfig(
-        vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
-        eos_token_id=2, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).float().save_pretrained(folder)
-    tok.hf.save_pretrained(folder)
-    return folder
+    return make_tiny_chat_model(str(tmp_path_factory.mktemp("tiny-chat")))
 
 
 @pytest.fixture(autouse=True)
