@@ -141,6 +141,7 @@ def run(args, prompts: list[list[int]], arms: list[tuple[str, dict]]) -> tuple[l
         ref = teacher_forced(llm, prompts, answers)
     finally:
         close(llm)
+    del llm  # (before the next engine starts: one engine's memory at a time)
     # the control: the reference's teacher-forced argmax against its own free-running tokens
     control = [x == y for a, b in zip(ref.argmax, answers) for x, y in zip(a, b, strict=True)]
     reference = {"engine_start_s": start_s, "positions": len(control),
@@ -155,6 +156,7 @@ def run(args, prompts: list[list[int]], arms: list[tuple[str, dict]]) -> tuple[l
                                    arm_answers, start_s))
         finally:
             close(llm)
+        del llm
     return results, reference
 
 

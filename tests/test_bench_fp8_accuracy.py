@@ -84,3 +84,12 @@ def test_bounds_mark_and_fail_an_arm_past_them():
     assert "FAILED" in acc.table([good, low, far], {"control_agreement": 1.0}, 16)
     assert acc.first_difference([1, 2, 3], [1, 2, 4]) == 2 and acc.first_difference([1, 2], [1, 2, 5]) == 2
     assert acc.first_difference([1, 2], [1, 2]) is None
+
+
+@pytest.mark.gpu
+def test_gpu_smollm2_smoke(tmp_path):
+    """The real SmolLM2 in bf16 on CUDA, every FP8 arm (gputests-smol picks it up); the full
+    run with its bounds is gpu_run.sh's stage fp8-accuracy."""
+    assert acc.main(["--smoke", "--device", "cuda", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "fp8_accuracy.json").read_text())
+    assert res["dtype"] == "bfloat16" and all(a["max_abs_dlogprob"] > 0 for a in res["arms"])

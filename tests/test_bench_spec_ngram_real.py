@@ -63,3 +63,12 @@ def test_a_differing_arm_is_counted_and_fails_the_run(tiny_chat_model, monkeypat
     monkeypatch.setattr(bench, "run_one", spec_arm_off_by_one)
     assert bench.main(SMOKE + ["--model", tiny_chat_model, "--num-prompts", "1"]) == 1
     assert "NO, 1 requests differ" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_gpu_smollm2_smoke(tmp_path):
+    """The real SmolLM2 on CUDA under graphs (gputests-smol picks it up); the full run is
+    gpu_run.sh's stage spec-real."""
+    assert bench.main(["--smoke", "--device", "cuda", "--out", str(tmp_path)]) == 0
+    plain, spec = json.loads((tmp_path / "bench_spec_ngram_real.json").read_text())["arms"]
+    assert spec["tokens"] == plain["tokens"] and spec["drafted"] > 0
