@@ -31,11 +31,16 @@ the MMA's 8 itself), so the input's work (loads, SiLU, the f16 split) is the rea
 loop issues 1.2 SASS instructions a weight byte at one input row (128 weight rows a program,
 sm_90), 1.5 at 4, 1.9 at 8, 2.9 at 16, against 1.85 for the bf16 GEMV's two-byte weights.
 
-The input in f16: v = x * gamma (fp32) is split into hi = f16(v / 2^8) and lo = f16(v - hi *
-2^8), the B operand's first and second M_PAD columns; y = acc_hi * 2^8 + acc_lo. hi holds
-every bf16 value of magnitude 2^-6 .. 1.6e7 exactly (8 significant bits within f16's 11), lo
-the remainder of smaller ones to an absolute 2^-25: the product is within 2^-25 x sum |w| of
-the fp32 product, far below e4m3's own 2^-4 (docs/fp8.md, "Small-batch GEMV").
+The input in f16 (ops/triton_f16_split.py): after the PDL wait a program reads its columns of
+the input rows once for each row's largest |x * gamma| (a bound of it for SiLU·mul), and
+multiplies the row by the power of two that brings it into [2^13, 2^14); v is then split
+into hi = f16(v') and lo = f16(v' - hi), the B operand's first and second M_PAD columns, and
+the slice's sum is (acc_hi + acc_lo) / the power of two. A value keeps 22 significant bits
+(a bf16 input's 8 exactly) over bf16's whole range, no part overflows, and nothing of
+weight reaches the tensor cores as an f16 subnormal (below 2^-27 of the row's largest):
+rows of 1e-12 and spikes of 1e9 are multiplied as accurately as O(1) ones, far inside
+e4m3's own 2^-4 (docs/fp8.md, "Small-batch GEMV"). The read costs a pass over the input's
+columns (from L2) before the weight stream's loop.
 
 Scales: per channel (per tensor held per channel) multiply the finished sum; 128 x 128
 blocks: each slice is one block's width (K_SLICE = 128), its dot starts from zero and is
@@ -63,18 +68,24 @@ from triton.compiler.errors import CompilationError
 
 from slipstream.ops.device import dot_flags
 from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.triton_f16_split import (
+    prepass_chunk,
+    row_amax,
+    row_scales,
+    split_f16,
+)
 from slipstream.ops.triton_fused import silu_mul
 from slipstream.quant.fp8 import Fp8Weight
 
-SPLIT_SHIFT = tl.constexpr(256.0)  # 2^8: hi = f16(v / 2^8)
 logger = logging.getLogger(__name__)
 
 
 @triton.jit
 def _input_tile(x_ptr, g_ptr, offs_m, kk, mmask, kmask, stride_xm, K: tl.constexpr, M_PAD: tl.constexpr,
-                SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr, SHIFT: tl.constexpr, FP8: tl.constexpr):
+                SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr, scale, FP8: tl.constexpr):
     """The B operand of one K tile, kk [WARPS, K_SLICE] its columns of K: for an FP8 weight
-    [WARPS, K_SLICE, 2 x M_PAD] f16, hi of each row of x * gamma then lo of each; for a native
+    [WARPS, K_SLICE, 2 x M_PAD] f16, hi of each row of x * gamma * scale (the row's power of
+    two, [M_PAD]) then lo of each (ops/triton_f16_split.py); for a native
     one x itself, [WARPS, K_SLICE, M_PAD] in its dtype (the weight's); and x^2 (fp32, [WARPS,
     K_SLICE, M_PAD]) for the row scale. x is silu(gate) * up rounded to the input dtype when
     SILU_MUL."""
@@ -88,8 +99,7 @@ def _input_tile(x_ptr, g_ptr, offs_m, kk, mmask, kmask, stride_xm, K: tl.constex
         v = xf
         if HAS_GAMMA:
             v = xf * tl.load(g_ptr + kk, mask=kmask, other=0.0)[:, :, None]
-        hi = (v * (1.0 / SHIFT)).to(tl.float16)
-        lo = (v - hi.to(tl.float32) * SHIFT).to(tl.float16)
+        hi, lo = split_f16(v, scale[None, None, :])
         b = tl.reshape(tl.permute(tl.join(hi, lo), (0, 1, 3, 2)), (hi.shape[0], hi.shape[1], 2 * M_PAD))
     else:  # bf16 x bf16 (f16 x f16) products are exact in the fp32 accumulator
         b = x
@@ -98,7 +108,7 @@ def _input_tile(x_ptr, g_ptr, offs_m, kk, mmask, kmask, stride_xm, K: tl.constex
 
 @triton.jit
 def _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm, stride_sn,
-          w_pre, PRELOADED: tl.constexpr, K: tl.constexpr, K_SLICE: tl.constexpr, M_PAD: tl.constexpr,
+          w_pre, scale, PRELOADED: tl.constexpr, K: tl.constexpr, K_SLICE: tl.constexpr, M_PAD: tl.constexpr,
           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BN_S: tl.constexpr,
           BLOCK_SCALES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr, FP8: tl.constexpr,
           UPCAST: tl.constexpr):
@@ -109,7 +119,7 @@ def _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mm
     else:
         w = _weight_tile(w_ptrs + k, nmask, kmask, EVEN_K, EVEN_N)
     b, x2 = _input_tile(x_ptr, g_ptr, offs_m, kk + k, mmask, kmask, stride_xm, K, M_PAD, SILU_MUL, HAS_GAMMA,
-                        SPLIT_SHIFT, FP8)
+                        scale, FP8)
     if FP8:
         w = w.to(tl.float16)
     elif UPCAST:  # Triton's interpreter would multiply bf16's raw bits (ops/device.py `dot_flags`)
@@ -141,7 +151,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, 
                      EVEN_N: tl.constexpr, BN_S: tl.constexpr,
                      BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
-                     FP8: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+                     FP8: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr, PRE_K: tl.constexpr = 16):
     BLOCK_K: tl.constexpr = WARPS * K_SLICE
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -155,21 +165,25 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, 
     k_end = tl.minimum(k0 + k_per_split, K)
     w0 = _weight_tile(w_ptrs + k0, nmask, (kk + k0) < K, EVEN_K, EVEN_N)
     pdl_start(USE_PDL)
-    if FP8:  # hi and lo of every row
+    if FP8:  # hi and lo of every row, scaled by a power of two from the row's largest value
+        scale, inverse = row_scales(row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K, PRE_K, SILU_MUL,
+                                             HAS_GAMMA))
         acc = tl.zeros([WARPS, BLOCK_N, 2 * M_PAD], tl.float32)
     else:
+        scale = tl.full([M_PAD], 1.0, tl.float32)
+        inverse = scale
         acc = tl.zeros([WARPS, BLOCK_N, M_PAD], tl.float32)
     sq = tl.zeros([WARPS, K_SLICE, M_PAD], tl.float32)
     acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k0, nmask, mmask, stride_xm,
-                    stride_sn, w0, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL, HAS_GAMMA,
+                    stride_sn, w0, scale, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL, HAS_GAMMA,
                     FP8, UPCAST)
     for k in tl.range(k0 + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
         acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm,
-                        stride_sn, w0, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
+                        stride_sn, w0, scale, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
                         HAS_GAMMA, FP8, UPCAST)
     if FP8:
         hi, lo = tl.split(tl.permute(tl.reshape(tl.sum(acc, axis=0), (BLOCK_N, 2, M_PAD)), (0, 2, 1)))
-        y = hi * SPLIT_SHIFT + lo  # [BLOCK_N, M_PAD]
+        y = (hi + lo) * inverse[None, :]  # [BLOCK_N, M_PAD]: the slice's sums, unscaled
     else:
         y = tl.sum(acc, axis=0)
     sq_m = tl.sum(tl.sum(sq, axis=0), axis=0)  # [M_PAD]
@@ -364,5 +378,6 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
         EVEN_K=k % sh.k_per_split == 0 and sh.k_per_split % tile == 0, EVEN_N=n % sh.block_n == 0,
         BN_S=block[0] if block else 1, BLOCK_SCALES=block is not None, HAS_GAMMA=gamma is not None,
         HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
-        FP8=fp8, UPCAST=dot_flags(x2.dtype, x2.device)[1] and not fp8, num_warps=num_warps,
+        FP8=fp8, UPCAST=dot_flags(x2.dtype, x2.device)[1] and not fp8,
+        PRE_K=prepass_chunk(m_pad, sh.k_per_split, silu_mul), num_warps=num_warps,
         **pdl_launch(x2.device))

@@ -27,13 +27,21 @@ def _load_scaled(x_ptr, g_ptr, offs, mask, HAS_GAMMA: tl.constexpr):
 
 @triton.jit
 def _round_mantissa3(x):
-    """x rounded to 3 mantissa bits, to nearest even, in fp32 (integer arithmetic carries into
-    the exponent). The cast to e4m3 that follows is then exact for normal values, so the
-    rounding does not depend on the cast's implementation (Triton's interpreter, which runs
-    the CPU tests, does not carry)."""
-    bits = x.to(tl.int32, bitcast=True)
-    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # drop 20 of fp32's 23 bits
-    return bits.to(tl.float32, bitcast=True)
+    """x rounded to the nearest e4m3 value (ties to even) in fp32: 3 mantissa bits for normal
+    values (integer arithmetic carries into the exponent), multiples of 2^-9 below 2^-6 (e4m3's
+    subnormals, where a row's small values land beside a large one). The cast to e4m3 that
+    follows is then exact, so the value is rounded once, as the reference's single cast rounds
+    it, whatever the cast's implementation (Triton's interpreter, which runs the CPU tests,
+    does not carry and flushes some subnormals; a second rounding on the GPU's cast would
+    round 1.0625 x 2^-10 to 0)."""
+    sign = x.to(tl.int32, bitcast=True)
+    bits = (sign + 0x7FFFF + ((sign >> 20) & 1)) & -0x100000  # drop 20 of fp32's 23 bits
+    # fp32's ulp at 2^14 is 2^-9: its own addition rounds |x| to the subnormal grid; the sign
+    # goes back on after (a negative value that rounds to zero is -0, as the cast gives)
+    a = tl.abs(x)
+    tiny = (a + 16384.0) - 16384.0
+    tiny = tl.where(sign < 0, -tiny, tiny)
+    return tl.where(a < 0.015625, tiny, bits.to(tl.float32, bitcast=True))
 
 
 @triton.jit
