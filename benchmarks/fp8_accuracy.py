@@ -12,11 +12,16 @@ difference. A control row: the reference's own teacher-forced argmax against its
 free-running tokens (the same weights, the prefill path against the decode path: how much
 of the disagreement numerics alone make).
 
-Bounds (exit status 1 past them; SmolLM2 only, other models report): FP8 weights alone
-and the FP8 cache alone >= 90% agreement and <= 0.1 nat mean error (the bounds of
-tests/test_gpu_fp8.py::test_smollm2_fp8_against_bf16 and test_fp8_kv_engine's
-test_gpu_smollm2_fp8_kv_agreement, which say why); both together >= 80% and <= 0.2 nat (the
-two errors add at most).  --out DIR writes fp8_accuracy.json.
+Bounds (exit status 1 past them; SmolLM2 only, other models report). The teacher-forced
+reading is a prefill, whose batched FP8 products quantize their inputs per token too. The CPU
+reference computes that arithmetic (e4m3 weights per channel, e4m3 inputs per token, float32
+sums) and measures 93.2% agreement and 0.108 nat against float32 (weights alone, weight-only
+products: 94.8%, 0.080; the FP8 cache: 95.5%, 0.050; docs/fp8.md); the GPU adds bf16
+roundings, 2^-8 relative, 16 times finer than e4m3's 2^-4, and its own summation order. So:
+FP8 weights >= 90% and <= 0.15 nat (about 40% over that measurement), the FP8 cache >= 90%
+and <= 0.1 nat (the bound of test_fp8_kv_engine's GPU test, twice the measurement), both
+together >= 80% and <= 0.25 nat (the two errors add at most). A wrong scale or a missed
+dequantization moves log-probabilities by whole nats.  --out DIR writes fp8_accuracy.json.
 
 Usage: python benchmarks/fp8_accuracy.py [--device cuda] [--dtype bfloat16] [--max-tokens 64]
        [--out DIR] [--smoke] [--model FOLDER]
@@ -65,7 +70,7 @@ ARMS: list[tuple[str, dict]] = [
     ("fp8 weights + kv", {"quantization": "fp8", "kv_cache_dtype": "fp8"}),
 ]
 # (min greedy agreement, max mean |d logprob| in nats) per arm; the module doc says why
-BOUNDS = {"fp8 weights": (0.90, 0.10), "fp8 kv cache": (0.90, 0.10), "fp8 weights + kv": (0.80, 0.20)}
+BOUNDS = {"fp8 weights": (0.90, 0.15), "fp8 kv cache": (0.90, 0.10), "fp8 weights + kv": (0.80, 0.25)}
 
 
 @dataclass
