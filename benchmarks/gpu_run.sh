@@ -268,7 +268,7 @@ for stage in "$@"; do
     # k = 2, 4, 6 (tokens/s, accepted length, greedy tokens equal; docs/speculative-decoding.md)
     spec-real) if have_smol; then run spec-real 300 python3 benchmarks/bench_spec_ngram_real.py --out "$RES/spec-real" ${SPEC_REAL_ARGS:-}
                else echo "spec-real: no SmolLM2 here (carry .smolA/.smolB/.smolC)" | tee -a "$LOG"; fi ;;
-    spec-e2e-tests) run spec-e2e-tests 500 python3 -m pytest -q -m gpu tests/test_gpu_spec_drafters.py tests/test_spec_gpu.py ;;
+    spec-e2e-tests) run spec-e2e-tests 500 python3 -m pytest -q -m gpu tests/test_gpu_spec_drafters.py tests/test_spec_draft_graphs.py tests/test_spec_gpu.py ;;
     serve-small) run serve-small-si1 300 bash benchmarks/serve_bench.sh small "$RES" 1
                  run serve-small-si${SI:-8} 300 bash benchmarks/serve_bench.sh small "$RES" "${SI:-8}" ;;
     serve-latency-async) run serve-latency-async 300 bash benchmarks/serve_bench.sh latency "$RES" ;;

@@ -41,8 +41,8 @@ from slipstream.spec.draft import sample_drafts
 class DraftStepInputs:
     """Host-known indices of one step, on the device."""
     first: torch.Tensor  # int64 [S]: each sampling row's first query token
-    num_slots: torch.Tensor  # int64 [S]: its draft slots (query tokens past the first)
-    token_seq: torch.Tensor  # int64 [T]: sequence row of each token
+    num_slots: torch.Tensor  # int64 [S]: its draft slots (query tokens past the first; -1: a padding row)
+    token_rows: torch.Tensor  # int64 [T]: request-table row of each token (-1: a padding token)
     seq_rows: torch.Tensor  # int64 [B]: request-table row of each sequence row
     prompt_at: torch.Tensor  # int64 [P]: the last token of each non-sampling row
     prompt_next: torch.Tensor  # int64 [P]: the prompt token after it
@@ -63,11 +63,11 @@ class DraftStepInputs:
         def dev(a) -> torch.Tensor:
             return to_device(np.ascontiguousarray(a, np.int64), device)
 
-        return cls(dev(first), dev(num_slots), dev(np.repeat(np.arange(B), np.diff(qsl))), dev(batch.rows),
+        return cls(dev(first), dev(num_slots), dev(np.repeat(batch.rows, np.diff(qsl))), dev(batch.rows),
                    dev(last[seqs]), dev(np.maximum(nxt, 0)))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.first, self.num_slots, self.token_seq, self.seq_rows, self.prompt_at, self.prompt_next)
+        return (self.first, self.num_slots, self.token_rows, self.seq_rows, self.prompt_at, self.prompt_next)
 
 
 class DeviceDrafter:
@@ -113,19 +113,29 @@ class DeviceDrafter:
 
     def meta(self, qsl, seq_lens, table_rows, positions, token_rows, max_query_len, max_seq_len) -> AttentionMetadata:
         """Attention metadata over the private cache: sequences in request-table rows
-        `table_rows`, tokens (in rows `token_rows`) at `positions`."""
+        `table_rows`, tokens (in rows `token_rows`; -1: a padding token, stored nowhere) at
+        `positions`."""
         bs = self.block_size
         table = (table_rows.long()[:, None] * self.blocks_per_row
                  + torch.arange(self.blocks_per_row, device=self.device)[None, :]).to(torch.int32)
-        p = positions.long()
-        slots = (token_rows.long() * self.blocks_per_row + p // bs) * bs + p % bs
+        p, r = positions.long(), token_rows.long()
+        slots = torch.where(r >= 0, (r * self.blocks_per_row + p // bs) * bs + p % bs, -1)
         return AttentionMetadata(qsl.to(torch.int32), seq_lens.to(torch.int32), table, slots.to(torch.int32),
                                  max_query_len, max_seq_len)
 
     def upload_catch_up(self, batch, device: torch.device):
         """Tokens the drafter's KV misses before this step's (host-known), uploaded now and run
-        by `extend`; None: none (the base drafter never catches up)."""
+        by `run_catch_up`; None: none (the base drafter never catches up)."""
         return None
+
+    def run_catch_up(self, catch_up) -> None:
+        """Run `upload_catch_up`'s tokens (their KV only; compute stream).  Eager: its sizes are
+        the host's, so a captured step (runner/draft_graphs.py) runs it before its replay."""
+
+    def buffers_rewritten(self) -> None:
+        """A step's drafting is queued: the synchronous loop's host copy of the buffers is stale
+        (a graph replay runs `after_step`'s device work without its Python)."""
+        self._host = None
 
     def capture(self):
         """A context around the target's forward (what the drafter reads of it); its value
@@ -133,7 +143,7 @@ class DeviceDrafter:
         from contextlib import nullcontext
         return nullcontext()
 
-    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src: torch.Tensor, catch_up=None):
+    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src: torch.Tensor):
         """Run the drafter over the step's tokens; return (logits [S, V] of draft 0, the state
         `feed` carries)."""
         raise NotImplementedError
@@ -147,13 +157,17 @@ class DeviceDrafter:
                    aux, catch_up=None) -> None:
         """Draft k tokens for each sampling row of the step into the buffers.  `out` int32
         [S, k + 1] / `num_emitted` int32 [S]: the rows' emitted tokens (after verification);
-        `aux`: what `capture` gathered; `catch_up`: `upload_catch_up`'s."""
-        self._host = None
+        `aux`: what `capture` gathered; `catch_up`: `upload_catch_up`'s.  Fixed shapes and no
+        host reads: a captured step runs it (runner/draft_graphs.py), padding rows (num_slots
+        -1, in the scratch row) included."""
+        self.buffers_rewritten()
+        if catch_up is not None:
+            self.run_catch_up(catch_up)
         d = slot.dev
         S, k, dev = shape.num_samples, self.k, self.device
         # each row's last accepted query token: the emitted out[num - 1] follows it
         src = inp.first + num_emitted[:S].long() - 1
-        logits, state = self.extend(slot, shape, out, num_emitted, inp, aux, src, catch_up)
+        logits, state = self.extend(slot, shape, out, num_emitted, inp, aux, src)
         pos = d.positions[:shape.num_tokens].long().index_select(0, src)  # draft i is at pos + 2 + i
         rows = d.state_row[:S].long()
         temperature = d.temperature[:S].float()

@@ -90,16 +90,16 @@ class DraftModelDrafter(DeviceDrafter):
         return CatchUp(to_device(ids, device), to_device(pos, device), to_device(qsl, device), to_device(ends, device),
                        to_device(rows, device), to_device(np.repeat(rows, lens), device), int(lens.max()), int(ends.max()))
 
-    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src, catch_up: CatchUp | None = None):
+    def run_catch_up(self, catch_up: CatchUp) -> None:
+        c = catch_up  # (its KV only)
+        self.model(c.ids, c.positions, self.meta(c.qsl, c.seq_lens, c.rows, c.positions, c.token_rows,
+                                                 c.max_query_len, c.max_seq_len), self.kv_caches)
+
+    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src):
         d = slot.dev
-        if catch_up is not None:  # (its KV only)
-            c = catch_up
-            self.model(c.ids, c.positions, self.meta(c.qsl, c.seq_lens, c.rows, c.positions, c.token_rows,
-                                                     c.max_query_len, c.max_seq_len), self.kv_caches)
         T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
         positions = d.positions[:T]
-        token_rows = inp.seq_rows.index_select(0, inp.token_seq)
-        meta = self.meta(d.query_start_loc[:B + 1], d.seq_lens[:B], inp.seq_rows, positions, token_rows,
+        meta = self.meta(d.query_start_loc[:B + 1], d.seq_lens[:B], inp.seq_rows, positions, inp.token_rows,
                          shape.max_query_len, shape.max_seq_len)
         self.model(d.input_ids[:T], positions, meta, self.kv_caches)  # (its KV only)
         last = out.long().gather(1, (num_emitted[:S].long() - 1)[:, None]).squeeze(1)

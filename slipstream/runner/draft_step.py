@@ -9,12 +9,14 @@ next step's tokens on the device, so neither loop waits for the host to draft.  
 asynchronous scheduling a verifying row's buffered drafts are placed in its draft slots by
 `prepare_device_drafts` (runner/spec_device.py), with their q.
 
-Every step is eager (no CUDA graph): the drafter must see every token the target computes,
-prefill chunks included.
+A decode-only batch takes the padded step of runner/draft_graphs.py instead: the same work
+with static inputs, one CUDA graph replay a step.  The others run here, eager: the drafter
+must see every token the target computes, prefill chunks included.
 """
 from __future__ import annotations
 
 from slipstream.runner.device_drafter import DraftStepInputs
+from slipstream.runner.draft_graphs import launch_drafting_padded, padded_drafting_shape
 from slipstream.runner.inputs import fill_inputs
 from slipstream.runner.spec_device import prepare_device_drafts
 from slipstream.runner.speculative import (_stack_probs, download_verified, spec_buffers, suppress_tokens,
@@ -26,6 +28,9 @@ def launch_device_drafting(runner, batch, launched_cls):
     drafter = runner.drafter
     slot = runner.slots[batch.batch_id % 2]
     slot.h2d_done.synchronize()
+    padded = padded_drafting_shape(runner, batch, slot)
+    if padded is not None:
+        return launch_drafting_padded(runner, batch, slot, padded, launched_cls)
     shape = fill_inputs(batch, slot.host, runner.block_size, None, runner.max_model_len)
     spans = runner._prompt_spans(batch, slot) if batch.prompt_logprobs else None
     S, spec = len(batch.sampled), batch.spec

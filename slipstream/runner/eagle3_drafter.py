@@ -62,8 +62,7 @@ class Eagle3Drafter(DeviceDrafter):
     def capture(self) -> AuxHiddenCapture:
         return AuxHiddenCapture(self.target, self.aux_layers)
 
-    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux: AuxHiddenCapture, src,
-               catch_up=None):
+    def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux: AuxHiddenCapture, src):
         """The head over the step's tokens (module doc): token t reads the target's hidden
         states at t and the token that follows t."""
         d = slot.dev
@@ -76,8 +75,7 @@ class Eagle3Drafter(DeviceDrafter):
         j = torch.arange(out.shape[1], device=self.device)[None, :]
         at = torch.where(j <= inp.num_slots[:, None], inp.first[:, None] + j, T)
         nxt[at.reshape(-1)] = out.long().clamp(min=0).reshape(-1)
-        token_rows = inp.seq_rows.index_select(0, inp.token_seq)
-        meta = self.meta(d.query_start_loc[:B + 1], d.seq_lens[:B], inp.seq_rows, positions, token_rows,
+        meta = self.meta(d.query_start_loc[:B + 1], d.seq_lens[:B], inp.seq_rows, positions, inp.token_rows,
                          shape.max_query_len, shape.max_seq_len)
         head = self.head
         normed, pre = head(nxt[:T], positions, head.combine_hidden_states(aux.aux()), meta, self.kv_cache)

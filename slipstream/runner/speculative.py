@@ -31,6 +31,7 @@ so seeded runs are reproducible and do not depend on the batch.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -222,15 +223,20 @@ def _launch_padded(runner, batch, slot, shape, graphs, launched_cls):
     return launched
 
 
-def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synthetic_accept: int | None) -> None:
+def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synthetic_accept: int | None,
+                draft_probs: torch.Tensor | None = None, capture=None):
     """The padded verify step on the compute stream (eager, or captured): the forward, the LM
     head once over every row's k + 1 verified positions, and the acceptance of every row's
     drafts; fixed shapes, no host reads.  No plain draw: the acceptance draws every position
     as the plain sampler would (spec/rejection.py), so a row without drafts emits the token
     drawn at its one position, the plain draw's, and every row's slot token is its last
-    emitted one.  (Penalties and logprobs, which need the plain draw, are not on this path.)"""
+    emitted one.  (Penalties and logprobs, which need the plain draw, are not on this path.)
+    A device drafter's step (runner/draft_graphs.py) passes its q [P, k, V] (`draft_probs`)
+    and `capture`, a context around the forward (what the drafter reads of it), whose value
+    is returned."""
     P, K1 = shape.num_seqs, shape.verify_len
-    hidden = runner.forward_hidden(slot, shape)
+    with capture() if capture is not None else nullcontext() as aux:
+        hidden = runner.forward_hidden(slot, shape)
     last = slot.dev.logits_indices[:P].long()
     nd = vin.slots[:P].long()
     cols = torch.minimum(torch.arange(K1, device=last.device)[None, :], nd[:, None])
@@ -238,7 +244,8 @@ def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synth
     logits = runner.model.compute_logits(hidden.index_select(0, positions))
     rows = torch.arange(P, device=last.device)
     verify(runner, slot, shape, hidden, bufs, P, rows, positions, vin.drafts[:P], vin.num_drafts[:P],
-           synthetic_accept=synthetic_accept, logits=logits)
+           draft_probs=draft_probs, synthetic_accept=synthetic_accept, logits=logits)
+    return aux
 
 
 def download_verified(runner, slot, launched, bufs: SpecBuffers, S: int) -> None:

@@ -131,10 +131,10 @@ class VerifyGraphs:
         return (shape.padded and not f.use_penalties and not f.num_logprobs and not batch.suppress
                 and not batch.penalty_resets and not batch.prompt_logprobs and not spec.draft_probs)
 
-    def _clone(self, runner, other, spec_bufs: list) -> object | None:
+    def _clone(self, runner, other, spec_bufs: list, extra: list | None = None) -> object | None:
         """The other slot's copy of `other`: the step graphs' cloning with the verify step's
-        own per-slot buffers (each slot's SpecBuffers and VerifyInputs) mapped too, so the
-        copy reads and writes the other slot's."""
+        own per-slot buffers (each slot's SpecBuffers and VerifyInputs, and `extra[i]`, slot
+        i's further device tensors) mapped too, so the copy reads and writes the other slot's."""
         steps = self.steps
         if steps.cloner is None or not isinstance(other, torch.cuda.CUDAGraph):
             return None
@@ -143,6 +143,7 @@ class VerifyGraphs:
         def buffers(i: int) -> list[tuple[int, int]]:
             own = [t for t in vars(spec_bufs[i]).values() if isinstance(t, torch.Tensor) and t.is_cuda]
             own.append(runner.verify_inputs[i].dev)
+            own += extra[i] if extra else []
             return runner.slots[i].device_buffers() + [(t.data_ptr(), t.numel() * t.element_size()) for t in own]
 
         if self.cloner is None:
@@ -155,9 +156,10 @@ class VerifyGraphs:
         return self.cloner.clone(other)
 
     def run(self, runner, slot, shape: StepShape, synthetic_accept: int | None, work: Callable[[], None],
-            spec_bufs: list | None = None) -> bool:
+            spec_bufs: list | None = None, extra: list | None = None) -> bool:
         """Replay (capturing `work`, the step, first where due) the graph of this verify step;
-        False: the caller runs the step eagerly.  On the compute stream, inputs in place."""
+        False: the caller runs the step eagerly.  On the compute stream, inputs in place.
+        `extra`: per slot, the step's further per-slot device tensors (cloning maps them)."""
         if self.steps.pool is None:
             return False
         key = self.key(slot.index, shape, synthetic_accept)
@@ -167,7 +169,7 @@ class VerifyGraphs:
                 return False
             start = time.perf_counter()
             other = self.graphs.get((1 - key[0],) + key[1:])
-            graph = self._clone(runner, other, spec_bufs) if other is not None and spec_bufs else None
+            graph = self._clone(runner, other, spec_bufs, extra) if other is not None and spec_bufs else None
             if graph is None:
                 graph = self.steps.capture_work(runner, work, keep=self.steps.cloner is not None)
             self.graphs[key] = graph
