@@ -4,7 +4,7 @@
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer moe-small moe-small-ab
 #         async-llm pytests pytests-each bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 #         spec-e2e spec-real fp8-accuracy
-#         prefill-long prefill-tiles fp8-gemm fp8-gemv boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
+#         prefill-long prefill-tiles fp8-gemm fp8-gemv fp8-skinny boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -283,6 +283,8 @@ for stage in "$@"; do
     # fraction of the copy bandwidth (docs/fp8.md, "Small-batch GEMV"); FP8_GEMV_ARGS: more
     # --variants NAME:field=v,..., --rows, --shapes, --no-default-variants
     fp8-gemv) run fp8-gemv 540 python3 benchmarks/bench_fp8_gemv.py --out "$RES" ${FP8_GEMV_ARGS:-} ;;
+    # the skinny FP8 GEMM's tiles at 32-256 rows against _scaled_mm and bf16 (docs/fp8.md)
+    fp8-skinny) run fp8-skinny 400 python3 benchmarks/bench_fp8_skinny.py --out "$RES" ${FP8_SKINNY_ARGS:-} ;;
     # SmolLM2 with FP8 weights, an FP8 KV cache and both against bf16 on 16 chat prompts: greedy
     # agreement and mean |d logprob| (docs/fp8.md, "Accuracy")
     fp8-accuracy) if have_smol; then run fp8-accuracy 300 python3 benchmarks/fp8_accuracy.py --out "$RES/fp8-accuracy" ${FP8_ACCURACY_ARGS:-}
