@@ -7,7 +7,7 @@ MMA tile, K tile, stage count and K split and the lead picks the defaults.
 
     python benchmarks/bench_fp8_gemv.py [--rows 1,2,4,8,16] [--variant-rows 1,2,4,8,16]
         [--shapes qkv,o,gate_up,down,lm_head] [--variants NAME:field=v,... ...]
-        [--no-default-variants] [--jobs 8] [--floor-tbs 3.0] [--out DIR] [--tiny]
+        [--no-default-variants] [--jobs N] [--floor-tbs 3.0] [--out DIR] [--tiny]
 
 Each product runs in the form the model's small-batch layer takes: qkv and gate_up with the
 folded norm (gamma and the row scale), o into the residual, down from [gate | up] with
@@ -19,7 +19,7 @@ engine's bf16 path, `ops.linear`) and `fp8` (the default config) at every row co
 another already did (the same tiles, split, stages and row padding). Each (variant, rows,
 shape) compiles its own kernel, ~300 in all: --jobs worker processes compile them first (one
 launch each, into Triton's on-disk cache, which the timing process then reads), so the sweep
-takes ~2 minutes on an H100 host's 16 cores instead of ~10. Each variant is
+should take ~2-3 minutes on an H100 host's 16 cores instead of ~10 (an estimate). Each variant is
 first checked against the weight-only reference on one copy (a failure is printed and the
 sweep goes on; `--variants` adds
 `Fp8GemvConfig` overrides: fma_rows, block_n, block_k, stages, num_warps, mma_block_n,
@@ -177,7 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None)
     ap.add_argument("--variants", nargs="*", default=[])
     ap.add_argument("--no-default-variants", action="store_true")
-    ap.add_argument("--jobs", type=int, default=0 if "--tiny" in sys.argv else min(8, os.cpu_count() or 1),
+    jobs = 0 if "--tiny" in sys.argv else max(1, min(14, (os.cpu_count() or 1) - 2))
+    ap.add_argument("--jobs", type=int, default=jobs,
                     help="processes compiling the launches first (0: each compiles when first timed)")
     ap.add_argument("--floor-tbs", type=float, default=FLOOR_TBS)
     ap.add_argument("--out")

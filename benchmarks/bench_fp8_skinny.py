@@ -5,7 +5,7 @@ variant's time against the floor of the FP8 weight's bytes at 3.0 TB/s
 (benchmarks/weight_floor.py), then the fastest per (shape, rows) as a table to paste.
 
     python benchmarks/bench_fp8_skinny.py [--rows 32,64,128,256] [--shapes qkv,o,gate_up,down,lm_head]
-        [--variants NAME:field=v,... ...] [--no-default-variants] [--jobs 8] [--floor-tbs 3.0]
+        [--variants NAME:field=v,... ...] [--no-default-variants] [--jobs N] [--floor-tbs 3.0]
         [--out DIR] [--tiny]
 
 Per-channel weights (what `--quantization fp8` makes). Implementations, each a whole call
@@ -121,7 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None)
     ap.add_argument("--variants", nargs="*", default=[])
     ap.add_argument("--no-default-variants", action="store_true")
-    ap.add_argument("--jobs", type=int, default=0 if "--tiny" in sys.argv else min(8, os.cpu_count() or 1))
+    jobs = 0 if "--tiny" in sys.argv else max(1, min(14, (os.cpu_count() or 1) - 2))
+    ap.add_argument("--jobs", type=int, default=jobs)
     ap.add_argument("--floor-tbs", type=float, default=FLOOR_TBS)
     ap.add_argument("--out")
     ap.add_argument("--tiny", action="store_true")
