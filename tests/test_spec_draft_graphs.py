@@ -116,6 +116,31 @@ def test_padded_inputs_mark_padding_rows_and_tokens(tiny_model, random_head, mon
     assert kv[sorted(used)].abs().sum() > 0
 
 
+def test_rows_above_cuda_graph_max_batch_run_eagerly(tiny_model, random_head, plain, monkeypatch):  # noqa: F811
+    """cuda_graph_max_batch 2: decode-only steps of three rows take the eager step, those of at
+    most two the padded one (to at most two rows); the output is plain decoding's."""
+    from slipstream.runner import draft_graphs
+
+    routes = []
+    route = draft_graphs.drafting_route
+
+    def spy(runner, batch):
+        r = route(runner, batch)
+        routes.append((batch.num_seqs, int(max(batch.num_new)), None if r is None else r.pad.num_seqs))
+        return r
+
+    monkeypatch.setattr(draft_graphs, "drafting_route", spy)
+    folder, _ = tiny_model("llama")
+    llm = _llm(folder, speculative_config=_eagle(random_head), cuda_graph_max_batch=2)
+    lengths = (16, 10, 5)  # (three rows, then two, then one)
+    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in lengths]
+    expected = [[(p[0][0][:m], "length")] for p, m in zip(plain, lengths)]
+    assert _tokens(llm.generate(PROMPTS, params)) == expected
+    decode = [(B, P) for B, n, P in routes if 1 < n <= 4]
+    assert any(B == 3 for B, _ in decode) and all(P is None for B, P in decode if B == 3)
+    assert any(P is not None for _, P in decode) and all(B <= P <= 2 for B, P in decode if P is not None)
+
+
 # -- on a CUDA GPU: one graph replay a step --------------------------------------------------
 
 def _all_replayed(llm) -> None:
@@ -163,8 +188,8 @@ def test_gpu_the_8b_shape_replays_the_drafting_graph(method):
               max_num_seqs=4, gpu_memory_utilization=0.8,
               speculative_config={"method": method, "model": model, "num_speculative_tokens": 4})
     llm.engine.set_bench_synthetic_acceptance(3)
-    out = llm.generate([[128000, 100, 200]], SamplingParams(max_tokens=41, temperature=0, ignore_eos=True))
-    assert len(out[0].outputs[0].token_ids) == 41
+    out = llm.generate([[128000, 100, 200]], SamplingParams(max_tokens=81, temperature=0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 81
     _all_replayed(llm)
     stats = llm.engine.stats()
     # (3 a row-step, fewer only where max_tokens cuts the last step)
