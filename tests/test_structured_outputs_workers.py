@@ -96,6 +96,7 @@ def test_a_worker_step_writes_the_rows_of_plain_matchers(tokenized_tiny):
     state.compiler.close()
 
 
+@pytest.mark.subprocess  # the grammar workers are processes
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_workers_give_the_tokens_of_in_process_matchers(engines, temperature):
     want = results(engines["in-process"], temperature)
@@ -115,6 +116,7 @@ def test_workers_give_the_tokens_of_in_process_matchers(engines, temperature):
     assert sum(reason == "stop" for _, reason in want) >= 2  # grammars do end requests
 
 
+@pytest.mark.subprocess  # the grammar workers are processes
 def test_a_bad_schema_fails_alone_with_workers(engines):
     llm = engines["workers"]
     bad = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(
@@ -127,6 +129,7 @@ def test_a_bad_schema_fails_alone_with_workers(engines):
     assert len(outs[2].outputs[0].token_ids) == 8
 
 
+@pytest.mark.subprocess  # the grammar workers are processes
 def test_a_dead_worker_fails_its_requests_alone(engines):
     core = engines["workers"].engine
     so = core.scheduler.structured_outputs
@@ -157,6 +160,7 @@ def test_a_dead_worker_fails_its_requests_alone(engines):
         core.step()
 
 
+@pytest.mark.subprocess  # the grammar workers are processes
 def test_no_worker_outlives_the_engine(engines):
     llm = engines["workers"]
     pool = llm.engine.scheduler.structured_outputs.workers.pool
