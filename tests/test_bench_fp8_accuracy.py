@@ -38,6 +38,7 @@ def _prompts(folder: str, n: int) -> list[list[int]]:
     return [tok.apply_chat_template([{"role": "user", "content": q}]) for q in acc.PROMPTS[:n]]
 
 
+@pytest.mark.slow  # every arm an engine of its own; the quick tier keeps one arm
 def test_smoke_run_reports_every_arm(tiny_chat_model, tmp_path, capsys):
     assert acc.main(["--smoke", "--device", "cpu", "--model", tiny_chat_model, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out

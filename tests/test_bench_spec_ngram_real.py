@@ -32,6 +32,7 @@ def _one_thread():
 SMOKE = ["--smoke", "--device", "cpu", "--max-model-len", "512"]
 
 
+@pytest.mark.slow  # both arms on every prompt; the quick tier keeps the one-prompt run
 def test_smoke_run_compares_ngram_with_plain(tiny_chat_model, tmp_path, capsys):
     assert bench.main(SMOKE + ["--model", tiny_chat_model, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
