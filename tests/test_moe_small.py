@@ -134,6 +134,7 @@ def test_only_the_routed_experts_weights_are_read():
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.slow  # six interpreted launches; the quick tier keeps the values checks
 def test_a_tokens_result_does_not_depend_on_the_other_tokens():
     # the k slots summed in a fixed order inside one program: bit for bit the same alone, in a
     # batch of four, and on a second call
