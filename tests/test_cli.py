@@ -80,6 +80,7 @@ def test_default_tokens_per_step_follow_the_device():
     assert llm.engine.max_num_batched_tokens == llm.engine.scheduler.max_num_batched_tokens == 8192
 
 
+@pytest.mark.slow  # two engines over a workload; the quick tier keeps `generate`
 def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypatch, capsys):
     # `slipstream bench` end to end on the CPU (the tiny random model as a named workload):
     # both modes, identical outputs, the breakdown, the --max-num-batched-tokens override, and

@@ -63,6 +63,7 @@ def best_time(fn, repeats: int = 7) -> float:
     return best
 
 
+@pytest.mark.slow  # 9,000 tokens streamed, three times each length
 def test_the_output_processor_costs_linear_time_in_the_stream_length():
     """8x the tokens take about 8x the time (9-10x measured; the cumulative copies each
     output used to carry took 17-23x). Without detokenization, whose per-token cost would

@@ -87,6 +87,7 @@ def _gguf_builds(monkeypatch) -> list:
     return calls
 
 
+@pytest.mark.slow  # rebuilds the tokenizer from the GGUF file twice
 def test_gguf_tokenizer_is_cached_and_the_cached_one_is_the_same(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIPSTREAM_CACHE_DIR", str(tmp_path))
     builds = _gguf_builds(monkeypatch)
