@@ -191,7 +191,10 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, 
         # this slice's partial sums out; the last program of the row block adds them all
         ws = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
         tl.store(ws + split * M_PAD * N, y, mask=nmask[:, None])
-        tl.store(sqws_ptr + (pid * SPLIT + split) * M_PAD + offs_m, sq_m)
+        # without a row scale sq is dead and its sums of x^2 leave the loop: o and down, split
+        # over K, issue ~30% fewer instructions a tile at 8 rows (sm_90, down: 956 -> 661)
+        if ROW_SCALE:
+            tl.store(sqws_ptr + (pid * SPLIT + split) * M_PAD + offs_m, sq_m)
         tl.debug_barrier()  # every thread's stores before the ticket (its release orders them)
         ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT - 1:
@@ -199,7 +202,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, 
             sq_m = tl.zeros([M_PAD], tl.float32)
             for s in tl.static_range(SPLIT):  # in slice order: the same sum whoever comes last
                 y += tl.load(ws + s * M_PAD * N, mask=nmask[:, None], other=0.0, cache_modifier=".cg")
-                sq_m += tl.load(sqws_ptr + (pid * SPLIT + s) * M_PAD + offs_m, cache_modifier=".cg")
+                if ROW_SCALE:
+                    sq_m += tl.load(sqws_ptr + (pid * SPLIT + s) * M_PAD + offs_m, cache_modifier=".cg")
             _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm,
                       stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE, FP8)
             tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # for the next launch
