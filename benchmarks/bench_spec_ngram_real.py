@@ -4,8 +4,9 @@ Eight chat prompts that ask to fix, rewrite, summarise or extract from a text gi
 prompt (benchmarks/grounded_prompts.py, 220-320 prompt tokens each), run one request at a
 time, greedy, with the engine plain and with `speculative_config={"method": "ngram",
 "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}` for each k of
---ks. One engine an arm: warmed up on every prompt (its prefill shapes compiled, the verify
-graphs captured), its prefix cache reset, then timed. Prints a table: output tokens/s (whole
+--ks. One engine an arm: warmed up on every prompt (its prefill shapes compiled) and on the
+longest to the full length (the decode and verify graphs of every context length captured),
+its prefix cache reset, then timed. Prints a table: output tokens/s (whole
 requests, prefill included) and decode tokens/s (first token to last), the engine steps a
 request took, tokens per step, the drafts' acceptance and the mean accepted length (tokens a
 drafting row emits per verification step, the engine's `spec_mean_accepted_length`), and the
@@ -69,10 +70,12 @@ def run_arm(name: str, spec: dict | None, prompts: list[list[int]], args) -> dic
               max_num_seqs=args.max_num_seqs, async_scheduling=args.mode == "async", speculative_config=spec)
     start_s = time.perf_counter() - t0
     try:
-        # every prompt's prefill shape, then enough decode steps to capture the verify graphs
-        # (a shape's graph is captured at its second use)
+        # every prompt's prefill shape; the longest prompt to the full length, so that the
+        # decode and verify graphs of every context length the timed run meets (the split
+        # count follows the context) are captured (a shape's graph is captured at its second use)
+        longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
         for i, p in enumerate(prompts):
-            run_one(llm, p, SamplingParams(max_tokens=args.warmup_tokens if i else 2 * args.warmup_tokens,
+            run_one(llm, p, SamplingParams(max_tokens=args.max_tokens if i == longest else args.warmup_tokens,
                                            temperature=0, ignore_eos=True))
         while llm.engine.has_work():  # (a batch the loop ran ahead with may still be in flight)
             llm.engine.step()
