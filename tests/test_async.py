@@ -10,15 +10,26 @@ from slipstream.runner.graphs import StepGraphs, capture_sizes, mixed_graph_toke
 from slipstream.runner.inputs import StepPad
 
 
-@pytest.mark.slow
-def test_async_equals_sync_on_a_mixed_workload(tokenized_tiny):
+# little KV (preemptions) and small steps (chunked prefill, mixed batches)
+COMMON = dict(device="cpu", max_model_len=256, num_kv_blocks=24, max_num_batched_tokens=64,
+              max_num_seqs=12, debug_kv=True)
+
+
+@pytest.fixture(scope="module")
+def sync_mix(tokenized_tiny):
+    """The mixed workload and the sync engine's results, the reference of both tests below
+    (one run of the mix, ~3 s of CPU)."""
     reqs = mix(tokenized_tiny)
+    sync = LLM(tokenized_tiny, async_scheduling=False, **COMMON)
+    return reqs, sync, run_mix(sync, reqs)
+
+
+@pytest.mark.slow
+def test_async_equals_sync_on_a_mixed_workload(tokenized_tiny, sync_mix):
+    reqs, sync, got_sync = sync_mix
     assert len(reqs) >= 24
-    common = dict(device="cpu", max_model_len=256, num_kv_blocks=24, max_num_batched_tokens=64,
-                  max_num_seqs=12, debug_kv=True)
-    sync = LLM(tokenized_tiny, async_scheduling=False, **common)
-    asyn = LLM(tokenized_tiny, async_scheduling=True, **common)
-    got_sync, got_async = run_mix(sync, reqs), run_mix(asyn, reqs)
+    asyn = LLM(tokenized_tiny, async_scheduling=True, **COMMON)
+    got_async = run_mix(asyn, reqs)
     assert got_sync == got_async
     reasons = {r for _, _, r in got_sync.values()}
     assert reasons == {"stop", "length", "abort"}, reasons
@@ -43,17 +54,14 @@ def test_async_drops_the_token_drawn_after_a_stop(tokenized_tiny):
 
 
 @pytest.mark.slow
-def test_graph_padding_changes_no_output(tokenized_tiny):
+def test_graph_padding_changes_no_output(tokenized_tiny, sync_mix):
     """Decode batches padded to a graph's rows and mixed batches padded to its tokens and
     max_num_seqs rows (padding rows own no token) give the unpadded outputs, sync and async."""
-    reqs = mix(tokenized_tiny)
-    common = dict(device="cpu", max_model_len=256, num_kv_blocks=24, max_num_batched_tokens=64,
-                  max_num_seqs=12, debug_kv=True)
-    plain = run_mix(LLM(tokenized_tiny, async_scheduling=False, **common), reqs)
+    reqs, _, plain = sync_mix
     mixed_sizes = mixed_token_sizes(64, smallest=16)
     assert mixed_sizes == [16, 32, 48, 64]
     for async_scheduling in (False, True):
-        llm = LLM(tokenized_tiny, async_scheduling=async_scheduling, **common)
+        llm = LLM(tokenized_tiny, async_scheduling=async_scheduling, **COMMON)
         runner = llm.engine.runner
         # the sizes and padding of CUDA graphs, none captured: every batch that fits a size
         # is padded like a graph batch and runs eagerly with the padded shapes
