@@ -49,7 +49,12 @@ SWEEP = [MoEConfig(16, 64, 128, 4, 4), MoEConfig(16, 128, 128, 4, 4), MoEConfig(
 # the small path's default tiles, then each field changed alone
 SMALL_SWEEP = [DEFAULT_SMALL_CONFIG] + [replace(DEFAULT_SMALL_CONFIG, **{field: v}) for field, values in (
     ("num_stages", (2, 3, 5)), ("up_block_n", (8, 32)), ("up_block_k", (64, 256)), ("down_block_n", (4, 16)),
-    ("down_block_k", (128, 512)), ("num_warps", (2, 8))) for v in values]
+    ("down_block_k", (128, 512)), ("num_warps", (2, 8))) for v in values] + [
+    # pairs of the single changes that helped at one token on an H100
+    replace(DEFAULT_SMALL_CONFIG, **kw) for kw in (
+        dict(down_block_n=4, num_warps=2), dict(down_block_n=4, num_stages=5), dict(down_block_n=4, up_block_n=32),
+        dict(down_block_n=4, num_warps=2, num_stages=5), dict(num_warps=2, num_stages=5), dict(down_block_n=2),
+        dict(down_block_n=2, num_warps=2), dict(down_block_n=4, up_block_n=32, num_warps=2))]
 
 
 def _check(out: torch.Tensor, ref: torch.Tensor, what: str) -> float:

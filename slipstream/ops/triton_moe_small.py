@@ -33,6 +33,7 @@ weights' loads wait for it. Under TRITON_INTERPRET=1 the kernels run on CPU tens
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -63,7 +64,22 @@ class SmallMoEConfig:
             raise ValueError(f"SmallMoEConfig.num_stages must be at least 1, got {self.num_stages}")
 
 
-DEFAULT_SMALL_CONFIG = SmallMoEConfig()
+def config_from_env(text: str | None) -> SmallMoEConfig:
+    """The default tiles with `text`'s "field=value,..." changes (`SLIPSTREAM_MOE_SMALL_CONFIG`
+    in the environment, for A/B runs of tiles in the engine)."""
+    if not text:
+        return SmallMoEConfig()
+    changes = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name.strip() not in SmallMoEConfig.__dataclass_fields__ or not value.strip().isdigit():
+            raise ValueError(f"SLIPSTREAM_MOE_SMALL_CONFIG: {item!r} is not FIELD=INT with a field of "
+                             f"SmallMoEConfig ({', '.join(SmallMoEConfig.__dataclass_fields__)})")
+        changes[name.strip()] = int(value)
+    return SmallMoEConfig(**changes)
+
+
+DEFAULT_SMALL_CONFIG = config_from_env(os.environ.get("SLIPSTREAM_MOE_SMALL_CONFIG"))
 
 
 @triton.jit
