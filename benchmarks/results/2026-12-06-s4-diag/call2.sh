@@ -7,6 +7,7 @@ B="bash benchmarks/gpu_run.sh"
 G="--grammar-tokenizer ../.smoltok"
 $B env
 export PYTHONPATH=/tmp/site:.:${PYTHONPATH:-}
+export SLIPSTREAM_GEMV_MMA_ROWS=0  # (the 2-16-row GEMV is timed in a later call)
 R=/tmp/res
 (timeout 100 python3 benchmarks/bench_moe.py --small-variants --tokens 1 --out $R/moe-small.json > $R/moe-small.log 2>&1; echo "rc=$?" >> $R/moe-small.log)
 REPS=1 WORKLOADS="moe-30b-a3b-bs1" ARMS="X=1;SLIPSTREAM_MOE_SMALL_CONFIG=down_block_n=4,num_warps=2;SLIPSTREAM_MOE_SMALL_CONFIG=down_block_n=4" $B ab-env
