@@ -138,7 +138,7 @@ def _split_kernel(x_ptr, hi_ptr, lo_ptr, inv_ptr, K: tl.constexpr, M_PAD: tl.con
     offs_m = tl.arange(0, M_PAD)
     offs_k = tl.arange(0, BLOCK_K)
     mmask = offs_m < M_PAD
-    scale, inverse = row_scales(row_amax(x_ptr, x_ptr, offs_m, mmask, 0, K, K, K, 16, False, False))
+    scale, inverse = row_scales(row_amax(x_ptr, x_ptr, offs_m, mmask, 0, K, K, K, 16, K // 16, False, False))
     v = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :]).to(tl.float32)
     hi, lo = split_f16(v, scale[:, None])
     tl.store(hi_ptr + offs_m[:, None] * K + offs_k[None, :], hi)

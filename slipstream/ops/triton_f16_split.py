@@ -37,14 +37,16 @@ SILU_NEG_BOUND = tl.constexpr(0.28)
 
 @triton.jit
 def row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K: tl.constexpr, CHUNK: tl.constexpr,
-             SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
+             STEPS: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
     """[M_PAD] fp32: each row's largest |x * gamma| over columns k0 .. k_end of x [M, K] (x is
     [gate | up] of width 2K when SILU_MUL: the bound min(|g|, max(g, 0.28)) x |up| instead); 0 for
-    masked rows. CHUNK columns a step, all rows at once."""
+    masked rows. STEPS steps of CHUNK columns (covering k_end - k0), all rows at once, unrolled:
+    the steps' loads are independent, so they are all in flight together and the pass costs
+    about one trip to L2, not one a step."""
     offs_k = tl.arange(0, CHUNK)
     amax = tl.zeros([offs_m.shape[0], CHUNK], tl.float32)
-    for k in range(k0, k_end, CHUNK):
-        kk = k + offs_k
+    for i in tl.static_range(STEPS):
+        kk = k0 + i * CHUNK + offs_k
         kmask = kk < k_end
         mask = mmask[:, None] & kmask[None, :]
         ptrs = x_ptr + offs_m[:, None] * stride_xm + kk[None, :]
@@ -81,8 +83,9 @@ def split_f16(v, scale):
     return hi, lo
 
 
-def prepass_chunk(m_pad: int, k_per_split: int, silu_mul: bool) -> int:
-    """Columns `row_amax` reads a step: ~2,048 values a step at 4 warps (1,024 for [gate | up],
-    two loads a value), no more than a program's columns."""
+def prepass_steps(m_pad: int, k_per_split: int, silu_mul: bool) -> tuple[int, int]:
+    """(columns a step, steps) of `row_amax` over a program's k_per_split columns: ~2,048
+    values a step (1,024 for [gate | up], two loads a value), 16 per thread at 4 warps."""
     per_step = (1024 if silu_mul else 2048) // m_pad
-    return max(16, min(per_step, triton.next_power_of_2(k_per_split)))
+    chunk = max(16, min(per_step, triton.next_power_of_2(k_per_split)))
+    return chunk, triton.cdiv(k_per_split, chunk)

@@ -69,7 +69,7 @@ from triton.compiler.errors import CompilationError
 from slipstream.ops.device import dot_flags
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_f16_split import (
-    prepass_chunk,
+    prepass_steps,
     row_amax,
     row_scales,
     split_f16,
@@ -151,7 +151,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, 
                      EVEN_N: tl.constexpr, BN_S: tl.constexpr,
                      BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
-                     FP8: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr, PRE_K: tl.constexpr = 16):
+                     FP8: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr, PRE_K: tl.constexpr = 16,
+                     PRE_STEPS: tl.constexpr = 1):
     BLOCK_K: tl.constexpr = WARPS * K_SLICE
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -166,8 +167,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, 
     w0 = _weight_tile(w_ptrs + k0, nmask, (kk + k0) < K, EVEN_K, EVEN_N)
     pdl_start(USE_PDL)
     if FP8:  # hi and lo of every row, scaled by a power of two from the row's largest value
-        scale, inverse = row_scales(row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K, PRE_K, SILU_MUL,
-                                             HAS_GAMMA))
+        scale, inverse = row_scales(row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K, PRE_K,
+                                             PRE_STEPS, SILU_MUL, HAS_GAMMA))
         acc = tl.zeros([WARPS, BLOCK_N, 2 * M_PAD], tl.float32)
     else:
         scale = tl.full([M_PAD], 1.0, tl.float32)
@@ -374,6 +375,7 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
     sh = mma_shape(n, k, block_n, block_k, num_warps, block, split, sms)
     tile = num_warps * sh.k_slice
     ws = _workspace(x2.device, n, sh.row_blocks, sh.split, m_pad) if sh.split > 1 else (out2, out2, out2)
+    pre_k, pre_steps = prepass_steps(m_pad, sh.k_per_split, silu_mul) if fp8 else (16, 1)
     _gemv_mma_kernel[(sh.row_blocks, sh.split)](
         x2, qw, scale, gamma if gamma is not None else scale, bias if bias is not None else scale,
         res2, out2, *ws, m, n, float(row_scale_eps or 0.0), sh.k_per_split,
@@ -383,5 +385,5 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
         BN_S=block[0] if block else 1, BLOCK_SCALES=block is not None, HAS_GAMMA=gamma is not None,
         HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
         FP8=fp8, UPCAST=dot_flags(x2.dtype, x2.device)[1] and not fp8,
-        PRE_K=prepass_chunk(m_pad, sh.k_per_split, silu_mul), num_warps=num_warps,
+        PRE_K=pre_k, PRE_STEPS=pre_steps, num_warps=num_warps,
         **pdl_launch(x2.device))
