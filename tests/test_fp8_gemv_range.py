@@ -15,6 +15,8 @@ same tests run on the device.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import triton
@@ -220,21 +222,26 @@ def _extreme_batch(m: int, k: int, seed: int = 1) -> torch.Tensor:
     return x[torch.arange(m) % 6].contiguous()
 
 
+@functools.lru_cache(maxsize=8)
+def _gpu_weight(n: int, k: int, gamma: bool, layout: str) -> Fp8Weight:
+    """A random FP8 weight at the 8B shape's sizes, made once for the row counts (read-only)."""
+    block = (128, 128) if layout == "block" else None
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g) / k ** 0.5
+    q, s = quantize_blocks(w, block) if block else quantize_per_channel(w)
+    gm = (torch.rand(k, generator=g) + 0.5).to(DEVICE) if gamma else None
+    return Fp8Weight(q.to(DEVICE), s.to(DEVICE), block, gm)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 4, 6, 16])
 @pytest.mark.parametrize("layout", ["channel", "block"])
+@pytest.mark.parametrize("m", [1, 4, 6, 16])
 def test_gpu_gemv_keeps_each_rows_range_at_8b_sizes(m, layout):
     """qkv with the folded norm (x the raw residual stream), o into the residual (split-K),
     gate_up, and down with SiLU·mul of extreme rows, at the default config: on the GPU's
     tensor cores, whatever they do with f16 subnormals."""
-    block = (128, 128) if layout == "block" else None
-
     def weight(n, k, gamma):
-        g = torch.Generator().manual_seed(n + k)
-        w = torch.randn(n, k, generator=g) / k ** 0.5
-        q, s = quantize_blocks(w, block) if block else quantize_per_channel(w)
-        gm = (torch.rand(k, generator=g) + 0.5).to(DEVICE) if gamma else None
-        return Fp8Weight(q.to(DEVICE), s.to(DEVICE), block, gm)
+        return _gpu_weight(n, k, gamma, layout)
 
     for n, k, gamma in [(6144, 4096, True), (4096, 4096, False), (28672, 4096, True)]:
         w, x = weight(n, k, gamma), _extreme_batch(m, k)
