@@ -185,6 +185,19 @@ def test_gpu_gemv_at_8b_sizes(n, k, layout, kernel, m):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(4096, 4096), (4096, 14336)])
+@pytest.mark.parametrize("m", [1, 8])
+def test_gpu_l2_prefetch_changes_no_bits(n, k, m):
+    """`mma_prefetch_k` only asks L2 for weight lines before the PDL wait: the same bits as
+    without it (o and down, split over K, where the prefetch stops at each slice's end)."""
+    w = _weight(n, k, "channel", False)
+    x, r = _x(m, k), _x(m, n, seed=4)
+    plain = fp8_gemv(x, w, residual=r, cfg=Fp8GemvConfig(fma_rows=0))
+    for pf in (1024, 4096):
+        assert torch.equal(fp8_gemv(x, w, residual=r, cfg=Fp8GemvConfig(fma_rows=0, mma_prefetch_k=pf)), plain)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4, 16])
 def test_gpu_gemv_replays_in_a_cuda_graph(m):
     """Split-K's tickets and workspace under a graph: replays on new inputs equal eager."""
