@@ -10,6 +10,7 @@ Import from tests as `from helpers import ...` (pytest puts tests/ on sys.path).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
@@ -255,16 +256,47 @@ def smollm2():
     return model, config, load_tokenizer(None)
 
 
-@functools.lru_cache(maxsize=None)
-def smollm2_hf():
-    """The transformers oracle: HF loads the same GGUF file (slow: ~20 s)."""
+@contextlib.contextmanager
+def gguf_loads_once():
+    """transformers' GGUF load with two of its repeated costs paid once, its results unchanged:
+    it builds gguf's tensor-name map again for each module of the model (397 for SmolLM2, a
+    third of the load) and parses the whole file twice, for the config and then the weights
+    (the tokenizer's 49,152 strings each time). The same gguf functions run; within this block
+    their results are reused."""
+    import gguf
+
+    name_map, reader = gguf.get_tensor_name_map, gguf.GGUFReader
+    readers: dict = {}
+
+    def read_once(path, *args, **kwargs):
+        key = (os.path.realpath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = reader(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    gguf.GGUFReader = read_once
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map, gguf.GGUFReader = name_map, reader
+
+
+def hf_from_gguf(path: str):
+    """A transformers model (float32, eval) loaded from GGUF file `path` by transformers."""
     from transformers import AutoModelForCausalLM
 
+    with gguf_loads_once():
+        return AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+
+
+@functools.lru_cache(maxsize=None)
+def smollm2_hf():
+    """The transformers oracle: HF loads the same GGUF file (slow: ~10 s)."""
     from slipstream.model.loader import embedded_model_path
 
-    path = embedded_model_path()
-    return AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+    return hf_from_gguf(embedded_model_path())
 
 
 def drain_core(core) -> tuple[dict[str, tuple[str, str | None]], dict[str, list[int]]]:

@@ -8,12 +8,11 @@ than the prompts, are tests/test_model.py's and tests/test_engine.py's (TINY_MOD
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 import pytest
 import torch
-from helpers import _COMMON, PagedModelRunner, hf_logits, write_gguf
+from helpers import _COMMON, PagedModelRunner, hf_from_gguf, hf_logits, write_gguf
 
 from slipstream import LLM, SamplingParams
 from slipstream.model.config import ModelConfig
@@ -113,11 +112,7 @@ def test_async_equals_sync_with_sampling(tiny_model):
 
 @functools.lru_cache(maxsize=None)
 def _gemma3_270m_hf():
-    from transformers import AutoModelForCausalLM
-
-    path = resolve_model_source(GEMMA3_270M)
-    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                dtype=torch.float32).eval()
+    return hf_from_gguf(resolve_model_source(GEMMA3_270M))
 
 
 @functools.lru_cache(maxsize=None)
