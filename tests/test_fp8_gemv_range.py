@@ -127,6 +127,28 @@ def test_mma_gemv_silu_mul_input_with_extreme_rows():
     assert b[0].item() > 1e10 * a[0].abs().max().item()  # the case is the bound's loosest
 
 
+def test_the_range_pass_steps_and_groups():
+    """A step reads ~2,048 values (1,024 of [gate | up]); up to 8 unrolled steps a group."""
+    from slipstream.ops.triton_f16_split import prepass_steps
+    assert prepass_steps(1, 1024, False) == (1024, 1, 1)  # qkv at one row, split 4: one step
+    assert prepass_steps(16, 1792, True) == (64, 4, 8)  # down at 16 rows, split 8: 28 steps (4 masked)
+    assert prepass_steps(16, 7168, True) == (64, 14, 8)  # a 70B down: 112 steps, 14 groups
+
+
+def test_mma_gemv_range_pass_over_several_groups():
+    """16 rows of [gate | up] 2 x 640 wide, K unsplit: 10 steps of 64 columns, two groups of 8
+    (the second partly past the row), the largest values in the last step."""
+    w = _weight(48, 640)
+    gate_up = _extreme_rows(1280)[torch.arange(16) % 6].contiguous()
+    gate_up[::3, 639] = 3e4  # a gate in the last step
+    gate_up[::3, 1279] = -3e4  # and its up
+    a = silu_and_mul_ref(gate_up).float()
+    cfg = Fp8GemvConfig(**{**MMA_TINY.__dict__, "mma_split_k": 1})
+    out = fp8_gemv(gate_up, w, silu_mul=True, cfg=cfg)
+    extra = ROUNDING * (a.abs() @ w.dequantized(torch.float32).abs().T)
+    _close_rows(out, fp8_linear_ref(a, w), extra)
+
+
 def test_fma_gemv_keeps_each_rows_range():
     """The one-row FMA kernel multiplies in fp32: nothing narrows, the same bounds hold."""
     w, x = _weight(48, 160, "block", gamma=True), _extreme_rows(160)
@@ -140,7 +162,7 @@ def _split_kernel(x_ptr, hi_ptr, lo_ptr, inv_ptr, K: tl.constexpr, M_PAD: tl.con
     offs_m = tl.arange(0, M_PAD)
     offs_k = tl.arange(0, BLOCK_K)
     mmask = offs_m < M_PAD
-    scale, inverse = row_scales(row_amax(x_ptr, x_ptr, offs_m, mmask, 0, K, K, K, 16, K // 16, False, False))
+    scale, inverse = row_scales(row_amax(x_ptr, x_ptr, offs_m, mmask, 0, K, K, K, 16, 2, K // 32, False, False))
     v = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :]).to(tl.float32)
     hi, lo = split_f16(v, scale[:, None])
     tl.store(hi_ptr + offs_m[:, None] * K + offs_k[None, :], hi)

@@ -37,29 +37,38 @@ SILU_NEG_BOUND = tl.constexpr(0.28)
 
 @triton.jit
 def row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K: tl.constexpr, CHUNK: tl.constexpr,
-             STEPS: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
+             GROUPS: tl.constexpr, UNROLL: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
     """[M_PAD] fp32: each row's largest |x * gamma| over columns k0 .. k_end of x [M, K] (x is
     [gate | up] of width 2K when SILU_MUL: the bound min(|g|, max(g, 0.28)) x |up| instead); 0 for
-    masked rows. STEPS steps of CHUNK columns (covering k_end - k0), all rows at once, unrolled:
-    the steps' loads are independent, so they are all in flight together and the pass costs
-    about one trip to L2, not one a step."""
+    masked rows. GROUPS x UNROLL steps of CHUNK columns (covering k_end - k0), all rows at once,
+    each group's steps unrolled: their loads are independent, so they are in flight together
+    and a group costs about one trip to L2, not one a step (up to 8 steps a group bounds the
+    code for long rows)."""
     offs_k = tl.arange(0, CHUNK)
     amax = tl.zeros([offs_m.shape[0], CHUNK], tl.float32)
-    for i in tl.static_range(STEPS):
-        kk = k0 + i * CHUNK + offs_k
-        kmask = kk < k_end
-        mask = mmask[:, None] & kmask[None, :]
-        ptrs = x_ptr + offs_m[:, None] * stride_xm + kk[None, :]
-        a = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        if SILU_MUL:
-            a = tl.minimum(tl.abs(a), tl.maximum(a, SILU_NEG_BOUND))
-            a = a * tl.abs(tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32))
-        else:
-            a = tl.abs(a)
-        if HAS_GAMMA:
-            a = a * tl.abs(tl.load(g_ptr + kk, mask=kmask, other=0.0))[None, :]
-        amax = tl.maximum(amax, a)
+    for g in range(GROUPS):
+        for i in tl.static_range(UNROLL):
+            amax = _amax_step(x_ptr, g_ptr, offs_m, mmask, k0 + (g * UNROLL + i) * CHUNK + offs_k, k_end,
+                              stride_xm, amax, K, SILU_MUL, HAS_GAMMA)
     return tl.max(amax, axis=1)
+
+
+@triton.jit
+def _amax_step(x_ptr, g_ptr, offs_m, mmask, kk, k_end, stride_xm, amax, K: tl.constexpr, SILU_MUL: tl.constexpr,
+               HAS_GAMMA: tl.constexpr):
+    """amax after columns kk (those before k_end) of every row."""
+    kmask = kk < k_end
+    mask = mmask[:, None] & kmask[None, :]
+    ptrs = x_ptr + offs_m[:, None] * stride_xm + kk[None, :]
+    a = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    if SILU_MUL:
+        a = tl.minimum(tl.abs(a), tl.maximum(a, SILU_NEG_BOUND))
+        a = a * tl.abs(tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32))
+    else:
+        a = tl.abs(a)
+    if HAS_GAMMA:
+        a = a * tl.abs(tl.load(g_ptr + kk, mask=kmask, other=0.0))[None, :]
+    return tl.maximum(amax, a)
 
 
 @triton.jit
@@ -83,9 +92,12 @@ def split_f16(v, scale):
     return hi, lo
 
 
-def prepass_steps(m_pad: int, k_per_split: int, silu_mul: bool) -> tuple[int, int]:
-    """(columns a step, steps) of `row_amax` over a program's k_per_split columns: ~2,048
-    values a step (1,024 for [gate | up], two loads a value), 16 per thread at 4 warps."""
+def prepass_steps(m_pad: int, k_per_split: int, silu_mul: bool) -> tuple[int, int, int]:
+    """(columns a step, groups, steps a group) of `row_amax` over a program's k_per_split
+    columns: ~2,048 values a step (1,024 for [gate | up], two loads a value), 16 per thread at
+    4 warps; up to 8 steps a group."""
     per_step = (1024 if silu_mul else 2048) // m_pad
     chunk = max(16, min(per_step, triton.next_power_of_2(k_per_split)))
-    return chunk, triton.cdiv(k_per_split, chunk)
+    steps = triton.cdiv(k_per_split, chunk)
+    unroll = min(steps, 8)
+    return chunk, triton.cdiv(steps, unroll), unroll

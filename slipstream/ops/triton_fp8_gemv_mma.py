@@ -154,7 +154,8 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, 
                      BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
                      FP8: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr, PRE_K: tl.constexpr = 16,
-                     PRE_STEPS: tl.constexpr = 1, PREFETCH_K: tl.constexpr = 0):
+                     PRE_GROUPS: tl.constexpr = 1, PRE_UNROLL: tl.constexpr = 1,
+                     PREFETCH_K: tl.constexpr = 0):
     BLOCK_K: tl.constexpr = WARPS * K_SLICE
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -176,7 +177,7 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, 
     pdl_start(USE_PDL)
     if FP8:  # hi and lo of every row, scaled by a power of two from the row's largest value
         scale, inverse = row_scales(row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K, PRE_K,
-                                             PRE_STEPS, SILU_MUL, HAS_GAMMA))
+                                             PRE_GROUPS, PRE_UNROLL, SILU_MUL, HAS_GAMMA))
         acc = tl.zeros([WARPS, BLOCK_N, 2 * M_PAD], tl.float32)
     else:
         scale = tl.full([M_PAD], 1.0, tl.float32)
@@ -386,7 +387,7 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
     ws = _workspace(x2.device, n, sh.row_blocks, sh.split, m_pad) if sh.split > 1 else (out2, out2, out2)
     pdl = pdl_launch(x2.device)
     assert prefetch_k % 128 == 0, prefetch_k
-    pre_k, pre_steps = prepass_steps(m_pad, sh.k_per_split, silu_mul) if fp8 else (16, 1)
+    pre_k, pre_groups, pre_unroll = prepass_steps(m_pad, sh.k_per_split, silu_mul) if fp8 else (16, 1, 1)
     _gemv_mma_kernel[(sh.row_blocks, sh.split)](
         x2, qw, scale, gamma if gamma is not None else scale, bias if bias is not None else scale,
         res2, out2, *ws, m, n, float(row_scale_eps or 0.0), sh.k_per_split,
@@ -396,5 +397,5 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
         BN_S=block[0] if block else 1, BLOCK_SCALES=block is not None, HAS_GAMMA=gamma is not None,
         HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
         FP8=fp8, UPCAST=dot_flags(x2.dtype, x2.device)[1] and not fp8,
-        PRE_K=pre_k, PRE_STEPS=pre_steps, PREFETCH_K=prefetch_k if fp8 and pdl["USE_PDL"] else 0,
+        PRE_K=pre_k, PRE_GROUPS=pre_groups, PRE_UNROLL=pre_unroll, PREFETCH_K=prefetch_k if fp8 and pdl["USE_PDL"] else 0,
         num_warps=num_warps, **pdl)
