@@ -67,12 +67,13 @@ def test_smollm2_fp8_against_bf16():
     chat prompts (48 tokens each): the share of positions where both pick the same greedy
     token, and the mean |difference| of the log-probability of bf16's token.
 
-    The bound: a product's output moves by at most 2^-4 of sum |w||x| from each operand's
-    rounding (weights and activations: 2 x 2^-4), the 4 products a layer's errors adding in
-    quadrature; the logits of a 30-layer model then move by a few percent relative RMS, which
-    shifts a confident token's log-probability by a few hundredths of a nat. The asserted
-    bounds (90% agreement, 0.1 nat) leave room for the near-ties of a small model; the
-    measured values go into docs/fp8.md's table."""
+    The bound: the CPU reference computes this test's arithmetic (e4m3 weights per channel,
+    the inputs of these batched products e4m3 per token, float32 sums: `fp8_linear_ref` with
+    quantize_input=True) and measures 88.0% agreement and 0.122 nat (max 0.93) over the 576
+    positions against float32 (weight-only: 91.2%, 0.099). The GPU adds bf16 roundings (2^-8, 16
+    times finer than e4m3's 2^-4) and its summation order: the asserted 85% and 0.16 nat leave
+    ~30% over the measurement, where a wrong scale or a missed dequantization moves
+    log-probabilities by whole nats. The measured values go into docs/fp8.md's table."""
     from helpers import PagedModelRunner
 
     from slipstream.model.loader import load_model
@@ -98,4 +99,4 @@ def test_smollm2_fp8_against_bf16():
     rate, mean = agree / total, sum(diffs) / len(diffs)
     print(f"\nSmolLM2-135M fp8 (per-channel, quantized at load) vs bf16: greedy agreement {rate:.4f} "
           f"over {total} positions, mean |d logprob| {mean:.4f} nats, max {max(diffs):.3f}")
-    assert rate >= 0.9 and mean <= 0.1, (rate, mean)
+    assert rate >= 0.85 and mean <= 0.16, (rate, mean)
