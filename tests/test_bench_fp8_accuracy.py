@@ -66,6 +66,7 @@ def test_teacher_forcing_reads_the_positions_a_free_run_sampled(tiny_chat_model)
         assert lp == pytest.approx(sampled, abs=1e-4)
 
 
+@pytest.mark.slow  # two engines; the quick tier keeps the teacher-forced reading and the bounds
 def test_an_arm_equal_to_the_reference_agrees_everywhere(tiny_chat_model):
     args = SimpleNamespace(model=tiny_chat_model, device="cpu", dtype="float32", max_model_len=512, max_tokens=6)
     (same,), reference = acc.run(args, _prompts(tiny_chat_model, 2), [("same", {})])

@@ -53,6 +53,7 @@ def test_smoke_run_compares_ngram_with_plain(tiny_chat_model, tmp_path, capsys):
     assert spec["steps"] < plain["steps"] or spec["accepted"] == 0
 
 
+@pytest.mark.slow  # both arms, an engine each
 def test_a_differing_arm_is_counted_and_fails_the_run(tiny_chat_model, monkeypatch, capsys):
     real = bench.run_one
 

@@ -193,6 +193,7 @@ def test_a_head_that_does_not_fit_the_target_is_refused(tiny_model, tmp_path):
         _llm(folder, speculative_config=_eagle(str(path)))
 
 
+@pytest.mark.slow  # a bench run of two engines a case
 @pytest.mark.parametrize("method", ["eagle3", "draft_model"])
 def test_bench_synthetic_acceptance_with_device_drafters(tiny_model, random_head, tmp_path, monkeypatch, method):
     """`slipstream bench --spec-synthetic-accept A` with the EAGLE-3 head and a draft model:

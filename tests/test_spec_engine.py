@@ -238,6 +238,7 @@ def test_drafting_starts_when_the_batch_shrinks(tiny_model, async_scheduling):
     assert llm.engine.stats()["spec_num_draft_tokens"] > 0
 
 
+@pytest.mark.slow  # a bench run of two engines
 def test_bench_takes_the_speculative_config_flag(tiny_model, tmp_path, monkeypatch, capsys):
     """`slipstream bench --speculative-config` runs both modes with identical outputs and reports
     the drafts; a bad value is a one-line error (exit 2)."""

@@ -29,6 +29,7 @@ def _bench(tiny_model, tmp_path, monkeypatch, accept: int, mode: str = "both"):
     return json.loads((out / "synthetic-unit.json").read_text())
 
 
+@pytest.mark.slow  # a bench run of two engines a case; the quick tier keeps test_accepting_more_than_one
 @pytest.mark.parametrize("accept", [0, 1])
 def test_every_drafting_row_step_emits_accept_plus_one(tiny_model, tmp_path, monkeypatch, capsys, accept):
     summary = _bench(tiny_model, tmp_path, monkeypatch, accept)
