@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +32,7 @@ from slipstream.sampling.grammar.worker_pool import GrammarWorkerPool, GrammarWo
 from slipstream.sched.grammar_workers import RemoteMatcher, WorkerMatchers
 from slipstream.sched.request import Request
 
-__all__ = ["BitmaskFill", "StructuredOutputs", "StructuredOutputsStats"]
+__all__ = ["StructuredOutputs", "StructuredOutputsStats"]
 
 
 @dataclass
@@ -49,25 +48,6 @@ class StructuredOutputsStats:
     grammar_compile_seconds: float = 0.0
     grammar_cache_hits: int = 0
     grammar_cpu_seconds: float = 0.0
-
-
-class BitmaskFill:
-    """A token bitmask being filled (`StructuredOutputs.start_fill`)."""
-
-    def __init__(self, owner: "StructuredOutputs", job: Future | None, bitmask: torch.Tensor,
-                 suppress: list[tuple[int, Sequence[int], bool]]) -> None:
-        self._owner, self._job, self._bitmask, self._suppress = owner, job, bitmask, suppress
-
-    def wait(self) -> None:
-        """Blocks until the matchers' rows are written, then applies the min_tokens suppression."""
-        start = time.perf_counter()
-        if self._job is not None:
-            self._job.result()
-            self._job = None
-        for j, stop_ids, constrained in self._suppress:
-            forbid_tokens(self._bitmask, j, stop_ids, keep_if_only=constrained)
-        self._suppress = []
-        self._owner.grammar_cpu_s += time.perf_counter() - start
 
 
 class StructuredOutputs:
@@ -89,7 +69,6 @@ class StructuredOutputs:
         self.compiling: list[Request] = []
         self.num_requests = 0
         self.grammar_cpu_s = 0.0
-        self._fill_thread: ThreadPoolExecutor | None = None
 
     def submit(self, req: Request) -> str | None:
         """Start compiling `req`'s grammar; the one-line reason when structured outputs are not
@@ -143,32 +122,19 @@ class StructuredOutputs:
         rather than on its logits.  The grammar wins over min_tokens: a constrained row whose
         grammar allows nothing but stop tokens keeps them, so the request ends "stop" instead
         of drawing from an empty distribution."""
-        self.start_fill(sampled, bitmask, suppress).wait()
-
-    def start_fill(self, sampled: list[Request], bitmask: torch.Tensor,
-                   suppress: Sequence[tuple[int, Sequence[int]]] = ()) -> "BitmaskFill":
-        """`fill_token_bitmask`, with the matchers' rows filled on a background thread where
-        they run in this process: the backend's batch fill releases the interpreter's lock,
-        so the caller's next work (the step loop schedules the next batch) runs meanwhile.
-        The bitmask is complete once `wait()` returned; until then the matchers of `sampled`
-        must not advance."""
         start = time.perf_counter()
         if self.workers is not None:
             rows = self.workers.fill(sampled, bitmask)
-            job = None
         else:
             rows = [j for j, req in enumerate(sampled) if req.matcher is not None and not req.finished]
-            job = None
             if rows:
-                matchers = [sampled[j].matcher for j in rows]
-                if self._fill_thread is None:
-                    self._fill_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-fill")
-                job = self._fill_thread.submit(fill_bitmasks, matchers, bitmask, rows)
+                fill_bitmasks([sampled[j].matcher for j in rows], bitmask, rows)
         if len(rows) < bitmask.shape[0]:
             constrained = set(rows)
             fill_all_allowed(bitmask, [j for j in range(bitmask.shape[0]) if j not in constrained])
+        for j, stop_ids in suppress:
+            forbid_tokens(bitmask, j, stop_ids, keep_if_only=sampled[j].matcher is not None)
         self.grammar_cpu_s += time.perf_counter() - start
-        return BitmaskFill(self, job, bitmask, [(j, ids, sampled[j].matcher is not None) for j, ids in suppress])
 
     def stats(self) -> StructuredOutputsStats:
         stats = StructuredOutputsStats(constrained_requests=self.num_requests,
@@ -187,7 +153,5 @@ class StructuredOutputs:
     def close(self) -> None:
         if self.workers is not None:
             self.workers.pool.close()
-        if self._fill_thread is not None:
-            self._fill_thread.shutdown()
         if self.compiler is not None:
             self.compiler.close()
