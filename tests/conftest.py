@@ -1,4 +1,3 @@
-import gc
 import os
 
 import pytest
@@ -133,30 +132,12 @@ def _torch_threads(request):
         torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _freeze_gc_between_modules():
-    """What is alive as a module starts (the imports: torch, transformers, Triton; session
-    fixtures) is taken out of the garbage collector's reach, so that a full collection walks
-    only what the tests make (gen-2 collections were 2.4 s of 21 s of CPU in four engine
-    test files). Between modules nearly nothing alive becomes garbage: the previous module's
-    fixtures are gone and the collection first frees what they left. Thawed at exit, so that
-    extension modules see their objects released."""
-    gc.collect()
-    gc.freeze()
-    yield
-
-
-def pytest_unconfigure(config):
-    gc.unfreeze()
-
-
 @pytest.fixture(autouse=True)
 def _unfreeze_gc():
     """The CLI and `slipstream bench` freeze the collector's heap after start
-    (`engine.freeze_gc`); tests run them in-process, so thaw it after a test that froze
-    (frozen objects would otherwise outlive the session and its engines; the next module
-    freezes again)."""
-    frozen = gc.get_freeze_count()
+    (`engine.freeze_gc`); tests run them in-process, so thaw it after each test (frozen
+    objects would otherwise outlive the session and its engines)."""
     yield
-    if gc.get_freeze_count() > frozen:
+    import gc
+    if gc.get_freeze_count():
         gc.unfreeze()
