@@ -16,10 +16,11 @@ rm -rf .whl && mkdir .whl
 python -m pip download -q -d .whl --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
   --platform any gguf fastapi starlette uvicorn httptools pydantic pyzmq msgspec openai
-# xgrammar and llguidance (structured outputs) without their dependencies: the machine has
+# xgrammar and llguidance (structured outputs) without their dependencies (llguidance 1.9 is
+# built for glibc 2.31): the machine has
 # torch, triton and transformers; only xgrammar's FFI runtime is missing
 python -m pip download -q -d .whl --no-deps --only-binary=:all: --python-version 3.12 \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 xgrammar apache-tvm-ffi llguidance
 for have in numpy PyYAML pyyaml tqdm requests urllib3 idna certifi charset_normalizer click h11; do
   rm -f .whl/"$have"-*.whl
