@@ -1,22 +1,11 @@
 #!/usr/bin/env python
-"""The small-batch GEMVs (`slipstream.ops.triton_gemv`: one row on the streaming kernels, 2 to
-max_rows_mma rows on the tensor-core GEMV) against cuBLAS on a decode step's layer GEMMs, as
-the model runs them: every layer's qkv, o (+= residual), gate_up and down (+= residual), each
-layer with its own weights, so the chain streams the whole model's layer weights as a step
-does (more than L2).
+"""The small-batch GEMV (`slipstream.ops.triton_gemv`) against cuBLAS on a decode step's
+layer GEMMs, as the model runs them: every layer's qkv, o (+= residual), gate_up and down
+(+= residual), each layer with its own weights, so the chain streams the whole model's
+layer weights as a step does (more than L2).
 
     python benchmarks/bench_gemv.py [--out DIR] [--models 0.6b,135m,8b] [--rows 1,2,4,8]
                                     [--variant NAME:k=v,...] [--fused]
-    python benchmarks/bench_gemv.py --products [--models 8b,0.6b] [--rows 1,2,3,4,5,6,8,12,16]
-                                    [--variant NAME:k=v,...]
-
-`--products`: each product of the 8B and 0.6B shapes alone (qkv, o += residual, gate_up,
-down += residual, lm_head) at 1-16 rows: the GEMV's time (`gemv`: the engine's kernel at that
-row count, forced on up to 16 rows) against cuBLAS's and the weight bytes' floor at the
-measured copy bandwidth, each timed over rotating copies of the weight (at least 256 MB, so
-no copy is read from L2); the speculative verify step's k + 1 rows and small decode batches
-are these products (benchmarks/bench_verify_step.py times the whole step; set
-SLIPSTREAM_GEMV_MMA_ROWS=0 there for the cuBLAS arm).
 
 A model name with `-l2` (e.g. `0.6b-l2`) runs the same chain with every layer sharing the
 first layer's weights (the 0.6B layer's 30 MB fit in the H200's L2): what the chain costs
@@ -26,9 +15,7 @@ layers' weights into L2 could give it.
 One CUDA graph per (model shape, M, implementation) holds the whole chain; the median of
 20 replays is reported, with its bytes' time at the measured copy bandwidth.  Every
 implementation is first checked against F.linear on the first layer.  Variants override
-`GemvConfig` fields (block_n, num_warps, programs_per_sm, tile_elems; the tensor-core GEMV's
-max_rows_mma, mma_block_n, mma_block_k, mma_stages, mma_warps, mma_split_k); `bcast:max_rows=8,
-max_rows_mma=0` is the one-row kernels' broadcast form at 2-8 rows.  The FP8 GEMV's sweep
+`GemvConfig` fields (block_n, num_warps, programs_per_sm, tile_elems).  The FP8 GEMV's sweep
 is benchmarks/bench_fp8_gemv.py.
 """
 from __future__ import annotations
@@ -51,8 +38,6 @@ from slipstream.ops.triton_gemv import GemvConfig, gemv  # noqa: E402
 # name -> (layers, hidden, q heads, kv heads, head_dim, intermediate)
 SHAPES = {"0.6b": (28, 1024, 16, 8, 128, 3072), "135m": (30, 576, 9, 3, 64, 1536),
           "8b": (4, 4096, 32, 8, 128, 14336)}  # 8b: 4 layers are already > L2
-VOCAB = {"0.6b": 151936, "135m": 49152, "8b": 128256}
-ROTATE_BYTES = 256 << 20  # a product's weight copies in rotation: several times any L2
 
 
 def layer_weights(shape, dev, dt, gen):
@@ -94,67 +79,6 @@ def chain(weights, m, impl, cfg, dev, dt, fused=False):
     return run
 
 
-def product_shapes(model: str) -> dict[str, tuple[int, int]]:
-    """(N, K) of each product of a layer, and the LM head."""
-    _, hidden, hq, hkv, hd, inter = SHAPES[model]
-    return {"qkv": ((hq + 2 * hkv) * hd, hidden), "o": (hidden, hq * hd), "gate_up": (2 * inter, hidden),
-            "down": (hidden, inter), "lm_head": (VOCAB[model], hidden)}
-
-
-def product_calls(ws, m, impl, cfg, residual: bool, dev, dt):
-    """One call a weight copy: x [m, K] @ W^T into out (o and down: += into a residual)."""
-    n, k = ws[0].shape
-    x = torch.randn(m, k, device=dev, dtype=dt)
-    out = torch.randn(m, n, device=dev, dtype=dt)
-
-    def call(w):
-        if impl == "cublas":
-            return (lambda: out.addmm_(x, w.t())) if residual else (lambda: torch.matmul(x, w.t(), out=out))
-        if residual:
-            return lambda: gemv(x, w, residual=out, out=out, cfg=cfg)
-        return lambda: gemv(x, w, out=out, cfg=cfg)
-    return [call(w) for w in ws]
-
-
-def check_product(w, m, cfg, dev, dt) -> float:
-    x = torch.randn(m, w.shape[1], device=dev, dtype=dt)
-    r = torch.randn(m, w.shape[0], device=dev, dtype=dt)
-    ref = F.linear(x.float(), w.float()) + r.float()
-    e = ((gemv(x, w, residual=r, cfg=cfg).float() - ref).abs().max() / ref.abs().max()).item()
-    if e > 1e-2:
-        raise AssertionError(f"{tuple(w.shape)} m={m}: relative error {e:.2e}")
-    return e
-
-
-def products(args, impls, bw, dev, dt, gen) -> list[dict]:
-    """Each product alone at each row count: every implementation's time, its bytes' floor."""
-    rows = []
-    print("| model | product | weight MB | M | impl | us | floor us | x floor | vs cublas |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for model in args.models.split(","):
-        for name, (n, k) in product_shapes(model).items():
-            nbytes = n * k * dt.itemsize
-            copies = max(1, -(-ROTATE_BYTES // nbytes))
-            ws = [(torch.randn(n, k, generator=gen, device=dev) / k ** 0.5).to(dt) for _ in range(copies)]
-            floor_us = nbytes / bw * 1e6
-            for m in (int(r) for r in args.rows.split(",")):
-                base = None
-                for impl, cfg in impls.items():
-                    err = check_product(ws[0], m, cfg, dev, dt) if cfg is not None else None
-                    us = time_graph(product_calls(ws, m, "cublas" if cfg is None else "gemv", cfg,
-                                                  name in ("o", "down"), dev, dt)) * 1e3
-                    base = base or us
-                    row = dict(model=model, product=name, n=n, k=k, m=m, impl=impl, us=us, weight_bytes=nbytes,
-                               floor_us=floor_us, x_floor=us / floor_us, vs_cublas=us / base, max_rel_err=err,
-                               config=dataclasses.asdict(cfg) if cfg else None)
-                    rows.append(row)
-                    print(f"| {model} | {name} | {nbytes / 1e6:.1f} | {m} | {impl} | {us:.1f} | {floor_us:.1f} | "
-                          f"{row['x_floor']:.2f} | {row['vs_cublas']:.2f} |", flush=True)
-            del ws
-            torch.cuda.empty_cache()
-    return rows
-
-
 def check(weights, cfg, dev, dt) -> float:
     err = 0.0
     for m in (1, 3, 8):
@@ -192,31 +116,17 @@ def main() -> int:
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--variant", action="append", default=[])
     ap.add_argument("--fused", action="store_true", help="the GEMVs in the model's one-row forms (chain())")
-    ap.add_argument("--products", action="store_true",
-                    help="each product alone at --rows (default 1-16) against cuBLAS and its bytes' floor")
     args = ap.parse_args()
-    if args.products:
-        args.models = "8b,0.6b" if args.models == ap.get_default("models") else args.models
-        args.rows = "1,2,3,4,5,6,8,12,16" if args.rows == ap.get_default("rows") else args.rows
     dev, dt = torch.device("cuda"), torch.bfloat16
     sms = sm_count(dev)
-    # the engine's GEMVs: one row on the streaming kernels, 2-16 on the tensor-core GEMV (forced
-    # on to 16 rows here, whatever SLIPSTREAM_GEMV_MMA_ROWS says)
-    impls = {"cublas": None, "gemv": GemvConfig(max_weight_bytes=1 << 40, max_rows_mma=16)}
+    impls = {"cublas": None, "gemv": GemvConfig(max_rows=8, max_weight_bytes=1 << 40)}
     for spec in args.variant:
         name, _, body = spec.partition(":")
         kw = {k: int(v) for k, v in (item.split("=") for item in filter(None, body.split(",")))}
-        if "max_rows" in kw and kw["max_rows"] > 1:  # the broadcast kernel at up to max_rows rows
-            kw.setdefault("max_rows_mma", 0)
         impls[name] = dataclasses.replace(impls["gemv"], **kw)
     bw = copy_bandwidth(dev)
     print(f"{torch.cuda.get_device_name()}, {sms} SMs, torch {torch.__version__}; copy {bw / 1e12:.2f} TB/s")
     gen = torch.Generator(device=dev).manual_seed(0)
-    if args.products:
-        rows = products(args, impls, bw, dev, dt, gen)
-        if args.out:
-            print("wrote", write_json(args.out, "gemv_products.json", dict(copy_bw=bw, rows=rows), indent=1))
-        return 0
     rows = []
     print("| model | M | impl | chain us | per layer us | weight MB | bytes' time us | x floor | vs cublas |")
     print("|---|---|---|---|---|---|---|---|---|")

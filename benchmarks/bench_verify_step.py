@@ -7,11 +7,8 @@ the verify attention kernel, the LM head on every verified position, the accepta
 device) against the plain decode step of the same rows
 (`ModelRunner.compute_step`: forward, LM head, sampler), both timed as CUDA graphs (median of
 replays, slipstream/bench/cuda_timing.py).  Prints a table of ratios (the target at 1 row,
-k <= 4: <= 1.15), and the forward alone of both, and writes bench_verify_step.json with --out.
-A verify step's products take rows x (k + 1) rows: up to `GemvConfig.max_rows_mma` (8) the
-tensor-core GEMV (ops/triton_gemv.py), above it cuBLAS, where a plain one-row step takes the
-streaming GEMV; `SLIPSTREAM_GEMV_MMA_ROWS=0 python benchmarks/bench_verify_step.py` is the
-cuBLAS arm of an A/B (the route in force is printed and recorded).
+k <= 4: <= 1.15), and the forward alone of both (its layers' GEMMs take k + 1 rows: cuBLAS,
+where one row takes the GEMV), and writes bench_verify_step.json with --out.
 
 `--device cpu --tiny`: a tiny random Llama on the CPU, timed eagerly (a smoke run of the
 whole path; its numbers mean nothing).
@@ -37,7 +34,6 @@ from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.workloads import CONFIGS  # noqa: E402
 from slipstream.config import EngineConfig  # noqa: E402
 from slipstream.core.engine_core import EngineCore  # noqa: E402
-from slipstream.ops.triton_gemv import DEFAULT_GEMV_CONFIG  # noqa: E402
 from slipstream.runner.inputs import StepPad, StepShape  # noqa: E402
 from slipstream.runner.speculative import spec_buffers, verify_step  # noqa: E402
 from slipstream.runner.verify_graphs import verify_inputs  # noqa: E402
@@ -128,10 +124,7 @@ def main(argv=None) -> int:
         models = {"tiny": tmp}
     else:
         models = {m: os.path.join(CONFIGS, m) for m in args.models}
-    res: dict = {"context": args.context, "device": args.device, "results": {},
-                 "gemv_mma_rows": DEFAULT_GEMV_CONFIG.max_rows_mma}
-    print(f"tensor-core GEMV (bf16) at 2..{DEFAULT_GEMV_CONFIG.max_rows_mma} rows"
-          if DEFAULT_GEMV_CONFIG.max_rows_mma >= 2 else "tensor-core GEMV off (SLIPSTREAM_GEMV_MMA_ROWS)")
+    res: dict = {"context": args.context, "device": args.device, "results": {}}
     if args.device == "cuda":
         res["gpu"] = torch.cuda.get_device_name()
     for name, path in models.items():

@@ -142,7 +142,7 @@ def test_a_triton_that_refuses_narrow_dots_gets_rows_padded_to_8(monkeypatch):
     w, x = _weight(48, 160, "channel", True), _x(3, 160)
     y = fp8_gemv(x, w, row_scale_eps=1e-5, cfg=MMA_TINY)
     _close(y, scale_rows_ref(fp8_linear_ref(x.float(), w), x.float(), 1e-5, None))
-    assert pads == [4, 8] and tm._NARROW_FLOOR == [16]
+    assert pads == [4, 8] and tm._NARROW_FLOOR == [8]
     fp8_gemv(x[:1], w, cfg=MMA_TINY)
     assert pads[-1] == 8  # no second failing try
 
@@ -238,7 +238,7 @@ def compile_gemv_for_hopper() -> int:
         return Fp8Weight(torch.zeros(n, k, dtype=f8), scale, block, torch.ones(k) if gamma else None)
 
     launches: list = []
-    with recorded_launches(tm, ["_gemv_mma_kernel"], launches):
+    with recorded_launches(tm, ["_fp8_gemv_mma_kernel"], launches):
         fp8_gemv(torch.zeros(1, 4096, dtype=bf), weight(6144, 4096), row_scale_eps=1e-5, cfg=mma)
         h4 = torch.zeros(4, 4096, dtype=bf)
         fp8_gemv(torch.zeros(4, 4096, dtype=bf), weight(4096, 4096, gamma=False), residual=h4, out=h4, cfg=mma)

@@ -114,9 +114,6 @@ def test_bench_verify_step_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert [(r["rows"], r["k"]) for r in rows] == [(1, 1), (1, 3), (2, 1), (2, 3)]
     assert all(r["verify_ms"] > 0 and r["plain_ms"] > 0 and r["verify_forward_ms"] > 0 for r in rows)
     assert "| rows | plain forward ms | k=1 | k=3 |" in out
-    # the route of the k + 1 rows' products in force (the A/B's arm) is printed and recorded
-    from slipstream.ops.triton_gemv import DEFAULT_GEMV_CONFIG
-    assert res["gemv_mma_rows"] == DEFAULT_GEMV_CONFIG.max_rows_mma and "tensor-core GEMV" in out
 
 
 @pytest.mark.parametrize("greedy", [True, False])

@@ -44,8 +44,7 @@ from slipstream.ops.attention import attention_after_qkv
 from slipstream.ops.kv_quant import KVScales
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
 from slipstream.ops.fused import build_cos_sin_cache, rms_norm, silu_and_mul
-from slipstream.ops.linear import (linear, linear_add_, linear_into_, norm_linear, reserve_linear_workspace,
-                                   silu_mul_linear_add_)
+from slipstream.ops.linear import linear, linear_add_, linear_into_, norm_linear, silu_mul_linear_add_
 
 
 def _empty(shape, dtype, device) -> nn.Parameter:
@@ -60,7 +59,6 @@ class Linear(nn.Module):
         self.weight = _empty((out_features, in_features), dtype, device)
         self.bias = _empty((out_features,), dtype, device) if bias else None
         self.batch_invariant = False  # set by LlamaForCausalLM.set_batch_invariant
-        reserve_linear_workspace(self.weight)  # the GEMV's split-K memory, before any graph capture
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.batch_invariant)
@@ -290,8 +288,6 @@ class LlamaForCausalLM(nn.Module):
         if not config.tie_word_embeddings:
             vocab = config.vocab_size if tp is None else tp.shard.vocab_per_rank
             self.lm_head = Linear(config.hidden_size, vocab, False, dtype, device)
-        else:  # the embedding is the LM head's weight (a Linear reserves its own)
-            reserve_linear_workspace(self.embed_tokens.weight)
         # float32 [max_position, head_dim]: cos | sin, built once (a buffer, not a parameter)
         inv_freq = rope_inv_freq(config).to(self.device)
         self.register_buffer("cos_sin_cache",

@@ -1,23 +1,14 @@
-"""Linear layers: cuBLAS (`F.linear`) by default; on CUDA the small-batch GEMVs
-(`slipstream.ops.triton_gemv`): one row on the streaming FMA kernels (the whole-tile kernel,
-or the streaming one for weights over 16 MiB), 2..`GemvConfig.max_rows_mma` rows (8) of a
-bf16 / f16 weight on the tensor-core GEMV (`gemv_mma`, ops/triton_fp8_gemv_mma.py: the weight
-streamed once through `tl.dot` against the rows padded to a power of two, split-K to fill the
-SMs); the batch-invariant Triton GEMM on request.  `linear_add_` adds a linear's output into a
-residual stream in place (cuBLAS beta = 1, or the GEMVs' residual input: rounded once).
+"""Linear layers: cuBLAS (`F.linear`) by default; on CUDA the small-batch GEMV
+(`slipstream.ops.triton_gemv`) for one row (its streaming kernel for weights over 16 MiB); the batch-invariant
+Triton GEMM on request.  `linear_add_` adds a linear's output into a residual stream in
+place (cuBLAS beta = 1, or the GEMV's residual input).
 
-At one to max_rows_mma rows the GEMVs also take the work of the small kernels around two of a
-layer's products: `norm_linear` applies a folded RMSNorm's row scale (and the bias) inside the
-qkv and gate_up products, `silu_mul_linear_add_` computes SiLU·mul while loading the down
+At one row the GEMV also takes the work of the small kernels around two of a layer's
+products: `norm_linear` applies a folded RMSNorm's row scale (and the bias) inside the qkv
+and gate_up products, `silu_mul_linear_add_` computes SiLU·mul while loading the down
 product's input. Elsewhere the kernel after the product does it (`ops/fused.py`).
 
-The tensor-core GEMV's split-K workspace is allocated when a layer is built
-(`reserve_linear_workspace`), never inside a CUDA graph capture; its launches depend on shapes
-only, and it is deterministic for a given row count (not batch-invariant: the verify step's
-k + 1 rows a request, or a decode batch of 2-8, take it where cuBLAS took them).
-
-`SLIPSTREAM_GEMV=0` in the environment keeps every product on cuBLAS (A/B runs);
-`SLIPSTREAM_GEMV_MMA_ROWS=N` sets the tensor-core GEMV's largest row count (0: off).
+`SLIPSTREAM_GEMV=0` in the environment keeps every product on cuBLAS (A/B runs).
 
 `batch_invariant=True` (the engine's `--batch-invariant`) makes every row's result
 independent of the batch it is computed in (`slipstream.ops.triton_gemm`); on the CPU the
@@ -39,14 +30,6 @@ def _small_batch(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     from slipstream.ops.triton_gemv import gemv_applies
     return gemv_applies(x, weight)
-
-
-def reserve_linear_workspace(weight: torch.Tensor) -> None:
-    """Allocate now what this weight's GEMV products can need later (the tensor-core GEMV's
-    split-K workspace): a layer calls it when it is built, outside any graph capture."""
-    if GEMV_ENABLED and weight.is_cuda:
-        from slipstream.ops.triton_gemv import reserve_gemv_mma
-        reserve_gemv_mma(weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -88,9 +71,8 @@ def linear_into_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> to
 def norm_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
                 batch_invariant: bool = False) -> tuple[torch.Tensor, bool]:
     """h W^T for a W whose RMSNorm weight is folded in (model/llama.py, "Folded norms").
-    Returns (y, finished): finished when y already holds rstd(h) * h W^T + b (the GEMVs, at
-    1..max_rows_mma rows); otherwise y = h W^T and the caller's next kernel applies rstd(h)
-    and the bias."""
+    Returns (y, finished): finished when y already holds rstd(h) * h W^T + b (the GEMV at
+    one row); otherwise y = h W^T and the caller's next kernel applies rstd(h) and the bias."""
     if not batch_invariant and _small_batch(h, weight):
         from slipstream.ops.triton_gemv import gemv
         return gemv(h, weight, bias, row_scale_eps=eps), True
@@ -100,10 +82,9 @@ def norm_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def silu_mul_linear_add_(out: torch.Tensor, gate_up: torch.Tensor, weight: torch.Tensor,
                          hidden: torch.Tensor | None = None, eps: float = 1e-6,
                          batch_invariant: bool = False) -> torch.Tensor:
-    """out += silu_and_mul(gate_up, hidden, eps) W^T, in place; returns out. Where the GEMVs
-    take the product (1..max_rows_mma rows) with gate_up already finished (hidden None) it is
-    one GEMV that computes SiLU·mul from its input; else SiLU·mul's own kernel, then
-    `linear_add_`."""
+    """out += silu_and_mul(gate_up, hidden, eps) W^T, in place; returns out. At one row with
+    gate_up already finished (hidden None) it is one GEMV that computes SiLU·mul from its
+    input; else SiLU·mul's own kernel, then `linear_add_`."""
     if hidden is None and not batch_invariant and _small_batch(gate_up, weight) and out.is_contiguous():
         from slipstream.ops.triton_gemv import gemv
         return gemv(gate_up, weight, residual=out, out=out, silu_mul=True)

@@ -12,7 +12,7 @@ of bf16's in FP8. Two kernels stream them (`Fp8GemvConfig` picks one by the numb
   byte it issues ~3.6-4.6 SASS instructions in its loop (the e4m3 -> f16 conversion, one for
   two values, the f16 -> f32 one, the FMA) against the bf16 kernel's 1.85 (two bytes a
   weight), all compiled for sm_90: the issue slots, not the bytes, can bound it.
-- `_gemv_mma_kernel` (ops/triton_fp8_gemv_mma.py; 1-16 rows): the same stream, the
+- `_fp8_gemv_mma_kernel` (ops/triton_fp8_gemv_mma.py; 1-16 rows): the same stream, the
   weight tile converted to f16 and multiplied on tensor cores, so a weight byte costs its
   half conversion and no FMA, and 16 rows cost what one does.
 
@@ -37,7 +37,7 @@ import triton.language as tl
 
 from slipstream.ops.device import sm_count
 from slipstream.ops.pdl import pdl_launch, pdl_start
-from slipstream.ops.triton_fp8_gemv_mma import gemv_mma
+from slipstream.ops.triton_fp8_gemv_mma import fp8_gemv_mma
 from slipstream.ops.triton_fused import silu_mul
 from slipstream.ops.triton_gemv import stream_columns
 from slipstream.quant.fp8 import Fp8Weight
@@ -170,10 +170,10 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
     fma_rows = cfg.fma_rows if not silu_mul or cfg.fma_rows_silu is None else cfg.fma_rows_silu
     if m > min(fma_rows, 1):
         stages = cfg.mma_stages or (3 if m <= 8 else 2)
-        gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
-                 silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=cfg.mma_block_k, stages=stages,
-                 num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sm_count(x.device),
-                 min_m_pad=cfg.mma_min_m_pad, prefetch_k=cfg.mma_prefetch_k)
+        fp8_gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
+                     silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=cfg.mma_block_k, stages=stages,
+                     num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sm_count(x.device),
+                     min_m_pad=cfg.mma_min_m_pad, prefetch_k=cfg.mma_prefetch_k)
         return out
     qw = w.qweight
     # columns a program as the bf16 kernel picks them for this shape: each program re-reads

@@ -1,17 +1,5 @@
 """Small-batch linear layers with FP8 weights on tensor cores: y[M, N] = (x * gamma)[M, K] @
-(q * scale)[N, K]^T for M <= 16 rows, weight-only (the activations are not quantized); and
-the same weight stream for bf16 / f16 weights (`FP8` off, below).
-
-bf16 / f16 weights (`gemv_mma` with a plain tensor; ops/triton_gemv.py sends it 2 to
-`GemvConfig.max_rows_mma` rows): the same kernel without the conversion, the input split
-and the scales. Weight tile and input rows share a dtype and go into the dot as they are
-(mma.sync m16n8k16 bf16, the weight's tile from shared memory by ldmatrix), their products
-exact in the fp32 accumulator; split-K, the epilogues and the workspace are the FP8 path's.
-cuBLAS reads such few-row products' weights well below the bandwidth (the verify step's
-k + 1 rows a request, a decode batch of 2-8), the one-row kernels' fp32 FMAs broadcast over
-more rows lose to it from two rows (benchmarks/notes/kernel-notes.md, "Small-batch GEMV").
-Its tiles (`triton_gemv.native_mma_shape`): 128 x 128 bf16 a K tile (32 KB, the FP8 tile's
-bytes), 128 weight rows a program, fewer (to 32) where 8 slices of K would not fill the SMs.
+(q * scale)[N, K]^T for M <= 16 rows, weight-only (the activations are not quantized).
 
 Why tensor cores for a weight stream: the FMA kernel (ops/triton_fp8_gemv.py) spends per
 weight an e4m3 -> f16 conversion (one instruction for two values), an f16 -> f32 conversion
@@ -53,7 +41,7 @@ and runs the epilogue; it resets the ticket for the next launch (CUDA-graph safe
 The epilogues are the bf16 GEMV's: rstd of each input row (`row_scale_eps`, from x itself,
 before gamma), SiLU·mul of [gate | up] as the input, the bias and the residual in fp32 before
 the one rounding. The first weight tile loads before the PDL wait (no kernel writes weights),
-and with `prefetch_k` the next FP8 columns are asked into L2 there too (off by default); the
+and with `prefetch_k` the next weight columns are asked into L2 there too (off by default); the
 workspace and ticket are touched only after it, so a launch never overlaps the previous
 one's use of them. The reference is `ops.fp8_linear.fp8_linear_ref`.
 """
@@ -67,7 +55,6 @@ import triton
 import triton.language as tl
 from triton.compiler.errors import CompilationError
 
-from slipstream.ops.device import dot_flags
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_f16_split import (
     prepass_steps,
@@ -84,27 +71,22 @@ logger = logging.getLogger(__name__)
 
 @triton.jit
 def _input_tile(x_ptr, g_ptr, offs_m, kk, mmask, kmask, stride_xm, K: tl.constexpr, M_PAD: tl.constexpr,
-                SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr, scale, FP8: tl.constexpr):
-    """The B operand of one K tile, kk [WARPS, K_SLICE] its columns of K: for an FP8 weight
-    [WARPS, K_SLICE, 2 x M_PAD] f16, hi of each row of x * gamma * scale (the row's power of
-    two, [M_PAD]) then lo of each (ops/triton_f16_split.py); for a native
-    one x itself, [WARPS, K_SLICE, M_PAD] in its dtype (the weight's); and x^2 (fp32, [WARPS,
-    K_SLICE, M_PAD]) for the row scale. x is silu(gate) * up rounded to the input dtype when
-    SILU_MUL."""
+                SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr, scale):
+    """The B operand of one K tile, kk [WARPS, K_SLICE] its columns of K: [WARPS, K_SLICE,
+    2 x M_PAD] f16, hi of each row of x * gamma * scale (the row's power of two, [M_PAD]) then
+    lo of each (ops/triton_f16_split.py); and x^2 (fp32, [WARPS, K_SLICE, M_PAD]) for the row
+    scale. x is silu(gate) * up rounded to the input dtype when SILU_MUL."""
     ptrs = x_ptr + offs_m[None, None, :] * stride_xm + kk[:, :, None]
     mask = kmask[:, :, None] & mmask[None, None, :]
     x = tl.load(ptrs, mask=mask, other=0.0)
     if SILU_MUL:
         x = silu_mul(x, tl.load(ptrs + K, mask=mask, other=0.0)).to(x.dtype)
     xf = x.to(tl.float32)
-    if FP8:
-        v = xf
-        if HAS_GAMMA:
-            v = xf * tl.load(g_ptr + kk, mask=kmask, other=0.0)[:, :, None]
-        hi, lo = split_f16(v, scale[None, None, :])
-        b = tl.reshape(tl.permute(tl.join(hi, lo), (0, 1, 3, 2)), (hi.shape[0], hi.shape[1], 2 * M_PAD))
-    else:  # bf16 x bf16 (f16 x f16) products are exact in the fp32 accumulator
-        b = x
+    v = xf
+    if HAS_GAMMA:
+        v = xf * tl.load(g_ptr + kk, mask=kmask, other=0.0)[:, :, None]
+    hi, lo = split_f16(v, scale[None, None, :])
+    b = tl.reshape(tl.permute(tl.join(hi, lo), (0, 1, 3, 2)), (hi.shape[0], hi.shape[1], 2 * M_PAD))
     return b, xf * xf
 
 
@@ -112,21 +94,16 @@ def _input_tile(x_ptr, g_ptr, offs_m, kk, mmask, kmask, stride_xm, K: tl.constex
 def _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm, stride_sn,
           w_pre, scale, PRELOADED: tl.constexpr, K: tl.constexpr, K_SLICE: tl.constexpr, M_PAD: tl.constexpr,
           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BN_S: tl.constexpr,
-          BLOCK_SCALES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr, FP8: tl.constexpr,
-          UPCAST: tl.constexpr):
-    """acc [WARPS, BLOCK_N, 2 M_PAD] (FP8) or [WARPS, BLOCK_N, M_PAD] and sq after the K tile at k."""
+          BLOCK_SCALES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
+    """acc [WARPS, BLOCK_N, 2 M_PAD] and sq after the K tile at k."""
     kmask = (kk + k) < K
     if PRELOADED:
         w = w_pre
     else:
         w = _weight_tile(w_ptrs + k, nmask, kmask, EVEN_K, EVEN_N)
     b, x2 = _input_tile(x_ptr, g_ptr, offs_m, kk + k, mmask, kmask, stride_xm, K, M_PAD, SILU_MUL, HAS_GAMMA,
-                        scale, FP8)
-    if FP8:
-        w = w.to(tl.float16)
-    elif UPCAST:  # Triton's interpreter would multiply bf16's raw bits (ops/device.py `dot_flags`)
-        w = w.to(tl.float32)
-        b = b.to(tl.float32)
+                        scale)
+    w = w.to(tl.float16)  # exact: e4m3 is a subset of f16
     if BLOCK_SCALES:  # a slice is one scale block: its own dot, times the block's scales
         kb = (k // K_SLICE) + tl.arange(0, acc.shape[0])
         s = tl.load(s_ptr + (offs_n // BN_S)[None, :] * stride_sn + kb[:, None],
@@ -139,23 +116,22 @@ def _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mm
 
 @triton.jit
 def _weight_tile(ptrs, nmask, kmask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
-    """[WARPS, BLOCK_N, K_SLICE] of the weight, unmasked where the shapes allow (no select a value)."""
+    """[WARPS, BLOCK_N, K_SLICE] e4m3, unmasked where the shapes allow (no select a byte)."""
     if EVEN_K and EVEN_N:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=nmask[None, :, None] & kmask[:, None, :], other=0.0)
 
 
 @triton.jit
-def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, sqws_ptr, ticket_ptr,
-                     M, N, eps, k_per_split, stride_xm, stride_wn, stride_sn, stride_rm, stride_om,
-                     K: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, K_SLICE: tl.constexpr,
-                     WARPS: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-                     EVEN_N: tl.constexpr, BN_S: tl.constexpr,
-                     BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
-                     FP8: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr, PRE_K: tl.constexpr = 16,
-                     PRE_GROUPS: tl.constexpr = 1, PRE_UNROLL: tl.constexpr = 1,
-                     PREFETCH_K: tl.constexpr = 0):
+def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, sqws_ptr, ticket_ptr,
+                         M, N, eps, k_per_split, stride_xm, stride_wn, stride_sn, stride_rm, stride_om,
+                         K: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, K_SLICE: tl.constexpr,
+                         WARPS: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+                         EVEN_N: tl.constexpr, BN_S: tl.constexpr,
+                         BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
+                         USE_PDL: tl.constexpr, PRE_K: tl.constexpr = 16, PRE_GROUPS: tl.constexpr = 1,
+                         PRE_UNROLL: tl.constexpr = 1, PREFETCH_K: tl.constexpr = 0):
     BLOCK_K: tl.constexpr = WARPS * K_SLICE
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -168,34 +144,27 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, 
     k0 = split * k_per_split
     k_end = tl.minimum(k0 + k_per_split, K)
     w0 = _weight_tile(w_ptrs + k0, nmask, (kk + k0) < K, EVEN_K, EVEN_N)
-    if PREFETCH_K > 0:  # FP8 only: the next PREFETCH_K columns (one byte each) of the program's rows
+    if PREFETCH_K > 0:  # the next PREFETCH_K columns (one byte each) of the program's rows
         # asked into L2 before the wait, so that the stream goes on while the previous kernel
         # ends and the input's range pass runs (weights are written by no kernel of a step)
         lines = k0 + BLOCK_K + tl.arange(0, PREFETCH_K // 128) * 128
         _prefetch_l2(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + lines[None, :],
                      nmask[:, None] & (lines < k_end)[None, :], w_ptr)
     pdl_start(USE_PDL)
-    if FP8:  # hi and lo of every row, scaled by a power of two from the row's largest value
-        scale, inverse = row_scales(row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K, PRE_K,
-                                             PRE_GROUPS, PRE_UNROLL, SILU_MUL, HAS_GAMMA))
-        acc = tl.zeros([WARPS, BLOCK_N, 2 * M_PAD], tl.float32)
-    else:
-        scale = tl.full([M_PAD], 1.0, tl.float32)
-        inverse = scale
-        acc = tl.zeros([WARPS, BLOCK_N, M_PAD], tl.float32)
+    # hi and lo of every row, scaled by a power of two from the row's largest value
+    scale, inverse = row_scales(row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K, PRE_K,
+                                         PRE_GROUPS, PRE_UNROLL, SILU_MUL, HAS_GAMMA))
+    acc = tl.zeros([WARPS, BLOCK_N, 2 * M_PAD], tl.float32)
     sq = tl.zeros([WARPS, K_SLICE, M_PAD], tl.float32)
     acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k0, nmask, mmask, stride_xm,
-                    stride_sn, w0, scale, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL, HAS_GAMMA,
-                    FP8, UPCAST)
+                    stride_sn, w0, scale, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
+                    HAS_GAMMA)
     for k in tl.range(k0 + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
         acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm,
                         stride_sn, w0, scale, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
-                        HAS_GAMMA, FP8, UPCAST)
-    if FP8:
-        hi, lo = tl.split(tl.permute(tl.reshape(tl.sum(acc, axis=0), (BLOCK_N, 2, M_PAD)), (0, 2, 1)))
-        y = (hi + lo) * inverse[None, :]  # [BLOCK_N, M_PAD]: the slice's sums, unscaled
-    else:
-        y = tl.sum(acc, axis=0)
+                        HAS_GAMMA)
+    hi, lo = tl.split(tl.permute(tl.reshape(tl.sum(acc, axis=0), (BLOCK_N, 2, M_PAD)), (0, 2, 1)))
+    y = (hi + lo) * inverse[None, :]  # [BLOCK_N, M_PAD]: the slice's sums, unscaled
     sq_m = tl.sum(tl.sum(sq, axis=0), axis=0)  # [M_PAD]
     if SPLIT > 1:
         # this slice's partial sums out; the last program of the row block adds them all
@@ -215,19 +184,19 @@ def _gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, 
                 if ROW_SCALE:
                     sq_m += tl.load(sqws_ptr + (pid * SPLIT + s) * M_PAD + offs_m, cache_modifier=".cg")
             _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm,
-                      stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE, FP8)
+                      stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
             tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # for the next launch
     else:
         _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm,
-                  stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE, FP8)
+                  stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
 
 
 @triton.jit
 def _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm, stride_om,
               K: tl.constexpr, BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-              ROW_SCALE: tl.constexpr, FP8: tl.constexpr):
-    """Scale (FP8), row scale, bias, residual, the one rounding: y [BLOCK_N, M_PAD] fp32."""
-    if FP8 and not BLOCK_SCALES:
+              ROW_SCALE: tl.constexpr):
+    """Scale, row scale, bias, residual, the one rounding: y [BLOCK_N, M_PAD] fp32."""
+    if not BLOCK_SCALES:
         y = y * tl.load(s_ptr + offs_n, mask=nmask, other=0.0)[:, None]
     if ROW_SCALE:
         y = y * tl.rsqrt(sq_m / K + eps)[None, :]
@@ -296,7 +265,7 @@ def _grow(device: torch.device, partials: int, squares: int, tickets: int) -> _W
             and ws.tickets.numel() >= tickets:
         return ws
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("gemv_mma: its split-K workspace would first be allocated inside a CUDA graph "
+        raise RuntimeError("fp8_gemv: its split-K workspace would first be allocated inside a CUDA graph "
                            "capture (reserve_mma_workspace at model load reserves it)")
     old = ws or _Workspace(*(torch.empty(0, device=device) for _ in range(3)))
     ws = _Workspace(torch.empty(max(partials, old.partials.numel()), dtype=torch.float32, device=device),
@@ -313,34 +282,33 @@ def _workspace(device: torch.device, n: int, row_blocks: int, split: int, m_pad:
             ws.squares[:row_blocks * split * m_pad].view(row_blocks, split, m_pad), ws.tickets[:row_blocks])
 
 
-def gemv_mma(x2: torch.Tensor, w: Fp8Weight | torch.Tensor, bias: torch.Tensor | None, res2: torch.Tensor,
-             out2: torch.Tensor, *, has_res: bool, row_scale_eps: float | None, silu_mul: bool,
-             block_n: int | None, block_k: int, stages: int, num_warps: int, split: int | None,
-             sms: int, min_m_pad: int = 1, prefetch_k: int = 0) -> None:
-    """Launch over x2 [M, K or 2K] (M <= 16, unit stride along K) into out2 [M, N]; w an FP8
-    weight, or a bf16 / f16 one of x2's dtype (row-major). block_n: None: `mma_columns`;
-    block_k: the K tile (num_warps slices); block weights take slices of their block's width.
-    split: slices of K (None: `mma_split`). The rows are padded to a power of two, at least
-    min_m_pad (Triton pads a narrow dot's side to the MMA's 8 itself: the input's work, loads,
-    SiLU and splits, is then the real rows' only). prefetch_k: FP8 weight columns a program asks
-    into L2 before its PDL wait (a multiple of 128; 0: none; no PDL, no prefetch)."""
-    cols = 2 if isinstance(w, Fp8Weight) else 1  # the dot's columns a row: hi and lo for FP8
-    m_pad = max(triton.next_power_of_2(x2.shape[0]), min_m_pad, _NARROW_FLOOR[0] // cols)
+def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2: torch.Tensor,
+                 out2: torch.Tensor, *, has_res: bool, row_scale_eps: float | None, silu_mul: bool,
+                 block_n: int | None, block_k: int, stages: int, num_warps: int, split: int | None,
+                 sms: int, min_m_pad: int = 1, prefetch_k: int = 0) -> None:
+    """Launch over x2 [M, K or 2K] (M <= 16, unit stride along K) into out2 [M, N]. block_n:
+    None: `mma_columns`; block_k: the K tile (num_warps slices); block weights take slices of
+    their block's width. split: slices of K (None: `mma_split`). The rows are padded to a power
+    of two, at least min_m_pad (Triton pads a narrow dot's side to the MMA's 8 itself: the
+    input's work, loads, SiLU and splits, is then the real rows' only). prefetch_k: weight
+    columns a program asks into L2 before its PDL wait (a multiple of 128; 0: none; no PDL, no
+    prefetch)."""
+    m_pad = max(triton.next_power_of_2(x2.shape[0]), min_m_pad, _NARROW_FLOOR[0])
     try:
         _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
                 num_warps, split, sms, prefetch_k)
     except CompilationError:
-        if m_pad * cols >= 16:
+        if m_pad >= 8:
             raise
-        # a Triton that wants 16 columns a dot: pad the rows to 16 of them from now on (nothing
-        # ran: the launch failed while compiling)
-        _NARROW_FLOOR[0] = 16
-        logger.warning("gemv_mma: this Triton refuses dots of %d columns; they are padded to 16", cols * m_pad)
-        _launch(x2, w, bias, res2, out2, 16 // cols, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
+        # a Triton that wants 16 columns a dot: pad the rows to 8 (hi and lo: 16) from now on
+        # (nothing ran: the launch failed while compiling)
+        _NARROW_FLOOR[0] = 8
+        logger.warning("fp8_gemv: this Triton refuses dots of %d columns; rows are padded to 8", 2 * m_pad)
+        _launch(x2, w, bias, res2, out2, 8, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
                 num_warps, split, sms, prefetch_k)
 
 
-_NARROW_FLOOR = [1]  # the fewest dot columns this Triton compiles (16 once a narrower dot failed)
+_NARROW_FLOOR = [1]  # the least row padding this Triton compiles (8 once a narrower dot failed)
 
 
 @dataclass(frozen=True)
@@ -355,7 +323,7 @@ class MmaShape:
 
 def mma_shape(n: int, k: int, block_n: int | None, block_k: int, num_warps: int, block: tuple[int, int] | None,
               split: int | None, sms: int) -> MmaShape:
-    """The tiling `gemv_mma` launches for an [n, k] weight (`block`: its scale blocks, if any)."""
+    """The tiling `fp8_gemv_mma` launches for an [n, k] weight (`block`: its scale blocks, if any)."""
     block_n = block_n or mma_columns(n)
     k_slice = block[1] if block is not None else max(16, block_k // num_warps)
     tile = num_warps * k_slice
@@ -367,19 +335,9 @@ def mma_shape(n: int, k: int, block_n: int | None, block_k: int, num_warps: int,
     return MmaShape(block_n, k_slice, row_blocks, triton.cdiv(k, k_per_split), k_per_split)  # no empty slice
 
 
-def reserve_shape_workspace(device: torch.device, n: int, shape: MmaShape, m_pad: int = 16) -> None:
-    """Allocate (eagerly, outside any graph capture) the workspace of one launch shape at up
-    to m_pad rows: a bf16 layer reserves its own product's (`triton_gemv.reserve_gemv_mma`)."""
-    if shape.split > 1:
-        _grow(torch.device(device), shape.split * m_pad * n, shape.row_blocks * shape.split * m_pad,
-              shape.row_blocks)
-
-
 def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
             num_warps, split, sms, prefetch_k=0) -> None:
-    fp8 = isinstance(w, Fp8Weight)
-    # a native weight stands in for the scale and gamma pointers, which its launch never reads
-    qw, scale, gamma, block = (w.qweight, w.scale, w.gamma, w.block) if fp8 else (w, w, None, None)
+    qw, scale, gamma, block = w.qweight, w.scale, w.gamma, w.block
     m = x2.shape[0]
     n, k = qw.shape
     sh = mma_shape(n, k, block_n, block_k, num_warps, block, split, sms)
@@ -387,8 +345,8 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
     ws = _workspace(x2.device, n, sh.row_blocks, sh.split, m_pad) if sh.split > 1 else (out2, out2, out2)
     pdl = pdl_launch(x2.device)
     assert prefetch_k % 128 == 0, prefetch_k
-    pre_k, pre_groups, pre_unroll = prepass_steps(m_pad, sh.k_per_split, silu_mul) if fp8 else (16, 1, 1)
-    _gemv_mma_kernel[(sh.row_blocks, sh.split)](
+    pre_k, pre_groups, pre_unroll = prepass_steps(m_pad, sh.k_per_split, silu_mul)
+    _fp8_gemv_mma_kernel[(sh.row_blocks, sh.split)](
         x2, qw, scale, gamma if gamma is not None else scale, bias if bias is not None else scale,
         res2, out2, *ws, m, n, float(row_scale_eps or 0.0), sh.k_per_split,
         x2.stride(0), qw.stride(0), scale.stride(0), res2.stride(0), out2.stride(0),
@@ -396,6 +354,5 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
         EVEN_K=k % sh.k_per_split == 0 and sh.k_per_split % tile == 0, EVEN_N=n % sh.block_n == 0,
         BN_S=block[0] if block else 1, BLOCK_SCALES=block is not None, HAS_GAMMA=gamma is not None,
         HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
-        FP8=fp8, UPCAST=dot_flags(x2.dtype, x2.device)[1] and not fp8,
-        PRE_K=pre_k, PRE_GROUPS=pre_groups, PRE_UNROLL=pre_unroll, PREFETCH_K=prefetch_k if fp8 and pdl["USE_PDL"] else 0,
+        PRE_K=pre_k, PRE_GROUPS=pre_groups, PRE_UNROLL=pre_unroll, PREFETCH_K=prefetch_k if pdl["USE_PDL"] else 0,
         num_warps=num_warps, **pdl)

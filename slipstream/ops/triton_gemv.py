@@ -27,7 +27,6 @@ F.linear (`tests/test_gemv.py`).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -37,18 +36,7 @@ import triton.language as tl
 
 from slipstream.ops.device import sm_count
 from slipstream.ops.pdl import pdl_launch, pdl_start
-from slipstream.ops.triton_fp8_gemv_mma import MmaShape, gemv_mma, mma_columns, mma_shape, reserve_shape_workspace
 from slipstream.ops.triton_fused import silu_mul
-
-MMA_DTYPES = (torch.bfloat16, torch.float16)  # the weights (and inputs) the tensor-core GEMV takes
-MMA_MAX_ROWS = 16  # its rows are padded to a power of two, at most 16 (its workspace's bound)
-
-
-def _mma_rows_env() -> int:
-    text = os.environ.get("SLIPSTREAM_GEMV_MMA_ROWS", "8")
-    if not text.strip().isdigit() or int(text) > MMA_MAX_ROWS:
-        raise ValueError(f"SLIPSTREAM_GEMV_MMA_ROWS must be an integer from 0 to {MMA_MAX_ROWS}, got {text!r}")
-    return int(text)
 
 
 @dataclass(frozen=True)
@@ -81,25 +69,6 @@ class GemvConfig:
     # stages")
     stream_stages: int = 4
     stream_warps: int = 4
-    # 2 to this many rows take the tensor-core GEMV (`gemv_mma`: the FP8 GEMV's kernel with the
-    # weight in its own dtype, ops/triton_fp8_gemv_mma.py) where weight and input are both bf16
-    # or both f16; 0: off. cuBLAS reads a few rows' weights well below the bandwidth (the verify
-    # step's k + 1 rows: 1.20-1.22x a plain decode step on the 8B shape, H100; benchmarks/results/
-    # 2026-12-06-a46a5de-h100/README.md); 8 is a first guess, for the lead's sweep
-    # (benchmarks/bench_gemv.py --products) to settle. SLIPSTREAM_GEMV_MMA_ROWS overrides it.
-    max_rows_mma: int = dataclasses.field(default_factory=_mma_rows_env)
-    # its tiles: weight rows a program (None: `native_mma_columns`), the K tile (one slice a
-    # warp: 128 x 128 bf16 is the FP8 kernel's 32 KB a stage), stages (None: 3 up to 8 rows,
-    # 2 above), warps, slices of K (None: the fewest that give every SM a program)
-    mma_block_n: int | None = None
-    mma_block_k: int = 128
-    mma_stages: int | None = None
-    mma_warps: int = 4
-    mma_split_k: int | None = None
-
-    def __post_init__(self):
-        if not 0 <= self.max_rows_mma <= MMA_MAX_ROWS:
-            raise ValueError(f"GemvConfig.max_rows_mma must be 0..{MMA_MAX_ROWS}, got {self.max_rows_mma}")
 
 
 DEFAULT_GEMV_CONFIG = GemvConfig()
@@ -201,51 +170,12 @@ def stream_columns(n: int, weight_bytes: int, sms: int, cfg: GemvConfig = DEFAUL
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> bool:
-    """Whether `gemv` takes this product (else cuBLAS): one row (a small weight, or any
-    streamed), or 2..max_rows_mma rows of a bf16 / f16 weight (the tensor-core GEMV)."""
+    """Whether `gemv` takes this product (else cuBLAS): few rows, a small weight."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if takes_mma(rows, x.dtype, weight, cfg):
-        return True
     wbytes = weight.numel() * weight.element_size()
     # the streaming kernel takes any K (a loop over it); the whole tile at most max_k
     return (0 < rows <= cfg.max_rows and (streams(rows, wbytes, cfg) or weight.shape[1] <= cfg.max_k)
             and weight.stride(1) == 1 and wbytes <= cfg.max_weight_bytes)
-
-
-def takes_mma(rows: int, x_dtype: torch.dtype, weight: torch.Tensor, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> bool:
-    """Whether `gemv` runs this product on the tensor-core GEMV: 2..max_rows_mma rows, input and
-    weight of one MMA dtype, the weight row-major (one row keeps the streaming kernels, whose
-    fp32 FMAs beat an MMA padded to 8 rows for a single one)."""
-    return (2 <= rows <= cfg.max_rows_mma and weight.dtype == x_dtype and weight.dtype in MMA_DTYPES
-            and weight.dim() == 2 and weight.stride(1) == 1)
-
-
-def native_mma_columns(n: int, k: int, sms: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> int:
-    """Weight rows a program of the tensor-core GEMV: the FP8 kernel's `mma_columns` (128), halved
-    (down to 32) while even 8 slices of K would leave SMs without a program: a bf16 weight has no
-    conversion to amortise over the rows, only the input tile's reload, so a small weight (the
-    0.6B shape's o and down: 8 row blocks of 128) wants the programs more."""
-    if cfg.mma_block_n is not None:
-        return cfg.mma_block_n
-    block = mma_columns(n)
-    k_tiles = triton.cdiv(k, cfg.mma_block_k)
-    while block > 32 and triton.cdiv(n, block) * min(8, k_tiles) < sms:
-        block //= 2
-    return block
-
-
-def native_mma_shape(n: int, k: int, sms: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> MmaShape:
-    """The tiling `gemv` launches the tensor-core GEMV with for an [n, k] weight."""
-    return mma_shape(n, k, native_mma_columns(n, k, sms, cfg), cfg.mma_block_k, cfg.mma_warps, None,
-                     cfg.mma_split_k, sms)
-
-
-def reserve_gemv_mma(weight: torch.Tensor, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> None:
-    """Allocate the split-K workspace this weight's tensor-core products can need (16 padded
-    rows), now: the model calls it at load, so that no CUDA graph capture allocates it."""
-    if weight.device.type == "cuda" and cfg.max_rows_mma >= 2 and weight.dtype in MMA_DTYPES:
-        n, k = weight.shape
-        reserve_shape_workspace(weight.device, n, native_mma_shape(n, k, sm_count(weight.device), cfg))
 
 
 def streams(rows: int, weight_bytes: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> bool:
@@ -288,12 +218,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         out = torch.empty((*lead, n), dtype=x.dtype, device=x.device)
     out2 = out.view(-1, n)
     res2 = residual.view(-1, n) if residual is not None else out2
-    if takes_mma(m, x.dtype, weight, cfg):
-        gemv_mma(x2, weight, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
-                 silu_mul=silu_mul, block_n=native_mma_columns(n, k, sm_count(x.device), cfg),
-                 block_k=cfg.mma_block_k, stages=cfg.mma_stages or (3 if m <= 8 else 2), num_warps=cfg.mma_warps,
-                 split=cfg.mma_split_k, sms=sm_count(x.device))
-        return out
     wbytes = weight.numel() * weight.element_size()
     if streams(m, wbytes, cfg):
         block_n = stream_columns(n, wbytes, sm_count(x.device), cfg)
