@@ -22,11 +22,9 @@ class StepLoop:
     Structured outputs: a batch with constrained rows launches its forward only.  Its token
     bitmask needs the tokens of every older batch, so its fill starts (`_sample_deferred`)
     once it is the only batch in flight: right after its launch in sync mode, after batch N
-    was processed in async mode, and its sampling is queued once the bitmask is complete
-    (`_finish_deferred`).  Where the matchers fill their rows on a thread (the fill thread
-    of sched/structured_outputs.py) this one schedules N+2 meanwhile, and the sampling of
-    N+1 is queued before N+2 is launched, or before any wait.  Batches without constrained
-    rows take the usual path."""
+    was processed in async mode.  The matchers fill their rows on a background thread while
+    this one schedules N+2; the sampling of N+1 is queued (`_finish_deferred`) before N+2
+    is launched, or before any wait.  Batches without constrained rows take the usual path."""
 
     def __init__(self, scheduler: Scheduler, runner: Executor, depth: int,
                  timeline: Timeline | None = None) -> None:
@@ -100,8 +98,6 @@ class StepLoop:
         fill = self.scheduler.structured_outputs.start_fill(launched.batch.sampled, bitmask,
                                                             launched.batch.suppress)
         self.filling = (launched, fill, t0, time.perf_counter())
-        if not fill.on_thread:  # filled already: its sampling goes now, before N+2 is scheduled
-            self._finish_deferred()
 
     def _finish_deferred(self) -> None:
         """Once its bitmask is complete, queue the filling batch's sampling (the runner

@@ -62,11 +62,6 @@ class BitmaskFill:
                  suppress: list[tuple[int, Sequence[int], bool]]) -> None:
         self._owner, self._job, self._bitmask, self._suppress = owner, job, bitmask, suppress
 
-    @property
-    def on_thread(self) -> bool:
-        """The matchers' rows are being filled on the fill thread."""
-        return self._job is not None
-
     def wait(self) -> None:
         """Blocks until the matchers' rows are written, then applies the min_tokens suppression."""
         start = time.perf_counter()
