@@ -68,20 +68,6 @@ def test_async_equals_sync_with_constrained_and_free_rows(tokenized_tiny, temper
     assert sum(reason == "stop" for _, reason in results[True][:5]) >= 3  # grammars do end requests
 
 
-def test_the_fill_thread_gives_the_same_tokens(tokenized_tiny, monkeypatch):
-    """SLIPSTREAM_GRAMMAR_FILL_THREAD=1: the bitmask filled on a thread while the loop
-    schedules, async, equals the in-line fill in the synchronous loop, sampled rows included;
-    the interpreter's switch interval is back to what it was after the run."""
-    import sys
-    interval = sys.getswitchinterval()
-    reference, _ = run(LLM(tokenized_tiny, async_scheduling=False, **COMMON), 0.8)
-    monkeypatch.setenv("SLIPSTREAM_GRAMMAR_FILL_THREAD", "1")
-    llm = LLM(tokenized_tiny, async_scheduling=True, **COMMON)
-    assert llm.engine.scheduler.structured_outputs.fill_thread
-    assert run(llm, 0.8)[0] == reference
-    assert sys.getswitchinterval() == interval
-
-
 @pytest.mark.parametrize("max_tokens", [20, 40])  # the quick tier runs the shorter requests
 @pytest.mark.quick_sample(1)
 def test_preemption_mid_constrained_request_changes_nothing(tokenized_tiny, max_tokens):

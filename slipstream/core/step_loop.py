@@ -20,11 +20,10 @@ class StepLoop:
     launched batches: a batch enters it once the runner's launch returned.
 
     Structured outputs: a batch with constrained rows launches its forward only.  Its token
-    bitmask needs the tokens of every older batch, so its fill starts (`_sample_deferred`)
-    once it is the only batch in flight: right after its launch in sync mode, after batch N
-    was processed in async mode.  The matchers fill their rows on a background thread while
-    this one schedules N+2; the sampling of N+1 is queued (`_finish_deferred`) before N+2
-    is launched, or before any wait.  Batches without constrained rows take the usual path."""
+    bitmask needs the tokens of every older batch, so its sampling is queued
+    (`_sample_deferred`) once it is the only batch in flight: right after its launch in sync
+    mode, after batch N was processed in async mode (before N+2 is scheduled).  Batches
+    without constrained rows take the usual path."""
 
     def __init__(self, scheduler: Scheduler, runner: Executor, depth: int,
                  timeline: Timeline | None = None) -> None:
@@ -36,7 +35,6 @@ class StepLoop:
         self.num_batches = 0
         self.stuck = False  # the last step could place no request and had nothing in flight
         self.deferred = None  # the launched batch whose sampling waits for its token bitmask
-        self.filling = None  # (launched batch, its BitmaskFill, start time): sampling not queued yet
 
     def step(self) -> list[Request]:
         """One turn; returns the requests that got tokens (or prompt logprobs) or ended."""
@@ -44,9 +42,7 @@ class StepLoop:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         t1 = time.perf_counter()
-        self._finish_deferred()
         if batch is not None:
-            t2 = time.perf_counter()
             launched = self.runner.launch(batch)
             self.in_flight.launched(batch.batch_id, launched, batch.blocks)
             self.num_batches += 1
@@ -55,7 +51,7 @@ class StepLoop:
             if tl:
                 tl.batch(batch)
                 tl.cpu("schedule", t0, t1, batch.batch_id)
-                tl.cpu("launch", t2, time.perf_counter(), batch.batch_id)
+                tl.cpu("launch", t1, time.perf_counter(), batch.batch_id)
             self._sample_deferred()
         self.stuck = batch is None and not self.in_flight and self.scheduler.has_unfinished()
         if self.scheduler.drafting:
@@ -72,7 +68,6 @@ class StepLoop:
     def _complete_oldest(self) -> list[Request]:
         """Block on the oldest batch in flight and hand its tokens to the scheduler."""
         tl = self.timeline
-        self._finish_deferred()
         done = self.in_flight.oldest()
         t2 = time.perf_counter()
         result = self.runner.wait(done)
@@ -88,27 +83,15 @@ class StepLoop:
         return touched
 
     def _sample_deferred(self) -> None:
-        """Start filling the deferred batch's token bitmask once the tokens of every older
-        batch are in (the scheduler's matchers write the runner's pinned bitmask)."""
+        """Queue the deferred batch's sampling once the tokens of every older batch are in:
+        the scheduler's matchers fill its token bitmask, the runner uploads it and samples."""
         if self.deferred is None or len(self.in_flight) != 1:
             return
         launched, self.deferred = self.deferred, None
         t0 = time.perf_counter()
         bitmask = self.runner.token_bitmask(launched)
-        fill = self.scheduler.structured_outputs.start_fill(launched.batch.sampled, bitmask,
-                                                            launched.batch.suppress)
-        self.filling = (launched, fill, t0, time.perf_counter())
-
-    def _finish_deferred(self) -> None:
-        """Once its bitmask is complete, queue the filling batch's sampling (the runner
-        uploads the bitmask and samples)."""
-        if self.filling is None:
-            return
-        launched, fill, t0, t1 = self.filling
-        self.filling = None
-        t2 = time.perf_counter()
-        fill.wait()
+        self.scheduler.structured_outputs.fill_token_bitmask(launched.batch.sampled, bitmask,
+                                                             launched.batch.suppress)
         self.runner.finish_launch(launched)
-        if self.timeline:  # the loop's own time on it: the fill's start, then its wait and launch
-            self.timeline.cpu("grammar", t0, t1, launched.batch.batch_id)
-            self.timeline.cpu("grammar", t2, time.perf_counter(), launched.batch.batch_id)
+        if self.timeline:
+            self.timeline.cpu("grammar", t0, time.perf_counter(), launched.batch.batch_id)

@@ -18,11 +18,8 @@ each request; a request is ready once its grammar compiled here and its worker i
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -30,14 +27,12 @@ import torch
 from slipstream.sampling.grammar.backend import GrammarBackend
 from slipstream.sampling.grammar.bitmask import fill_all_allowed, forbid_tokens
 from slipstream.sampling.grammar.compiler import GrammarCompiler
-from slipstream.sampling.grammar.matcher import start_fill_bitmasks
+from slipstream.sampling.grammar.matcher import fill_bitmasks
 from slipstream.sampling.grammar.worker_pool import GrammarWorkerPool, GrammarWorkerSpec
 from slipstream.sched.grammar_workers import RemoteMatcher, WorkerMatchers
 from slipstream.sched.request import Request
 
-_FILL_SWITCH_INTERVAL_S = 2e-4
-
-__all__ = ["BitmaskFill", "StructuredOutputs", "StructuredOutputsStats"]
+__all__ = ["StructuredOutputs", "StructuredOutputsStats"]
 
 
 @dataclass
@@ -53,26 +48,6 @@ class StructuredOutputsStats:
     grammar_compile_seconds: float = 0.0
     grammar_cache_hits: int = 0
     grammar_cpu_seconds: float = 0.0
-
-
-class BitmaskFill:
-    """A token bitmask being filled (`StructuredOutputs.start_fill`)."""
-
-    def __init__(self, owner: "StructuredOutputs", job: Future | None, bitmask: torch.Tensor,
-                 suppress: list[tuple[int, Sequence[int], bool]]) -> None:
-        self._owner, self._job, self._bitmask, self._suppress = owner, job, bitmask, suppress
-
-    def wait(self) -> None:
-        """Blocks until the matchers' rows are written, then applies the min_tokens suppression."""
-        start = time.perf_counter()
-        if self._job is not None:
-            self._job.result()
-            self._job = None
-            sys.setswitchinterval(self._owner._switch_interval)
-        for j, stop_ids, constrained in self._suppress:
-            forbid_tokens(self._bitmask, j, stop_ids, keep_if_only=constrained)
-        self._suppress = []
-        self._owner.grammar_cpu_s += time.perf_counter() - start
 
 
 class StructuredOutputs:
@@ -94,11 +69,6 @@ class StructuredOutputs:
         self.compiling: list[Request] = []
         self.num_requests = 0
         self.grammar_cpu_s = 0.0
-        self._fill_thread: ThreadPoolExecutor | None = None
-        self._switch_interval = sys.getswitchinterval()
-        # the matchers' batch fill on a thread, overlapped with the loop's scheduling
-        # (SLIPSTREAM_GRAMMAR_FILL_THREAD=1; an A/B of the loop's two orders)
-        self.fill_thread = os.environ.get("SLIPSTREAM_GRAMMAR_FILL_THREAD", "0") == "1"
 
     def submit(self, req: Request) -> str | None:
         """Start compiling `req`'s grammar; the one-line reason when structured outputs are not
@@ -152,40 +122,19 @@ class StructuredOutputs:
         rather than on its logits.  The grammar wins over min_tokens: a constrained row whose
         grammar allows nothing but stop tokens keeps them, so the request ends "stop" instead
         of drawing from an empty distribution."""
-        self.start_fill(sampled, bitmask, suppress).wait()
-
-    def start_fill(self, sampled: list[Request], bitmask: torch.Tensor,
-                   suppress: Sequence[tuple[int, Sequence[int]]] = ()) -> "BitmaskFill":
-        """`fill_token_bitmask` in two parts. With `fill_thread` the matchers' rows are filled
-        on a background thread (in this process): the backend's batch fill releases the
-        interpreter's lock, so the caller's next work (the step loop schedules the next
-        batch) runs meanwhile. The bitmask is complete once `wait()` returned; until then
-        the matchers of `sampled` must not advance."""
         start = time.perf_counter()
         if self.workers is not None:
             rows = self.workers.fill(sampled, bitmask)
-            job = None
         else:
             rows = [j for j, req in enumerate(sampled) if req.matcher is not None and not req.finished]
-            job = None
             if rows:
-                fill = start_fill_bitmasks([sampled[j].matcher for j in rows], bitmask, rows)
-                if self.fill_thread:
-                    if self._fill_thread is None:
-                        self._fill_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-fill")
-                    # the thread needs the interpreter lock to start the fill and to return
-                    # from it: a short switch interval hands it over within 0.2 ms instead
-                    # of 5 while this thread runs Python (`BitmaskFill.wait` restores it)
-                    self._switch_interval = sys.getswitchinterval()
-                    sys.setswitchinterval(_FILL_SWITCH_INTERVAL_S)
-                    job = self._fill_thread.submit(fill)
-                else:
-                    fill()
+                fill_bitmasks([sampled[j].matcher for j in rows], bitmask, rows)
         if len(rows) < bitmask.shape[0]:
             constrained = set(rows)
             fill_all_allowed(bitmask, [j for j in range(bitmask.shape[0]) if j not in constrained])
+        for j, stop_ids in suppress:
+            forbid_tokens(bitmask, j, stop_ids, keep_if_only=sampled[j].matcher is not None)
         self.grammar_cpu_s += time.perf_counter() - start
-        return BitmaskFill(self, job, bitmask, [(j, ids, sampled[j].matcher is not None) for j, ids in suppress])
 
     def stats(self) -> StructuredOutputsStats:
         stats = StructuredOutputsStats(constrained_requests=self.num_requests,
@@ -204,7 +153,5 @@ class StructuredOutputs:
     def close(self) -> None:
         if self.workers is not None:
             self.workers.pool.close()
-        if self._fill_thread is not None:
-            self._fill_thread.shutdown()
         if self.compiler is not None:
             self.compiler.close()

@@ -9,7 +9,7 @@ the stop tokens (a terminated row is never sampled for real, but its logits stay
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ import torch
 from slipstream.sampling.grammar.backend import BackendMatcher, GrammarBackend
 from slipstream.sampling.grammar.bitmask import fill_only_allowed
 
-__all__ = ["GrammarMatcher", "accept_tokens", "fill_bitmasks", "start_fill_bitmasks"]
+__all__ = ["GrammarMatcher", "accept_tokens", "fill_bitmasks"]
 
 
 class GrammarMatcher:
@@ -79,14 +79,6 @@ def fill_bitmasks(matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor,
                   rows: Sequence[int]) -> None:
     """`matchers[i].fill_bitmask(bitmask, rows[i])` for every i, the live ones in one backend
     call (which spreads them over its threads)."""
-    start_fill_bitmasks(matchers, bitmask, rows)()
-
-
-def start_fill_bitmasks(matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor,
-                        rows: Sequence[int]) -> Callable[[], None]:
-    """`fill_bitmasks` in two parts: the terminated matchers' rows are written now; the
-    returned call writes the live ones' in one backend call, which holds the interpreter lock
-    only to start and to return (the caller may run it on another thread)."""
     if len(matchers) != len(rows):
         raise ValueError(f"fill_bitmasks needs one row per matcher, got {len(matchers)} "
                          f"matchers and {len(rows)} rows")
@@ -97,10 +89,8 @@ def start_fill_bitmasks(matchers: Sequence[GrammarMatcher], bitmask: torch.Tenso
         else:
             live.append(matcher.state)
             live_rows.append(row)
-    if not live:
-        return lambda: None
-    backend = matchers[0].backend
-    return lambda: backend.fill_bitmasks(live, bitmask, live_rows)
+    if live:
+        matchers[0].backend.fill_bitmasks(live, bitmask, live_rows)
 
 
 def accept_tokens(matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]) -> list[bool]:
