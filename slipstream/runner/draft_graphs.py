@@ -2,9 +2,9 @@
 
 Such an engine's step is the verification step plus the drafter's work (runner/draft_step.py).
 A decode-only batch (every row samples and has at most k + 1 query tokens: its last token
-and its draft slots, no prompt chunk; at least one row with draft slots) is laid out as the
-n-gram verification graphs lay theirs (runner/verify_graphs.py): padded to a decode graph's
-row count P and P x (k + 1) tokens, its attention in the verify kernel.  One graph per
+and its draft slots, no prompt chunk) is laid out as the n-gram verification graphs lay
+theirs (runner/verify_graphs.py): padded to a decode graph's row count P and P x (k + 1)
+tokens, its attention in the verify kernel.  One graph per
 (slot, P, k, sampler variant, decode split count, synthetic acceptance) then holds the
 step's whole device work, `drafting_step`: the target's forward under the drafter's
 `capture` (EAGLE-3 reads three of its hidden states), the LM head over every row's k + 1
@@ -30,8 +30,16 @@ compiling its kernels) into the engine's one graph pool and cloned for the other
 (the cloner maps these inputs too).  Without CUDA graphs on a CPU the same padded layout
 and `drafting_step` run eagerly (unless enforce_eager), so the CPU runs the code the GPU
 captures.  Other steps of such an engine stay eager (runner/draft_step.py): a prompt chunk,
-a row that does not sample, no row with draft slots, penalties, logprobs, suppressed tokens,
-prompt logprobs, penalty resets, more rows than the largest decode graph.
+a row that does not sample, penalties, logprobs, suppressed tokens, prompt logprobs, penalty
+resets, more rows than the largest decode graph.
+
+A batch whose rows have no draft slots (within 2k + 1 tokens of max_model_len a row gets
+none) takes the same layout and the same graph, each row one real token: its drafter still
+runs, and an eager step there would cost the host the whole step's launches (on a GPU, also
+the first compiles of kernels at shapes no graph ran), while a decode step's key stays the
+same as the context grows (at one row the split count is the policy's for any length), so a
+steady batch-1 decode replays one graph a slot from its second step to the context's end
+(tests/test_spec_draft_graph_keys.py).
 """
 from __future__ import annotations
 
@@ -121,8 +129,9 @@ def draft_graph_inputs(runner, slot_index: int) -> DraftGraphInputs:
 
 def drafting_route(runner, batch) -> VerifyRoute | None:
     """A padded route for a device drafter's batch, or None (it runs eagerly): the verify
-    route's pad, or without CUDA graphs on a CPU the pad a GPU's decode graphs would give."""
-    route = verify_route(runner, batch)
+    route's pad (rows without draft slots too), or without CUDA graphs on a CPU the pad a
+    GPU's decode graphs would give."""
+    route = verify_route(runner, batch, single_token_rows=True)
     if route is None:
         return None
     opts = runner.opts
@@ -147,7 +156,7 @@ def padded_drafting_shape(runner, batch, slot) -> StepShape | None:
     route = drafting_route(runner, batch)
     if route is None:
         return None
-    shape = fill_inputs(batch, slot.host, runner.block_size, route.pad, runner.max_model_len)
+    shape = fill_inputs(batch, slot.host, runner.block_size, route.pad, runner.max_model_len, verify=True)
     shape = verify_shape(runner, slot, shape, route, batch.num_seqs)
     return shape if _graphable(shape, batch) else None
 

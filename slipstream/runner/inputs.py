@@ -61,7 +61,10 @@ class StepPad:
 
 
 def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad: StepPad | None,
-                graph_max_seq_len: int) -> StepShape:
+                graph_max_seq_len: int, verify: bool = False) -> StepShape:
+    """The batch's inputs into the slot's host side, padded to `pad` (None: unpadded); its
+    shape.  `verify`: padded in the verify layout (runner/verify_graphs.py) even when every
+    row has one token (a device drafter's step without draft slots), not the decode one."""
     t = batch.table
     rows, start, n = batch.rows, batch.start, batch.num_new
     B = len(rows)
@@ -108,8 +111,8 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad: StepPad | Non
         return StepShape(T, B, S, max_query_len, batch.max_seq_len, flags, padded=False,
                          num_decode=num_decode)
     P, PT = pad.num_seqs, pad.num_tokens
-    assert B <= P and T <= PT and (max_query_len > 1 or PT == P), (B, T, pad)
-    decode = max_query_len == 1
+    decode = max_query_len == 1 and not verify
+    assert B <= P and T <= PT and (not decode or PT == P), (B, T, pad)
     pad_batch(host, T, B, S, pad, decode, t.scratch_row)
     if decode:
         _decode_order(host, P)

@@ -100,6 +100,12 @@ def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs,
     pos = d.positions[:T]
     pos += delta.index_select(0, inp.token_seq).to(pos.dtype)
     d.seq_lens[:B] += delta.to(d.seq_lens.dtype)
+    # a row whose step in flight ended its request at the context's end (this step's output
+    # is dropped) may move past the context: it stays inside, every index below in bounds
+    # (a live row never moves there: its next input is a known token)
+    L = runner.max_model_len
+    pos.clamp_(max=L - 1)
+    d.seq_lens[:B].clamp_(max=L)
     d.token_index[:S] += delta.index_select(0, inp.sample_seq).to(d.token_index.dtype)
     bs = runner.block_size
     p = pos.long()

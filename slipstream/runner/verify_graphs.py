@@ -44,13 +44,17 @@ class VerifyRoute:
     q_len: int
 
 
-def verify_route(runner, batch) -> VerifyRoute | None:
+def verify_route(runner, batch, single_token_rows: bool = False) -> VerifyRoute | None:
     """The verify-kernel route of a batch with drafts, or None (a prompt chunk or a row that
-    does not sample is in it, or no row has more than one token: the mixed step's kernels)."""
+    does not sample is in it, or no row has more than one token: the mixed step's kernels).
+    `single_token_rows`: a batch whose every row has one token takes it too (a device
+    drafter's decode step with no draft slots, near the end of the context: its drafter runs
+    every step, and the drafting graph already captured for the k + 1 layout serves it)."""
     spec = batch.spec
     q_len = spec.k + 1
     n = np.asarray(batch.num_new)
-    if batch.num_seqs != len(batch.sampled) or n.size == 0 or n.max() > q_len or n.max() <= 1:
+    if (batch.num_seqs != len(batch.sampled) or n.size == 0 or n.max() > q_len
+            or (n.max() <= 1 and not single_token_rows)):
         return None
     if not np.array_equal(np.asarray(batch.sample_seq), np.arange(batch.num_seqs)):
         return None
