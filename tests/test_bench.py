@@ -249,3 +249,28 @@ def test_an_unmeasured_run_takes_its_own_gpus_recorded_ceilings():
     assert recorded_ceilings("NVIDIA A100-SXM4-80GB")[0] == "H200"  # no record: the H200's, said so
     line = ceilings_line(*recorded_ceilings("NVIDIA H100 80GB HBM3")[1:], measured=False, gpu="H100")
     assert "the H100's recorded ones" in line and "copy 3.01 TB/s" in line
+
+
+def test_a_failed_request_fails_the_run_with_its_error():
+    """A request that ends in "error" (a grammar backend that cannot start, ...) stops the
+    benchmark with one line naming it, instead of a run that measured nothing."""
+    from slipstream.bench.throughput import run_until_done
+
+    class Engine:
+        def __init__(self):
+            self.steps = [[SimpleNamespace(request_id="0", new_token_ids=[5], finish_reason=None, error=None)],
+                          [SimpleNamespace(request_id="1", new_token_ids=[], finish_reason="error",
+                                           error="structured outputs are unavailable: no backend"),
+                           SimpleNamespace(request_id="0", new_token_ids=[6], finish_reason="length", error=None)]]
+
+        def has_work(self):
+            return bool(self.steps)
+
+        def step(self):
+            return self.steps.pop(0)
+
+    with pytest.raises(ValueError, match="1 requests failed; the first, '1': structured outputs are unavailable"):
+        run_until_done(Engine())
+    ok = Engine()
+    ok.steps[1].pop(0)
+    assert run_until_done(ok) == {"0": [5, 6]}

@@ -294,11 +294,19 @@ def add_prompt(engine, request_id: str, prompt_token_ids, params) -> None:
 
 
 def run_until_done(engine) -> dict[str, list[int]]:
-    """Step an `EngineCore` until every request ended; each request's output token ids."""
+    """Step an `EngineCore` until every request ended; each request's output token ids.
+    A request that failed (a grammar backend that cannot start, ...) fails the run, naming
+    the first one's error: a benchmark of requests that did not run measures nothing."""
     tokens: dict[str, list[int]] = {}
+    failed: list[tuple[str, str]] = []
     while engine.has_work():
         for out in engine.step():
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finish_reason == "error":
+                failed.append((out.request_id, out.error or "no reason given"))
+    if failed:
+        request_id, error = failed[0]
+        raise ValueError(f"{len(failed)} requests failed; the first, {request_id!r}: {error}")
     return tokens
 
 
