@@ -21,7 +21,8 @@ compute stream before the replay and writes the slot's inputs and these buffers.
 
 A graph is captured at its key's second use (the first runs eagerly and compiles the verify
 kernel and the sampler's variants) and cloned for the second slot as the step graphs are, the
-cloner mapping the slots' verify buffers (SpecBuffers, VerifyInputs) too.
+cloner mapping the slots' verify buffers (SpecBuffers, VerifyInputs) too; one eager run a
+key on either slot compiles its kernels, so the other slot's first use captures (or clones).
 Penalties, logprobs, a drafter's probabilities (draft model, EAGLE-3), suppressed tokens,
 prompt logprobs and penalty resets run the same layout eagerly.
 """
@@ -168,11 +169,14 @@ class VerifyGraphs:
             return False
         key = self.key(slot.index, shape, synthetic_accept)
         if key not in self.graphs:
-            if key not in self.seen:
+            other_key = (1 - key[0],) + key[1:]
+            other = self.graphs.get(other_key)
+            # one eager run of the step a key, on either slot, compiles its kernels: the
+            # other slot captures (or copies) its graph at its own first use
+            if key not in self.seen and other_key not in self.seen and other is None:
                 self.seen.add(key)
                 return False
             start = time.perf_counter()
-            other = self.graphs.get((1 - key[0],) + key[1:])
             graph = self._clone(runner, other, spec_bufs, extra) if other is not None and spec_bufs else None
             if graph is None:
                 graph = self.steps.capture_work(runner, work, keep=self.steps.cloner is not None)
