@@ -89,18 +89,41 @@ def test_step_floor_of_a_model_with_sliding_layers_counts_their_window():
 
 def test_step_breakdown_groups_steps_and_counts_idle_time():
     batches = [BatchStats(0, 100, 4, 100, 0.0),  # a prefill chunk
-               BatchStats(1, 4, 4, 400, 0.0), BatchStats(2, 200, 200, 9000, 0.0)]
+               BatchStats(1, 4, 4, 400, 0.0), BatchStats(2, 200, 200, 9000, 0.0),
+               BatchStats(3, 20, 4, 400, 0.0, verify=True)]  # 4 rows of 5 tokens (k = 4)
     spans = [Span("compute", "compute", 0.0, 1.0, 0), Span("compute", "compute", 1.5, 2.0, 1),
              Span("compute", "compute", 2.0, 4.0, 2), Span("cpu", "schedule", 0.0, 0.2, 1),
-             Span("cpu", "wait", 0.2, 0.9, 1), Span("cpu", "process", 0.9, 1.0, 1)]
-    rows = step_breakdown(Timeline(spans, batches), [0.5, 0.25, 1.0])
+             Span("cpu", "wait", 0.2, 0.9, 1), Span("cpu", "process", 0.9, 1.0, 1),
+             Span("compute", "compute", 4.0, 4.5, 3)]
+    rows = step_breakdown(Timeline(spans, batches), [0.5, 0.25, 1.0, 0.25])
     by = {r["group"]: r for r in rows}
-    assert set(by) == {"with prefill", "decode 1-16", "decode 129-256"}
+    assert set(by) == {"with prefill", "decode 1-16", "decode 129-256", "verify 1-16"}
+    assert by["verify 1-16"]["steps"] == 1 and by["verify 1-16"]["gpu_s"] == pytest.approx(0.5)
     assert by["with prefill"]["gpu_s"] == pytest.approx(1.0) and by["with prefill"]["gpu_over_floor"] == 2
     assert by["decode 1-16"]["idle_s"] == pytest.approx(0.5)  # waited from 1.0 to 1.5
     assert by["decode 129-256"]["idle_s"] == 0 and by["decode 129-256"]["floor_s"] == 1.0
     assert by["decode 1-16"]["cpu_s"] == pytest.approx(0.3) and by["with prefill"]["cpu_s"] == 0  # no waits
     assert "| decode 1-16 | 1 | 0.500 s | 0.250 s | 2.00 |" in breakdown_table(rows)
+
+
+def test_a_speculative_step_without_a_prompt_chunk_is_a_verify_step():
+    """The timeline marks a batch with drafts whose rows all sample with at most k + 1 tokens
+    (not one with a prompt chunk, nor a plain one), and the breakdown groups it by rows."""
+    def batch(i, num_new, sampled, spec):
+        n = np.array(num_new)
+        return SimpleNamespace(batch_id=i, start=np.full(len(n), 10), num_new=n, num_seqs=len(n),
+                               sampled=sampled, spec=spec)
+
+    tl = Timeline()
+    k3 = SimpleNamespace(k=3)
+    tl.batch(batch(0, [4, 1], [0, 1], k3))
+    tl.batch(batch(1, [16, 4], [1], k3))  # a prompt chunk beside a drafting row
+    tl.batch(batch(2, [16, 4], [0, 1], k3))  # a row of more than k + 1 tokens
+    tl.batch(batch(3, [1, 1], [0, 1], None))
+    assert [b.verify for b in tl.batches] == [True, False, False, False]
+    tl.spans = [Span("compute", "compute", i, i + 0.5, i) for i in range(4)]
+    groups = [r["group"] for r in step_breakdown(tl, [0.1] * 4)]
+    assert sorted(groups) == ["decode 1-16", "verify 1-16", "with prefill"]
 
 
 def _pipelined(n: int) -> Timeline:

@@ -214,11 +214,14 @@ STEP_BUCKETS = ((1, 16), (17, 64), (65, 128), (129, 256), (257, 1 << 30))
 
 
 def step_group(b) -> str:
-    """The group of batch `b` in breakdowns: "with prefill", or decode by batch size."""
-    if b.num_tokens > b.num_samples:
+    """The group of batch `b` in breakdowns: "with prefill", or decode by batch size, or a
+    speculative decoding step without a prompt chunk ("verify") by batch size."""
+    verify = getattr(b, "verify", False)
+    if b.num_tokens > b.num_samples and not verify:
         return "with prefill"
-    lo, hi = next(r for r in STEP_BUCKETS if r[0] <= b.num_tokens <= r[1])
-    return f"decode {lo}-{hi}" if hi < 1 << 30 else f"decode >={lo}"
+    lo, hi = next(r for r in STEP_BUCKETS if r[0] <= b.num_samples <= r[1])
+    kind = "verify" if verify else "decode"
+    return f"{kind} {lo}-{hi}" if hi < 1 << 30 else f"{kind} >={lo}"
 
 
 def step_breakdown(timeline: Timeline, floors: list[float]) -> list[dict]:

@@ -32,6 +32,9 @@ class BatchStats:
     # each row's cached tokens and new tokens: what a sliding-window layer reads (`windowed`)
     starts: np.ndarray | None = None
     num_new: np.ndarray | None = None
+    # a speculative decoding step without a prompt chunk: every row samples, at most k + 1
+    # tokens a row (its last token and its drafts), so more tokens than samples
+    verify: bool = False
 
     def windowed(self, window: int) -> tuple[int, float]:
         """(KV positions read, attention pairs) of a layer whose queries attend to the last
@@ -63,9 +66,12 @@ class Timeline:
 
     def batch(self, batch) -> None:
         start, n = batch.start.astype("float64"), batch.num_new.astype("float64")
+        spec = getattr(batch, "spec", None)
+        verify = (spec is not None and len(batch.sampled) == batch.num_seqs and n.size > 0
+                  and n.max() <= spec.k + 1)
         self.batches.append(BatchStats(
             batch.batch_id, int(n.sum()), len(batch.sampled), int((start + n).sum()),
-            float((n * (start + (n + 1) / 2)).sum()), batch.start.copy(), batch.num_new.copy()))
+            float((n * (start + (n + 1) / 2)).sum()), batch.start.copy(), batch.num_new.copy(), verify))
 
     def middle(self, num_batches: int) -> "Timeline":
         """The spans of `num_batches` batches from the middle of the run (small traces)."""
