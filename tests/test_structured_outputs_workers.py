@@ -192,3 +192,23 @@ def test_workers_on_the_gpu_give_the_tokens_of_in_process_matchers(tokenized_tin
         del llm
         torch.cuda.empty_cache()
     assert got[4] == got[0]
+
+
+def test_the_worker_spec_is_files_not_pickles(tokenized_tiny, tmp_path):
+    """A worker's backend inputs cross the process boundary as the tokenizer's own files and
+    JSON: the tokenizer read back has the same vocabulary and special tokens."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from slipstream.model.tokenizer import load_tokenizer
+    from slipstream.sampling.grammar.worker_pool import GrammarWorkerSpec, write_spec
+    hf = load_tokenizer(tokenized_tiny).hf
+    path = write_spec(str(tmp_path), GrammarWorkerSpec("xgrammar", hf, 512, (2, 3)), batch_threads=2)
+    spec = json.loads(open(path).read())
+    assert spec == {"backend": "xgrammar", "tokenizer": str(tmp_path / "tokenizer"), "vocab_size": 512,
+                    "stop_token_ids": [2, 3], "batch_threads": 2}
+    assert not [p for p in tmp_path.rglob("*") if p.suffix in (".pickle", ".pkl")]
+    back = AutoTokenizer.from_pretrained(spec["tokenizer"])
+    assert back.get_vocab() == hf.get_vocab()
+    assert back.all_special_ids == hf.all_special_ids

@@ -12,8 +12,8 @@ The worker exits when its pipe closes: the core closed it, or the core's process
 """
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import sys
 from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Connection
@@ -133,14 +133,16 @@ class GrammarWorkerState:
 
 
 def worker_main(conn: Connection, spec_file: str) -> None:
-    """The process's loop: the backend from `spec_file` (pickled by the core), `Ready`, then one
-    message at a time until the pipe closes."""
+    """The process's loop: the backend from `spec_file` (worker_pool.write_spec), `Ready`, then
+    one message at a time until the pipe closes."""
     encoder = msgspec.msgpack.Encoder()
     try:
-        with open(spec_file, "rb") as f:
-            backend_name, hf_tokenizer, vocab_size, stop_token_ids, batch_threads = pickle.load(f)
-        backend = create_grammar_backend(backend_name, hf_tokenizer, vocab_size, stop_token_ids,
-                                         batch_threads=batch_threads)
+        from transformers import AutoTokenizer
+        with open(spec_file) as f:
+            spec = json.load(f)
+        hf_tokenizer = AutoTokenizer.from_pretrained(spec["tokenizer"])
+        backend = create_grammar_backend(spec["backend"], hf_tokenizer, spec["vocab_size"],
+                                         tuple(spec["stop_token_ids"]), batch_threads=spec["batch_threads"])
     except Exception as e:  # noqa: BLE001 - reported to the core, which fails the requests
         conn.send_bytes(encoder.encode(Ready(os.getpid(), _one_line(e))))
         return

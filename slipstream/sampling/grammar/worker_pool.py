@@ -15,8 +15,8 @@ once and every request assigned to it fails with that reason.
 """
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import shutil
 import socket
 import subprocess
@@ -57,13 +57,25 @@ def default_grammar_workers(cpu_count: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class GrammarWorkerSpec:
-    """What a worker builds its backend from (pickled once, at the process's start): the
-    backend's name, the transformers tokenizer, the model's vocabulary size (logits width)
-    and its stop token ids."""
+    """What a worker builds its backend from (written once to files a starting worker reads:
+    `write_spec`): the backend's name, the transformers tokenizer, the model's vocabulary size
+    (logits width) and its stop token ids."""
     backend: str
     hf_tokenizer: Any
     vocab_size: int
     stop_token_ids: tuple[int, ...]
+
+
+def write_spec(folder: str, spec: GrammarWorkerSpec, batch_threads: int) -> str:
+    """`spec` as files in `folder` (the tokenizer's `save_pretrained` files, the rest JSON; no
+    pickled objects cross the process boundary); returns the JSON file's path."""
+    spec.hf_tokenizer.save_pretrained(os.path.join(folder, "tokenizer"))
+    path = os.path.join(folder, "spec.json")
+    with open(path, "w") as f:
+        json.dump({"backend": spec.backend, "tokenizer": os.path.join(folder, "tokenizer"),
+                   "vocab_size": spec.vocab_size, "stop_token_ids": list(spec.stop_token_ids),
+                   "batch_threads": batch_threads}, f)
+    return path
 
 
 class GrammarWorker:
@@ -72,7 +84,7 @@ class GrammarWorker:
     A fresh interpreter (`python -m slipstream.sampling.grammar.worker_main FD SPEC_FILE`), not
     a fork (the core holds threads and CUDA) nor multiprocessing's spawn (which re-imports the
     user's main script); the pipe is a socket pair, its end inherited as FD. The backend's
-    inputs, the tokenizer object included, are pickled once into SPEC_FILE (a pipe would
+    inputs are written once beside SPEC_FILE, the tokenizer as its own files (a pipe would
     block the core until the worker has imported torch)."""
 
     def __init__(self, index: int, spec_file: str) -> None:
@@ -148,10 +160,7 @@ class GrammarWorkerPool:
         self.num_workers = num_workers
         batch_threads = max(1, ((os.cpu_count() or 1) - 1) // num_workers)
         self._folder = tempfile.mkdtemp(prefix="slipstream-grammar-")
-        self._spec_file = os.path.join(self._folder, "spec.pickle")
-        with open(self._spec_file, "wb") as f:
-            pickle.dump((spec.backend, spec.hf_tokenizer, spec.vocab_size, spec.stop_token_ids,
-                         batch_threads), f)
+        self._spec_file = write_spec(self._folder, spec, batch_threads)
         self.slots: list[GrammarWorker | None] = [None] * num_workers
         self._live: list[GrammarWorker] = []  # every process started, for the finalizer
         self._shm: list[shared_memory.SharedMemory] = []
