@@ -18,9 +18,8 @@ for a in "$@"; do
 done
 # The quick tier's tensors are tiny: a second OpenMP thread costs more in hand-offs and spinning
 # than it computes (tests/test_moe_model.py + test_gemma3.py, quick: 13.5 s with one thread,
-# 63 s with two, on a loaded 2-core machine; a third of the CPU time). In the full suite
-# tests/conftest.py gives one thread to every test but those that run the transformers oracle
-# of a real model. An OMP_NUM_THREADS already set wins.
+# 63 s with two, on a loaded 2-core machine; a third of the CPU time). tests/conftest.py gives
+# the full suite one thread too. An OMP_NUM_THREADS already set wins.
 if [ ${#marks[@]} -gt 0 ]; then export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}; fi
 bash scripts/setup.sh
 . .venv/bin/activate

@@ -12,13 +12,12 @@ if not torch.cuda.is_available():
 # torch ops on one OpenMP thread: next to the test process and their own event loop and core
 # threads they oversubscribe two cores, where an OpenMP barrier waits out whole scheduler
 # quanta (a SmolLM2 server's 6-token request: 7 s of CPU with two threads, 0.5 s with one).
-# This process runs one thread too (tiny models: test_async's mixed workload 54 -> 10 s of CPU on
-# the loaded 2-core machine), except around the transformers oracle of the embedded model
-# (_torch_threads). An OMP_NUM_THREADS already set wins, here and in the children.
-_USER_THREADS = "OMP_NUM_THREADS" in os.environ
-_ORACLE_THREADS = torch.get_num_threads()  # read first, so the variable below does not reach it
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-if not _USER_THREADS:
+# This process runs one thread too: tiny models gain nothing from two (test_async's mixed
+# workload 54 -> 10 s of CPU on the loaded 2-core machine), and nor do the transformers oracles
+# of real models there (SmolLM2's greedy test 29 s of CPU with one, 90 s with two; Gemma 3
+# 270M's 56 and 59 s). An OMP_NUM_THREADS already set wins, here and in the children.
+if "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
 
@@ -26,9 +25,6 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "quick_sample(n): the quick tier (scripts/test.sh --quick) runs the first n "
         "parametrizations of this test (QUICK_CASES without the mark); the others are marked slow")
-    config.addinivalue_line(
-        "markers", "oracle_threads: the test runs a real model's transformers oracle on all the "
-        "machine's threads (as a test that takes `smollm2_transformers` does); the others run one")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -113,23 +109,6 @@ def tokenized_tiny(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("tiny-tok"))
     make_tokenized_tiny_llama(folder)
     return folder
-
-
-@pytest.fixture(autouse=True)
-def _torch_threads(request):
-    """A test that runs the transformers oracle of a real model (the `smollm2_transformers`
-    fixture, or marked `oracle_threads`) gets the machine's threads for its large matrices;
-    the others keep one."""
-    oracle = ("smollm2_transformers" in request.fixturenames
-              or request.node.get_closest_marker("oracle_threads") is not None)
-    if _USER_THREADS or not oracle:
-        yield
-        return
-    torch.set_num_threads(_ORACLE_THREADS)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

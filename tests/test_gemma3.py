@@ -129,7 +129,6 @@ def _prompts(tokenizer) -> list[list[int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.oracle_threads
 def test_gemma3_270m_greedy_equals_transformers_and_logprobs_close():
     llm, hf = _gemma3_270m_llm(), _gemma3_270m_hf()
     prompts = _prompts(llm.tokenizer)
