@@ -9,8 +9,7 @@ Each size is timed on the path the engine takes (`ops.moe.fused_moe`: the small-
 to SMALL_MOE_TOKENS tokens, the grouped GEMMs past it); `--sweep T ..` times other grouped tiles
 at those sizes, `--small-variants` both paths (the small one in each of SMALL_SWEEP's tiles) at
 `--small-tokens` (1 2 4 8): the measurements that set SMALL_MOE_TOKENS and the default tiles;
-`--with-router` times the block's decode chain as the engine runs it (router kernel, then experts),
-with the post-attention norm its own kernel and inside the router's launch.
+`--with-router` times the block's decode chain as the engine runs it (router kernel, then experts).
 
     python benchmarks/bench_moe.py [--tokens 1 8 64 256 2048 8192] [--small-variants] [--out results.json]
 """
@@ -24,7 +23,6 @@ import torch
 
 from slipstream.bench.cuda_timing import time_graph
 from slipstream.bench.throughput import measure_ceilings
-from slipstream.ops.fused import rms_norm
 from slipstream.ops.moe import (
     SMALL_MOE_TOKENS,
     fused_moe,
@@ -32,7 +30,6 @@ from slipstream.ops.moe import (
     moe_path,
     route,
     route_linear,
-    route_linear_norm,
 )
 from slipstream.ops.triton_moe import (
     MoEConfig,
@@ -81,34 +78,23 @@ def small_variants(t: int, x, layers, weights, ids, floor_us: float, ref: torch.
     return out
 
 
-def with_router(t: int, x: torch.Tensor, layers, floor_us: float, bandwidth: float) -> dict[str, float]:
-    """The MoE block's decode chain from the residual rows: the post-attention RMSNorm, then
-    `route_linear` (the router's linear and top-k, one launch) or, "norm inside", both in one
-    launch (`route_linear_norm`), then `fused_moe` adding into the residual; per weight set its
-    own router weight and counter (the expert weights' floor plus the router's bytes)."""
+def with_router(t: int, x: torch.Tensor, layers, floor_us: float, bandwidth: float) -> float:
+    """The MoE block's decode chain: `route_linear` (the router's linear and top-k, one launch),
+    then `fused_moe` adding into the residual, per weight set, its own router weight and
+    counter (the expert weights' floor plus the router's bytes)."""
     g = torch.Generator(device=x.device).manual_seed(t)
     routers = [(torch.randn(EXPERTS, HIDDEN, device=x.device, generator=g) * 0.02).bfloat16() for _ in layers]
     counters = [torch.zeros(1, dtype=torch.int32, device=x.device) for _ in layers]
-    norm_w = (torch.rand(HIDDEN, device=x.device, generator=g) + 0.5).bfloat16()
-    h = x.clone()
+    h = torch.zeros_like(x)
 
-    def apart(w, router, counter):
-        xn = rms_norm(h, norm_w, 1e-6)
-        fused_moe(xn, w[0], w[1], *route_linear(xn, router, TOP_K, True, counter), residual=h)
+    def block(w, router, counter):
+        fused_moe(x, w[0], w[1], *route_linear(x, router, TOP_K, True, counter), residual=h)
 
-    def inside(w, router, counter):
-        weights, ids, xn = route_linear_norm(h, norm_w, 1e-6, router, TOP_K, True, counter)
-        fused_moe(xn, w[0], w[1], weights, ids, residual=h)
-
+    block(layers[0], routers[0], counters[0])  # compiles
+    us = 1e3 * time_graph([lambda a=a: block(*a) for a in zip(layers, routers, counters)])
     floor = floor_us + 1e6 * EXPERTS * HIDDEN * 2 / bandwidth
-    times = {}
-    for name, block in (("norm apart", apart), ("norm inside", inside)):
-        block(layers[0], routers[0], counters[0])  # compiles
-        us = 1e3 * time_graph([lambda a=a, b=block: b(*a) for a in zip(layers, routers, counters)])
-        print(f"    T={t} the fused router, {name}: {us:8.1f} us  floor {floor:6.1f} us  x{us / floor:5.2f}",
-              flush=True)
-        times[name] = us
-    return times
+    print(f"    T={t} with the fused router: {us:8.1f} us  floor {floor:6.1f} us  x{us / floor:5.2f}", flush=True)
+    return us
 
 
 def main() -> None:
@@ -120,9 +106,8 @@ def main() -> None:
                     help="at --small-tokens: the grouped path and the small path's SMALL_SWEEP tiles")
     ap.add_argument("--small-tokens", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--with-router", action="store_true",
-                    help="up to 16 tokens: also time the block as the engine runs it, the norm and the fused "
-                         "router (`route_linear`; or both in one launch, `route_linear_norm`) then the experts "
-                         "into the residual, each layer its own router")
+                    help="up to 16 tokens: also time the block as the engine runs it, the fused router "
+                         "(`route_linear`) then the experts into the residual, each layer its own router")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -156,8 +141,7 @@ def main() -> None:
         print(f"T={t:5d} experts={touched:3d} {us:9.1f} us  floor {floor_us:8.1f} us  x{us / floor_us:5.2f}  "
               f"align {align_us:6.1f} us  err {err:.2e}  ({moe_path(t)})", flush=True)
         if args.with_router and t <= 16:
-            times = with_router(t, x, layers, floor_us, bandwidth)
-            row["with_router_us"], row["with_router_norm_inside_us"] = times["norm apart"], times["norm inside"]
+            row["with_router_us"] = with_router(t, x, layers, floor_us, bandwidth)
         if args.small_variants and t in args.small_tokens:
             row["small_variants"] = small_variants(t, x, layers, weights, ids, floor_us, ref)
         if t in args.sweep:  # other tiles at this size

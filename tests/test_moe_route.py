@@ -267,8 +267,7 @@ def test_moe_block_takes_the_fused_router_where_it_applies(kind, tmp_path, monke
 def compile_route_for_hopper() -> None:
     """Each router kernel compiled for sm_90 as the host code launches it: the top-k at one row
     (one warp), at 8192 rows, E=60, E=512 k=16; the fused router linear at 1 and 16 rows of
-    the Qwen3-30B-A3B shape, without and with the RMSNorm inside. Prints each one's registers
-    and local memory (spills)."""
+    the Qwen3-30B-A3B shape. Prints each one's registers and local memory (spills)."""
     import os
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -286,9 +285,6 @@ def compile_route_for_hopper() -> None:
         counter = tr.new_route_counter(torch.device("cpu"))
         tr.route_linear_triton(torch.zeros(1, 2048, dtype=bf), torch.zeros(128, 2048, dtype=bf), 8, True, counter)
         tr.route_linear_triton(torch.zeros(16, 2048, dtype=bf), torch.zeros(128, 2048, dtype=bf), 8, True, counter)
-        for rows in (1, 16):  # with the MoE layer's post-attention norm inside
-            tr.route_linear_norm_triton(torch.zeros(rows, 2048, dtype=bf), torch.ones(2048, dtype=bf), 1e-6,
-                                        torch.zeros(128, 2048, dtype=bf), 8, True, counter)
     for fn, args, kw in launches:
         compiled, _, opts = compile_launch_for_hopper(fn, args, kw)
         res = kr.resources(compiled.asm["cubin"])
@@ -302,7 +298,7 @@ def compile_route_for_hopper() -> None:
 def test_route_kernels_compile_for_hopper():
     from helpers import run_hopper_compile
     out = run_hopper_compile(__file__)
-    assert out.count("compiled") == 8, out
+    assert out.count("compiled") == 6, out
 
 
 if __name__ == "__main__":

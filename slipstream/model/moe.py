@@ -13,9 +13,8 @@ keeps in memory; checkpoints hold one tensor per expert and projection, which
 `expert_checkpoint_parts` maps into slices of the stacked ones.
 
 Norms: the input norm is folded into the qkv weights as in the dense decoder; the
-post-attention norm feeds both the router and the experts, so it stays unfolded: at decode
-sizes it runs inside the router's launch, which writes the normalised rows for the experts
-(`SparseMoeBlock.forward_norm`), elsewhere as its own kernel (`rms_norm`).
+post-attention norm feeds both the router and the experts, so it runs as its own kernel
+(`rms_norm`) and stays unfolded.
 
 Tensor parallelism shards each expert's intermediate dimension, as the dense MLP is
 sharded: gate_up column-parallel, down row-parallel (model/shards.py), the router whole on
@@ -28,24 +27,10 @@ import torch
 from torch import nn
 
 from slipstream.model.config import ModelConfig
-from slipstream.model.llama import (
-    Attention,
-    Linear,
-    LlamaForCausalLM,
-    RMSNorm,
-    _empty,
-    fold_norm,
-)
+from slipstream.model.llama import Attention, Linear, LlamaForCausalLM, RMSNorm, _empty, fold_norm
 from slipstream.model.parallel import TPGroup
 from slipstream.ops.fused import rms_norm
-from slipstream.ops.moe import (
-    fused_moe,
-    route,
-    route_linear,
-    route_linear_applies,
-    route_linear_norm,
-    route_linear_norm_applies,
-)
+from slipstream.ops.moe import fused_moe, route, route_linear, route_linear_applies
 
 # architecture -> the checkpoint's names: (block, gate, up, down) as in
 # model.layers.{i}.{block}.experts.{e}.{gate}.weight and model.layers.{i}.{block}.gate.weight
@@ -82,31 +67,11 @@ class SparseMoeBlock(nn.Module):
     def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Adds the block's output for x (the normalised h) into the residual stream h."""
         gate = self.gate
-        if self._fused_router() and route_linear_applies(x, gate.weight, self.top_k):
+        if gate.bias is None and not gate.batch_invariant and route_linear_applies(x, gate.weight, self.top_k):
             # decode sizes: the router's linear and its top-k in one launch
             weights, ids = route_linear(x, gate.weight, self.top_k, self.renormalize, self.route_counter)
         else:
             weights, ids = route(gate(x), self.top_k, self.renormalize)
-        return self._experts(h, x, weights, ids)
-
-    def forward_norm(self, h: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """`forward(h, rms_norm(h, norm_weight, eps))`. At decode sizes the norm runs inside the
-        router's launch (`route_linear_norm`), which also writes the normalised rows the experts
-        read: one launch a layer fewer; elsewhere the norm is its own kernel."""
-        gate = self.gate
-        if self._fused_router() and route_linear_norm_applies(h, norm_weight, gate.weight, self.top_k):
-            weights, ids, x = route_linear_norm(h, norm_weight, eps, gate.weight, self.top_k, self.renormalize,
-                                                self.route_counter)
-            return self._experts(h, x, weights, ids)
-        return self.forward(h, rms_norm(h, norm_weight, eps))
-
-    def _fused_router(self) -> bool:
-        """Whether the router may take the fused kernels: bias-free, and not in batch-invariant
-        mode (its linear then runs alone, with the GEMM's fixed tiles)."""
-        return self.gate.bias is None and not self.gate.batch_invariant
-
-    def _experts(self, h: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The routed experts' output for x added into h."""
         experts = self.experts
         if self.tp is None:  # the k outputs summed straight into h
             return fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids, residual=h,
@@ -129,7 +94,7 @@ class MoEDecoderLayer(nn.Module):
     def forward(self, h, positions, meta, kv_cache, cos_sin_cache):
         """Updates the residual stream h in place."""
         self.self_attn(h, positions, meta, kv_cache, cos_sin_cache)
-        return self.mlp.forward_norm(h, self.post_attention_layernorm.weight, self.eps)
+        return self.mlp(h, rms_norm(h, self.post_attention_layernorm.weight, self.eps))
 
     def fold_norms(self) -> None:
         """Fold the input norm into the qkv weights (the post-attention norm stays: module doc)."""

@@ -2,7 +2,7 @@
 
 `route` turns router logits into each token's k experts and their weights (on CUDA one Triton
 kernel, `slipstream.ops.triton_route`; `route_linear` takes a decode step's router linear into
-it too, and `route_linear_norm` the post-attention RMSNorm before it as well). `fused_moe`
+it too). `fused_moe`
 runs the experts: out[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) over the
 k experts e = ids[t, j] of token t. `fused_moe_ref` is the per-expert loop in torch (the CPU
 path and the oracle); on CUDA `slipstream.ops.triton_moe` sorts the (token, expert) pairs by
@@ -27,9 +27,6 @@ import torch.nn.functional as F
 # routers of up to this many rows: the linear inside the top-k kernel (`route_linear`; at most
 # triton_route.MAX_LINEAR_ROWS); 0 keeps them apart (A/B runs)
 FUSED_ROUTE_ROWS = int(os.environ.get("SLIPSTREAM_FUSED_ROUTE_ROWS", "16"))
-# where the router's linear is in the top-k kernel, the MoE layer's post-attention RMSNorm goes
-# into it too (`route_linear_norm`); "0" keeps the norm its own kernel (A/B runs)
-FUSED_NORM = os.environ.get("SLIPSTREAM_MOE_FUSED_NORM", "1") != "0"
 # steps of up to this many tokens take the small-batch MoE path (`triton_moe_small`), larger
 # ones the grouped GEMMs; 0 never takes it (A/B runs). Past a few tokens the grouped path reads
 # each touched expert once where the small one reads it once per token: set from
@@ -69,25 +66,6 @@ def route_linear(x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize:
     (int32 [1], zero) is the caller's own, one a layer."""
     from slipstream.ops.triton_route import route_linear_triton
     return route_linear_triton(x, weight, top_k, renormalize, counter)
-
-
-def route_linear_norm_applies(h: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
-                              top_k: int) -> bool:
-    """Whether `route_linear_norm` applies: `FUSED_NORM` (`SLIPSTREAM_MOE_FUSED_NORM`, on by
-    default), `route_linear_applies`, and a norm weight of h's dtype."""
-    if not (FUSED_NORM and route_linear_applies(h, weight, top_k)):
-        return False
-    from slipstream.ops.triton_route import route_linear_norm_applies as applies
-    return applies(h, norm_weight, weight, top_k)
-
-
-def route_linear_norm(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, top_k: int,
-                      renormalize: bool, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`route_linear(rms_norm(h, norm_weight, eps), ...)` and the normalised rows, in one launch
-    (`slipstream.ops.triton_route.route_linear_norm_triton`) where `route_linear_norm_applies`:
-    (weights, ids, x = rms_norm(h, norm_weight, eps)), x for the experts."""
-    from slipstream.ops.triton_route import route_linear_norm_triton
-    return route_linear_norm_triton(h, norm_weight, eps, weight, top_k, renormalize, counter)
 
 
 def route_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:

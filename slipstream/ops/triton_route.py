@@ -33,12 +33,6 @@ the program that finds itself last (an acq_rel atomic after a barrier: every oth
 logits are visible to it) does the top-k above over all rows and sets the counter back to zero.
 The counter is the caller's (one a layer): two launches that share one must not overlap.
 
-`route_linear_norm_triton` takes the MoE layer's post-attention RMSNorm into that launch as well:
-x is then the raw residual row h, which every program has in its registers anyway; each
-normalises it (`_rms_normed`: `_rms_norm_kernel`'s order and roundings) before its products, and
-program 0 stores the normalised rows for the experts' kernels, which read them after this
-launch ends (PDL). A one-row decode layer loses the norm's launch and its PDL boundary.
-
 Graph-safe: no host sync, the grid and the outputs' shapes depend on the shapes only.
 """
 from __future__ import annotations
@@ -52,8 +46,7 @@ from slipstream.ops.device import sm_count
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_gemv import choose_block_n
 
-__all__ = ["MAX_EXPERTS", "MAX_TOP_K", "new_route_counter", "route_linear_norm_triton", "route_linear_triton",
-           "route_triton"]
+__all__ = ["MAX_EXPERTS", "MAX_TOP_K", "new_route_counter", "route_linear_triton", "route_triton"]
 
 MAX_EXPERTS = 512  # one row's probabilities are one register tile
 MAX_TOP_K = 16  # k picks, each a reduction over the row: unrolled
@@ -124,23 +117,12 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, T, stride_t,
 
 
 
-@triton.jit
-def _rms_normed(xf, norm_w, eps, H: tl.constexpr, DTYPE: tl.constexpr):
-    """One row (float32, zeros past H) through RMSNorm in `_rms_norm_kernel`'s order and
-    roundings: the statistic in float32, x * rstd rounded to x's dtype, times the weight and
-    rounded again; returned in float32 (its values x's dtype's)."""
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
-    y = (xf * rstd).to(DTYPE).to(tl.float32)
-    return (y * norm_w).to(DTYPE).to(tl.float32)
-
-
-@triton.jit(do_not_specialize=["T", "eps"])
-def _route_linear_kernel(x_ptr, w_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, norm_ptr, xn_ptr, eps,
-                         T, stride_x, stride_w,
+@triton.jit(do_not_specialize=["T"])
+def _route_linear_kernel(x_ptr, w_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, T, stride_x, stride_w,
                          E: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                          K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PRECISE_EXP: tl.constexpr,
-                         NORM: tl.constexpr, USE_PDL: tl.constexpr):
+                         USE_PDL: tl.constexpr):
     # each program: BLOCK_N experts' logits for every row; the last to finish: the top-k
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_h = tl.arange(0, H_PAD)
@@ -149,16 +131,10 @@ def _route_linear_kernel(x_ptr, w_ptr, logits_ptr, counter_ptr, weights_ptr, ids
     # the router's weights stream before the PDL wait, as the GEMV's do (no kernel writes them)
     w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_w + offs_h[None, :],
                 mask=nmask[:, None] & hmask[None, :], other=0.0).to(tl.float32)
-    if NORM:  # the RMSNorm's weight is a parameter too
-        norm_w = tl.load(norm_ptr + offs_h, mask=hmask, other=0.0).to(tl.float32)
     pdl_start(USE_PDL)
     for m in range(T):
-        xr = tl.load(x_ptr + m * stride_x + offs_h, mask=hmask, other=0.0).to(tl.float32)
-        if NORM:  # x is the residual row h: normalised here, and program 0 writes it for the experts
-            xr = _rms_normed(xr, norm_w, eps, H, x_ptr.dtype.element_ty)
-            if tl.program_id(0) == 0:
-                tl.store(xn_ptr + m * H + offs_h, xr.to(xn_ptr.dtype.element_ty), mask=hmask)
-        logit = tl.sum(w * xr[None, :], axis=1)
+        xr = tl.load(x_ptr + m * stride_x + offs_h, mask=hmask, other=0.0)
+        logit = tl.sum(w * xr.to(tl.float32)[None, :], axis=1)
         # rounded to x's dtype, as the router linear's output is before `route` reads it
         logit = logit.to(x_ptr.dtype.element_ty).to(tl.float32)
         tl.store(logits_ptr + m * E + offs_n, logit, mask=nmask)
@@ -231,53 +207,22 @@ def route_linear_triton(x: torch.Tensor, weight: torch.Tensor, top_k: int, renor
     if not route_linear_applies(x, weight, top_k):
         raise ValueError(f"route_linear_triton: x {tuple(x.shape)} {x.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype}, k={top_k}")
-    return _launch_route_linear(x, weight, top_k, renormalize, counter, None, 0.0)[:2]
-
-
-def route_linear_norm_applies(h: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:
-    """Whether `route_linear_norm_triton` takes these shapes: `route_linear_applies`'s, and a
-    norm weight [H] of h's dtype (so the normalised rows keep h's dtype, as `rms_norm`'s do)."""
-    return (route_linear_applies(h, weight, top_k) and norm_weight.shape == (h.shape[1],)
-            and norm_weight.dtype == h.dtype)
-
-
-def route_linear_norm_triton(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                             top_k: int, renormalize: bool,
-                             counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`route_linear_triton(rms_norm(h, norm_weight, eps), ...)` with the RMSNorm inside the
-    launch: (weights, ids, x), x = rms_norm(h, norm_weight, eps) [T, H] in h's dtype, written
-    by the launch for the experts (the MoE layer's post-attention norm, without its own kernel).
-    Every program normalises the rows it multiplies (they are in its registers already);
-    program 0 stores them."""
-    if not route_linear_norm_applies(h, norm_weight, weight, top_k):
-        raise ValueError(f"route_linear_norm_triton: h {tuple(h.shape)} {h.dtype}, norm weight "
-                         f"{tuple(norm_weight.shape)} {norm_weight.dtype}, weight {tuple(weight.shape)} "
-                         f"{weight.dtype}, k={top_k}")
-    return _launch_route_linear(h, weight, top_k, renormalize, counter, norm_weight.contiguous(), float(eps))
-
-
-def _launch_route_linear(x, weight, top_k, renormalize, counter, norm_weight, eps):
-    """(weights, ids, the normalised rows or None): one `_route_linear_kernel` launch."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     (t, h), e = x.shape, weight.shape[0]
     dev = x.device
     weights = torch.empty((t, top_k), dtype=torch.float32, device=dev)
     ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
-    normed = None if norm_weight is None else torch.empty((t, h), dtype=x.dtype, device=dev)
     if t == 0:
-        return weights, ids, normed
+        return weights, ids
     logits = torch.empty((t, e), dtype=torch.float32, device=dev)  # written and read in the launch
     h_pad = triton.next_power_of_2(h)
     # the GEMV's split of the columns: enough programs that every SM streams weights
     block_n = min(choose_block_n(e, sm_count(dev)), max(1, TILE_ELEMS_LINEAR // h_pad))
     block_e = triton.next_power_of_2(e)
-    norm = norm_weight is not None  # without the norm, its pointers are unused stand-ins
     _route_linear_kernel[(triton.cdiv(e, block_n),)](
-        x, weight, logits, counter, weights, ids, norm_weight if norm else x, normed if norm else x, eps,
-        t, x.stride(0), weight.stride(0), E=e, H=h,
+        x, weight, logits, counter, weights, ids, t, x.stride(0), weight.stride(0), E=e, H=h,
         H_PAD=h_pad, BLOCK_N=block_n, K=top_k, RENORMALIZE=bool(renormalize),
         BLOCK_T=min(triton.next_power_of_2(t), max(1, TILE_ELEMS // block_e)), BLOCK_E=block_e,
-        BLOCK_K=triton.next_power_of_2(top_k), PRECISE_EXP=x.is_cuda, NORM=norm, num_warps=4,
-        **pdl_launch(dev))
-    return weights, ids, normed
+        BLOCK_K=triton.next_power_of_2(top_k), PRECISE_EXP=x.is_cuda, num_warps=4, **pdl_launch(dev))
+    return weights, ids
