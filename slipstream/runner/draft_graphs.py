@@ -49,8 +49,8 @@ import torch
 from slipstream.runner.device_drafter import DraftStepInputs
 from slipstream.runner.graphs import capture_sizes
 from slipstream.runner.inputs import StepPad, StepShape, fill_inputs
-from slipstream.runner.spec_device import DeviceDraftInputs, prepare_device_drafts, to_device
-from slipstream.runner.speculative import _unpadded, download_verified, spec_buffers, verify_step
+from slipstream.runner.spec_device import DeviceDraftInputs, to_device
+from slipstream.runner.speculative import download_verified, place_device_drafts, spec_buffers, verify_step
 from slipstream.runner.verify_graphs import (VerifyGraphs, VerifyInputs, VerifyRoute, verify_inputs, verify_route,
                                              verify_shape)
 
@@ -209,9 +209,7 @@ def launch_drafting_padded(runner, batch, slot, shape: StepShape, launched_cls):
         s.wait(s.compute, slot.d2h_done)
         slot.compute_start.record()
         if device_drafting:  # the input correction, before the graph
-            prev = spec_buffers(runner, 1 - slot.index, spec.k)
-            drafts, num = prepare_device_drafts(runner, slot, _unpadded(shape, batch), spec, dd_in, prev.num_emitted)
-            vin.scatter_device_drafts(rows_dev, drafts, num)
+            place_device_drafts(runner, slot, shape, batch, dd_in, vin, rows_dev)
         if catch_up is not None:
             drafter.run_catch_up(catch_up)
         drafter.buffers_rewritten()

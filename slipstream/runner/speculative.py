@@ -211,9 +211,7 @@ def _launch_padded(runner, batch, slot, shape, graphs, launched_cls):
         s.wait(s.compute, slot.d2h_done)
         slot.compute_start.record()
         if device_drafting:  # the input correction, before the graph
-            prev = spec_buffers(runner, 1 - slot.index, spec.k)
-            drafts, num = prepare_device_drafts(runner, slot, _unpadded(shape, batch), spec, dd_in, prev.num_emitted)
-            vin.scatter_device_drafts(rows_dev, drafts, num)
+            place_device_drafts(runner, slot, shape, batch, dd_in, vin, rows_dev)
         synthetic = spec.bench_synthetic_accept
         if not graphs.run(runner, slot, shape, synthetic,
                           lambda: verify_step(runner, slot, shape, bufs, vin, synthetic), runner.spec_buffers):
@@ -221,6 +219,16 @@ def _launch_padded(runner, batch, slot, shape, graphs, launched_cls):
         slot.compute_done.record()
     download_verified(runner, slot, launched, bufs, S)
     return launched
+
+
+def place_device_drafts(runner, slot, shape, batch, dd_in: DeviceDraftInputs, vin: VerifyInputs,
+                        rows: torch.Tensor) -> None:
+    """The padded step's input correction on the compute stream: the drafts buffered at the
+    end of the other slot's step (and their count) into the static verify inputs of `rows`."""
+    spec = batch.spec
+    prev = spec_buffers(runner, 1 - slot.index, spec.k)
+    drafts, num = prepare_device_drafts(runner, slot, _unpadded(shape, batch), spec, dd_in, prev.num_emitted)
+    vin.scatter_device_drafts(rows, drafts, num)
 
 
 def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synthetic_accept: int | None,
