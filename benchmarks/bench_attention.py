@@ -44,6 +44,7 @@ from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.ops import triton_attention as ta  # noqa: E402
 from slipstream.ops.attention import paged_attention_ref  # noqa: E402
 from slipstream.ops.metadata import AttentionMetadata  # noqa: E402
+from slipstream.utils.overrides import parse_variant  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -83,19 +84,6 @@ if SMOKE:
     DECODE_CASES, PREFILL_CASE, MIXED_CASE = [(3, 300)], (2, 40), ([40, 300, 0], [40, 1, 2])
     RAGGED_CASES = {"4xU(10,300)": (4, 10, 300)}
     DEVICE, ROTATIONS, ITERS = "cpu", 2, 1
-
-
-def parse_variant(spec: str, cls):
-    """'name:block_n=128,num_warps=8' -> (name, cls(block_n=128, num_warps=8))."""
-    name, _, body = spec.partition(":")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for item in filter(None, body.split(",")):
-        key, _, val = item.partition("=")
-        if key not in fields:
-            raise SystemExit(f"unknown {cls.__name__} field {key!r}; fields: {list(fields)}")
-        kwargs[key] = None if val == "None" else int(val)
-    return name, cls(**kwargs)
 
 
 # ----------------------------------------------------------------------------- timing

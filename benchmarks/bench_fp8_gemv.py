@@ -57,6 +57,7 @@ from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref  # noqa: E402
 from slipstream.ops.triton_fp8_gemv import Fp8GemvConfig, fp8_gemv  # noqa: E402
 from slipstream.ops.triton_fp8_gemv_mma import mma_shape  # noqa: E402
 from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
+from slipstream.utils.overrides import parse_variant  # noqa: E402
 
 # name -> (N, K, form)
 SHAPES_8B = {"qkv": (6144, 4096, "norm"), "o": (4096, 4096, "residual"), "gate_up": (28672, 4096, "norm"),
@@ -85,18 +86,6 @@ def launched(cfg: Fp8GemvConfig, n: int, k: int, m: int, sms: int) -> tuple:
     sh = mma_shape(n, k, cfg.mma_block_n, cfg.mma_block_k, cfg.mma_warps, None, cfg.mma_split_k, sms)
     m_pad = max(triton.next_power_of_2(m), cfg.mma_min_m_pad)
     return ("mma", sh, cfg.mma_stages or (3 if m <= 8 else 2), cfg.mma_warps, m_pad, cfg.mma_prefetch_k)
-
-
-def parse_variant(spec: str) -> tuple[str, Fp8GemvConfig]:
-    name, _, body = spec.partition(":")
-    fields = {f.name for f in dataclasses.fields(Fp8GemvConfig)}
-    kw = {}
-    for item in filter(None, body.split(",")):
-        key, _, value = item.partition("=")
-        if key not in fields:
-            raise ValueError(f"variant {name!r}: Fp8GemvConfig has no field {key!r}")
-        kw[key] = None if value == "None" else int(value)
-    return name, dataclasses.replace(Fp8GemvConfig(), **kw)
 
 
 def make_weights(n: int, k: int, copies: int, dev, gen) -> list[tuple[torch.Tensor, Fp8Weight]]:
@@ -191,7 +180,7 @@ def main(argv=None) -> int:
     if args.shapes:
         shapes = {name: shapes[name] for name in args.shapes.split(",")}
     impls = [("fp8", Fp8GemvConfig())]
-    impls += [parse_variant(v) for v in ([] if args.no_default_variants else DEFAULT_VARIANTS) + args.variants]
+    impls += [parse_variant(v, Fp8GemvConfig) for v in ([] if args.no_default_variants else DEFAULT_VARIANTS) + args.variants]
     if args.tiny:
         bw = 1e9  # no copy bandwidth on the CPU: the column is GB/s / 1
     else:

@@ -51,6 +51,7 @@ from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_ref  # noqa: E402
 from slipstream.ops.linear import linear  # noqa: E402
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for  # noqa: E402
 from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
+from slipstream.utils.overrides import parse_overrides  # noqa: E402
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
              "lm_head": (128256, 4096)}
@@ -67,14 +68,7 @@ COPY_BYTES = 100e6
 
 def parse_variant(spec: str) -> tuple[str, dict]:
     name, _, body = spec.partition(":")
-    fields = {f.name for f in dataclasses.fields(Fp8SkinnyConfig)}
-    kw = {}
-    for item in filter(None, body.split(",")):
-        key, _, value = item.partition("=")
-        if key not in fields:
-            raise ValueError(f"variant {name!r}: Fp8SkinnyConfig has no field {key!r}")
-        kw[key] = int(value)
-    return f"skinny-{name}", kw
+    return f"skinny-{name}", parse_overrides(Fp8SkinnyConfig, body)
 
 
 def call(impl: str, x: torch.Tensor, w: Fp8Weight, wb: torch.Tensor, cfg: Fp8SkinnyConfig | None):

@@ -34,6 +34,7 @@ from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.ops.device import sm_count  # noqa: E402
 from slipstream.ops.triton_gemv import GemvConfig, gemv  # noqa: E402
+from slipstream.utils.overrides import parse_overrides  # noqa: E402
 
 # name -> (layers, hidden, q heads, kv heads, head_dim, intermediate)
 SHAPES = {"0.6b": (28, 1024, 16, 8, 128, 3072), "135m": (30, 576, 9, 3, 64, 1536),
@@ -122,8 +123,7 @@ def main() -> int:
     impls = {"cublas": None, "gemv": GemvConfig(max_rows=8, max_weight_bytes=1 << 40)}
     for spec in args.variant:
         name, _, body = spec.partition(":")
-        kw = {k: int(v) for k, v in (item.split("=") for item in filter(None, body.split(",")))}
-        impls[name] = dataclasses.replace(impls["gemv"], **kw)
+        impls[name] = dataclasses.replace(impls["gemv"], **parse_overrides(GemvConfig, body))
     bw = copy_bandwidth(dev)
     print(f"{torch.cuda.get_device_name()}, {sms} SMs, torch {torch.__version__}; copy {bw / 1e12:.2f} TB/s")
     gen = torch.Generator(device=dev).manual_seed(0)

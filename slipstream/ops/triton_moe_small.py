@@ -42,6 +42,7 @@ import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_fused import silu_mul
+from slipstream.utils.overrides import parse_overrides
 
 
 @dataclass(frozen=True)
@@ -67,16 +68,10 @@ class SmallMoEConfig:
 def config_from_env(text: str | None) -> SmallMoEConfig:
     """The default tiles with `text`'s "field=value,..." changes (`SLIPSTREAM_MOE_SMALL_CONFIG`
     in the environment, for A/B runs of tiles in the engine)."""
-    if not text:
-        return SmallMoEConfig()
-    changes = {}
-    for item in text.split(","):
-        name, _, value = item.partition("=")
-        if name.strip() not in SmallMoEConfig.__dataclass_fields__ or not value.strip().isdigit():
-            raise ValueError(f"SLIPSTREAM_MOE_SMALL_CONFIG: {item!r} is not FIELD=INT with a field of "
-                             f"SmallMoEConfig ({', '.join(SmallMoEConfig.__dataclass_fields__)})")
-        changes[name.strip()] = int(value)
-    return SmallMoEConfig(**changes)
+    try:
+        return SmallMoEConfig(**parse_overrides(SmallMoEConfig, text or ""))
+    except ValueError as e:
+        raise ValueError(f"SLIPSTREAM_MOE_SMALL_CONFIG: {e}") from None
 
 
 DEFAULT_SMALL_CONFIG = config_from_env(os.environ.get("SLIPSTREAM_MOE_SMALL_CONFIG"))
