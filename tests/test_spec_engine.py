@@ -91,23 +91,37 @@ def test_speculation_off_adds_no_stats(tiny_model):
     assert not any(k.startswith("spec_") for k in llm.engine.stats())
 
 
+SMOL_COPY = ("Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape.\n"
+             "Copy: apple, banana, cherry, date, elderberry, fig, grape.\nList: red, green, blue, "
+             "yellow, purple.\nCopy:")
+SMOL_PARAMS = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, logprobs=3)
+# penalties light enough that the copy goes on: the drafts before a position count
+SMOL_PENALISED = [SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, frequency_penalty=0.3,
+                                 presence_penalty=0.2),
+                  SamplingParams(max_tokens=32, temperature=0.7, seed=5, ignore_eos=True,
+                                 repetition_penalty=1.1)]
+
+
+@pytest.fixture(scope="module")
+def smollm2_plain():
+    """Plain decoding's outputs, once for both loops: plain decoding gives the same tokens sync
+    and async (tests/test_async_llm.py, test_gemma3.py), so each loop's speculation is checked
+    against the one reference and the module builds one plain SmolLM2 engine, not two."""
+    plain_llm = LLM(None, device="cpu", max_model_len=512, max_num_seqs=4, async_scheduling=False)
+    plain = plain_llm.generate([SMOL_COPY], SMOL_PARAMS)[0].outputs[0]
+    plain_penalised = [o.outputs[0].token_ids for o in plain_llm.generate([SMOL_COPY] * 2, SMOL_PENALISED)]
+    plain_llm.shutdown()
+    return plain, plain_penalised
+
+
 @pytest.mark.slow  # (11 s each; the quick tier keeps the tiny models' greedy equality)
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_smollm2_greedy_ngram_equals_plain_and_accepts_drafts(async_scheduling):
+def test_smollm2_greedy_ngram_equals_plain_and_accepts_drafts(smollm2_plain, async_scheduling):
     """The real SmolLM2 (embedded GGUF) copying lists it was given: prompt lookup drafts the
     copies, many drafts are accepted, the tokens are those of plain decoding."""
-    prompt = ("Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape.\n"
-              "Copy: apple, banana, cherry, date, elderberry, fig, grape.\nList: red, green, blue, "
-              "yellow, purple.\nCopy:")
-    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, logprobs=3)
-    # penalties light enough that the copy goes on: the drafts before a position count
-    penalised = [SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, frequency_penalty=0.3,
-                                presence_penalty=0.2),
-                 SamplingParams(max_tokens=32, temperature=0.7, seed=5, ignore_eos=True, repetition_penalty=1.1)]
+    prompt, params, penalised = SMOL_COPY, SMOL_PARAMS, SMOL_PENALISED
     common = dict(device="cpu", max_model_len=512, max_num_seqs=4, async_scheduling=async_scheduling)
-    plain_llm = LLM(None, **common)
-    plain = plain_llm.generate([prompt], params)[0].outputs[0]
-    plain_penalised = [o.outputs[0].token_ids for o in plain_llm.generate([prompt] * 2, penalised)]
+    plain, plain_penalised = smollm2_plain
     llm = LLM(None, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                         "prompt_lookup_max": 4, "prompt_lookup_min": 2}, **common)
     before = llm.engine.stats()["spec_num_accepted_tokens"]
