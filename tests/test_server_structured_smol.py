@@ -168,9 +168,19 @@ def test_parallel_tool_calls_false_gives_one_call(client):
     _check_calls(done.choices[0].message.tool_calls)
 
 
-def test_streamed_tool_call_deltas_assemble_to_the_whole_call(client):
-    kw = dict(messages=WEATHER_Q, tools=[WEATHER], tool_choice="required", max_tokens=120, **GREEDY)
-    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+# the forced weather call, greedy: two tests ask it, the server answers it once for both
+WEATHER_CALL = dict(messages=WEATHER_Q, tools=[WEATHER], tool_choice="required", max_tokens=120,
+                    **GREEDY)
+
+
+@pytest.fixture(scope="module")
+def weather_call(client):
+    return client.chat.completions.create(**WEATHER_CALL)
+
+
+def test_streamed_tool_call_deltas_assemble_to_the_whole_call(client, weather_call):
+    kw = WEATHER_CALL
+    whole = weather_call.choices[0].message.tool_calls
     calls, content, finishes = {}, "", []
     for ch in client.chat.completions.create(stream=True, **kw):
         for choice in ch.choices:
@@ -188,9 +198,8 @@ def test_streamed_tool_call_deltas_assemble_to_the_whole_call(client):
     assert all(c["fragments"] > 1 for c in calls.values())  # streamed as they are written
 
 
-def test_a_full_tool_loop(client):
-    first = client.chat.completions.create(messages=WEATHER_Q, tools=[WEATHER],
-                                           tool_choice="required", max_tokens=120, **GREEDY)
+def test_a_full_tool_loop(client, weather_call):
+    first = weather_call
     call = first.choices[0].message.tool_calls[0]
     _check_calls([call])
     messages = WEATHER_Q + [
