@@ -61,11 +61,13 @@ def _quant_rows_kernel(x_ptr, g_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stri
         idx = lo + k + offs
         mask = (idx < K) & (k + offs < GROUP)
         amax = tl.maximum(amax, tl.abs(_load_scaled(x_row, g_ptr, idx, mask, HAS_GAMMA)))
-    scale = tl.maximum(tl.max(amax, axis=0) / FMAX, SMIN)
+    # IEEE divisions (div_rn): Triton's `/` on float32 is the GPU's approximate division,
+    # whose last bit can move a scale or flip a code against the reference's cast
+    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), tl.full([], FMAX, tl.float32)), SMIN)
     for k in tl.range(0, GROUP, BLOCK):
         idx = lo + k + offs
         mask = (idx < K) & (k + offs < GROUP)
-        x = _load_scaled(x_row, g_ptr, idx, mask, HAS_GAMMA) / scale
+        x = tl.math.div_rn(_load_scaled(x_row, g_ptr, idx, mask, HAS_GAMMA), scale + tl.zeros([BLOCK], tl.float32))
         x = tl.minimum(tl.maximum(_round_mantissa3(x), -FMAX), FMAX)
         tl.store(q_ptr + row * stride_qm + idx, x.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * stride_sm + g, scale)
