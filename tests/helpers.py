@@ -262,10 +262,15 @@ def gguf_loads_once():
     it builds gguf's tensor-name map again for each module of the model (397 for SmolLM2, a
     third of the load) and parses the whole file twice, for the config and then the weights
     (the tokenizer's 49,152 strings each time). The same gguf functions run; within this block
-    their results are reused."""
-    import gguf
+    their results are reused. The reader reads the file into memory, the same bytes as its
+    np.memmap: it parses the header with a million small slices, and a memmap's slice is a
+    Python-level subclass call (Gemma 3's 262,144 tokenizer strings: ~10 s of the load)."""
+    import types
 
-    name_map, reader = gguf.get_tensor_name_map, gguf.GGUFReader
+    import gguf
+    import gguf.gguf_reader as gguf_reader
+
+    name_map, reader, reader_np = gguf.get_tensor_name_map, gguf.GGUFReader, gguf_reader.np
     readers: dict = {}
 
     def read_once(path, *args, **kwargs):
@@ -274,12 +279,17 @@ def gguf_loads_once():
             readers[key] = reader(path, *args, **kwargs)
         return readers[key]
 
+    def in_memory(path, mode="r"):
+        assert mode == "r", mode  # (a read-only load; the file is never written through it)
+        return np.fromfile(path, dtype=np.uint8)
+
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
     gguf.GGUFReader = read_once
+    gguf_reader.np = types.SimpleNamespace(**{**vars(np), "memmap": in_memory})
     try:
         yield
     finally:
-        gguf.get_tensor_name_map, gguf.GGUFReader = name_map, reader
+        gguf.get_tensor_name_map, gguf.GGUFReader, gguf_reader.np = name_map, reader, reader_np
 
 
 def hf_from_gguf(path: str):
