@@ -49,8 +49,8 @@ import torch
 from slipstream.runner.device_drafter import DraftStepInputs
 from slipstream.runner.graphs import capture_sizes
 from slipstream.runner.inputs import StepPad, StepShape, fill_inputs
-from slipstream.runner.spec_device import DeviceDraftInputs, to_device
-from slipstream.runner.speculative import download_verified, place_device_drafts, spec_buffers, verify_step
+from slipstream.runner.speculative import (download_verified, place_device_drafts, spec_buffers,
+                                           upload_device_drafts, verify_step)
 from slipstream.runner.verify_graphs import (VerifyGraphs, VerifyInputs, VerifyRoute, verify_inputs, verify_route,
                                              verify_shape)
 
@@ -186,28 +186,17 @@ def launch_drafting_padded(runner, batch, slot, shape: StepShape, launched_cls):
     launched = launched_cls(batch, slot, S, shape.flags.num_logprobs)
     s, dev = runner.streams, runner.device
     uploaded: tuple[torch.Tensor, ...] = ()
-    with s.on(s.h2d):
-        s.wait(s.h2d, slot.compute_done)
-        slot.h2d_start.record()
+    with s.uploading(slot):
         slot.upload(P)
         vin.upload(spec, P)
         gin.upload(batch, slot.host, P, PT, batch.table.scratch_row)
         if device_drafting:
-            rows = np.flatnonzero(spec.num_drafts > 0)
-            dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
-            rows_dev = to_device(rows.astype(np.int64), dev)
+            dd_in, rows_dev = upload_device_drafts(batch, slot, dev)
             uploaded = dd_in.tensors() + (rows_dev,)
         catch_up = drafter.upload_catch_up(batch, dev)
         if catch_up is not None:
             uploaded = uploaded + catch_up.tensors()
-        slot.h2d_done.record()
-    if s.cuda:  # made on the h2d stream, read on the compute stream
-        for t in uploaded:
-            t.record_stream(s.compute)
-    with s.on(s.compute):
-        s.wait(s.compute, slot.h2d_done)
-        s.wait(s.compute, slot.d2h_done)
-        slot.compute_start.record()
+    with s.computing(slot, uploaded):
         if device_drafting:  # the input correction, before the graph
             place_device_drafts(runner, slot, shape, batch, dd_in, vin, rows_dev)
         if catch_up is not None:
@@ -216,6 +205,5 @@ def launch_drafting_padded(runner, batch, slot, shape: StepShape, launched_cls):
         synthetic = spec.bench_synthetic_accept
         drafting_graphs(runner).run(runner, slot, shape, synthetic,
                                     lambda: drafting_step(runner, slot, shape, bufs, vin, gin, synthetic))
-        slot.compute_done.record()
     download_verified(runner, slot, launched, bufs, S)
     return launched

@@ -38,9 +38,7 @@ def launch_device_drafting(runner, batch, launched_cls):
     device_drafting = spec.draft_tokens is None
     launched = launched_cls(batch, slot, S, shape.flags.num_logprobs)
     s, dev = runner.streams, runner.device
-    with s.on(s.h2d):
-        s.wait(s.h2d, slot.compute_done)
-        slot.h2d_start.record()
+    with s.uploading(slot):
         slot.upload(batch.num_seqs)
         verify_in, uploaded, dd_in = upload_verify_inputs(batch, slot, dev)
         draft_in = DraftStepInputs.upload(batch, slot.host, spec.num_drafts, dev)
@@ -48,14 +46,7 @@ def launch_device_drafting(runner, batch, launched_cls):
         catch_up = drafter.upload_catch_up(batch, dev)
         if catch_up is not None:
             uploaded = uploaded + catch_up.tensors()
-        slot.h2d_done.record()
-    if s.cuda:  # made on the h2d stream, read on the compute stream
-        for t in uploaded:
-            t.record_stream(s.compute)
-    with s.on(s.compute):
-        s.wait(s.compute, slot.h2d_done)
-        s.wait(s.compute, slot.d2h_done)
-        slot.compute_start.record()
+    with s.computing(slot, uploaded):
         for row, prompt, outputs in batch.penalty_resets:
             runner.penalties.reset_row(row, prompt, outputs)
         draft_probs = _stack_probs(spec.draft_probs, spec.k, s) if spec.draft_probs else None
@@ -73,6 +64,5 @@ def launch_device_drafting(runner, batch, launched_cls):
                synthetic_accept=spec.bench_synthetic_accept)
         # the next step's drafts, made now, on the device
         drafter.after_step(slot, shape, bufs.tokens[:S], bufs.num_emitted[:S], draft_in, aux, catch_up)
-        slot.compute_done.record()
     download_verified(runner, slot, launched, bufs, S)
     return launched

@@ -119,19 +119,10 @@ def launch_speculative(runner, batch, launched_cls):
     device_drafting = spec.draft_tokens is None
     launched = launched_cls(batch, slot, S, shape.flags.num_logprobs)
     s, dev = runner.streams, runner.device
-    with s.on(s.h2d):
-        s.wait(s.h2d, slot.compute_done)
-        slot.h2d_start.record()
+    with s.uploading(slot):
         slot.upload(shape.num_seqs)
         verify_in, uploaded, dd_in = upload_verify_inputs(batch, slot, dev)
-        slot.h2d_done.record()
-    if s.cuda:  # made on the h2d stream, read on the compute stream
-        for t in uploaded:
-            t.record_stream(s.compute)
-    with s.on(s.compute):
-        s.wait(s.compute, slot.h2d_done)
-        s.wait(s.compute, slot.d2h_done)
-        slot.compute_start.record()
+    with s.computing(slot, uploaded):
         for row, prompt, outputs in batch.penalty_resets:
             runner.penalties.reset_row(row, prompt, outputs)
         draft_probs = _stack_probs(spec.draft_probs, spec.k, s) if spec.draft_probs else None
@@ -145,9 +136,15 @@ def launch_speculative(runner, batch, launched_cls):
         runner.sample(slot, shape, logits)
         verify(runner, slot, shape, hidden, bufs, S, *verify_in, draft_probs=draft_probs,
                synthetic_accept=spec.bench_synthetic_accept)
-        slot.compute_done.record()
     download_verified(runner, slot, launched, bufs, S)
     return launched
+
+
+def upload_device_drafts(batch, slot, dev) -> tuple[DeviceDraftInputs, torch.Tensor]:
+    """On the h2d stream, a padded step's device-drafting inputs: those of its drafting rows
+    (the rows with draft slots) and those rows' indices."""
+    rows = np.flatnonzero(batch.spec.num_drafts > 0)
+    return DeviceDraftInputs.upload(batch, slot.host, rows, dev), to_device(rows.astype(np.int64), dev)
 
 
 def upload_verify_inputs(batch, slot, dev):
@@ -193,30 +190,20 @@ def _launch_padded(runner, batch, slot, shape, graphs, launched_cls):
     device_drafting = spec.draft_tokens is None
     launched = launched_cls(batch, slot, S, shape.flags.num_logprobs)
     s, dev = runner.streams, runner.device
-    with s.on(s.h2d):
-        s.wait(s.h2d, slot.compute_done)
-        slot.h2d_start.record()
+    uploaded: tuple[torch.Tensor, ...] = ()
+    with s.uploading(slot):
         slot.upload(P)
         vin.upload(spec, P)
         if device_drafting:
-            rows = np.flatnonzero(spec.num_drafts > 0)
-            dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
-            rows_dev = to_device(rows.astype(np.int64), dev)
-        slot.h2d_done.record()
-    if s.cuda and device_drafting:
-        for t in dd_in.tensors() + (rows_dev,):
-            t.record_stream(s.compute)
-    with s.on(s.compute):
-        s.wait(s.compute, slot.h2d_done)
-        s.wait(s.compute, slot.d2h_done)
-        slot.compute_start.record()
+            dd_in, rows_dev = upload_device_drafts(batch, slot, dev)
+            uploaded = dd_in.tensors() + (rows_dev,)
+    with s.computing(slot, uploaded):
         if device_drafting:  # the input correction, before the graph
             place_device_drafts(runner, slot, shape, batch, dd_in, vin, rows_dev)
         synthetic = spec.bench_synthetic_accept
         if not graphs.run(runner, slot, shape, synthetic,
                           lambda: verify_step(runner, slot, shape, bufs, vin, synthetic), runner.spec_buffers):
             verify_step(runner, slot, shape, bufs, vin, synthetic)
-        slot.compute_done.record()
     download_verified(runner, slot, launched, bufs, S)
     return launched
 
