@@ -115,10 +115,11 @@ class EngineCore:
             tokenizer = load_tokenizer(self.source)
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids if tokenizer else self.model_config.eos_token_ids)
         hf_tokenizer = grammar_tokenizer if grammar_tokenizer is not None else getattr(tokenizer, "hf", None)
+        # what a grammar backend is built from, here or in a grammar worker process
+        grammar = GrammarWorkerSpec(config.structured_outputs_backend, hf_tokenizer,
+                                    self.model_config.vocab_size, tuple(sorted(self.eos_token_ids)))
         self.scheduler.structured_outputs = StructuredOutputs(
-            lambda: self._grammar_backend(hf_tokenizer), self._grammar_workers(),
-            lambda: GrammarWorkerSpec(config.structured_outputs_backend, hf_tokenizer,
-                                      self.model_config.vocab_size, tuple(sorted(self.eos_token_ids))))
+            lambda: self._grammar_backend(grammar), self._grammar_workers(), lambda: grammar)
         if config.speculative_config is not None:
             self._setup_speculation(config.speculative_config, async_mode)
         self.timeline = Timeline() if config.trace else None
@@ -132,16 +133,15 @@ class EngineCore:
             num_kv_blocks=self.pool.num_blocks, block_size=config.block_size, device=str(self.device),
             async_scheduling=async_mode, max_num_batched_tokens=tokens)
 
-    def _grammar_backend(self, hf_tokenizer):
+    def _grammar_backend(self, spec: GrammarWorkerSpec):
         """The structured-outputs backend over the model's vocabulary (its logits' width)."""
         if self.config.tensor_parallel_size > 1:
             raise ValueError("they need tensor_parallel_size=1")
-        if hf_tokenizer is None:
+        if spec.hf_tokenizer is None:
             raise ValueError("the engine has no tokenizer to build token masks from "
                              f"(load_format={self.config.load_format!r} loads none)")
         from slipstream.sampling.grammar.backend import create_grammar_backend
-        return create_grammar_backend(self.config.structured_outputs_backend, hf_tokenizer,
-                                      self.model_config.vocab_size, sorted(self.eos_token_ids))
+        return create_grammar_backend(spec.backend, spec.hf_tokenizer, spec.vocab_size, spec.stop_token_ids)
 
     def _grammar_workers(self) -> int:
         """Grammar worker processes (`structured_outputs_workers`; unset: by the CPU count)."""
