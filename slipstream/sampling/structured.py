@@ -40,7 +40,8 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _one_line(text: str) -> str:
+def one_line(text) -> str:
+    """`text` (an error, a message) on one line, its whitespace runs single spaces."""
     return " ".join(str(text).split())
 
 
@@ -57,7 +58,7 @@ def _json_document(name: str, value: Any, allowed: tuple[type, ...], what: str) 
             parsed = jsonlib.loads(value)
         except ValueError as e:
             raise ValueError(f"{name} must be {what}; the string is not valid JSON: "
-                             f"{_one_line(e)}") from None
+                             f"{one_line(e)}") from None
     else:
         parsed = value
     if not isinstance(parsed, allowed):
@@ -66,7 +67,7 @@ def _json_document(name: str, value: Any, allowed: tuple[type, ...], what: str) 
     try:
         _canonical_json(parsed)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{name} must be {what} of plain JSON values: {_one_line(e)}") from None
+        raise ValueError(f"{name} must be {what} of plain JSON values: {one_line(e)}") from None
     return parsed
 
 

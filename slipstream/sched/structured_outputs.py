@@ -29,6 +29,7 @@ from slipstream.sampling.grammar.bitmask import fill_all_allowed, forbid_tokens
 from slipstream.sampling.grammar.compiler import GrammarCompiler
 from slipstream.sampling.grammar.matcher import fill_bitmasks
 from slipstream.sampling.grammar.worker_pool import GrammarWorkerPool, GrammarWorkerSpec
+from slipstream.sampling.structured import one_line
 from slipstream.sched.grammar_workers import RemoteMatcher, WorkerMatchers
 from slipstream.sched.request import Request
 
@@ -77,7 +78,7 @@ class StructuredOutputs:
             try:
                 self.compiler = GrammarCompiler(self._backend_factory())
             except Exception as e:  # noqa: BLE001 - no tokenizer, no library: this request fails
-                self._backend_error = f"structured outputs are unavailable: {' '.join(str(e).split())}"
+                self._backend_error = f"structured outputs are unavailable: {one_line(e)}"
         if self.compiler is None:
             return self._backend_error
         self.num_requests += 1

@@ -33,13 +33,13 @@ from slipstream.sampling.grammar.worker_messages import (
     StepDone,
     ToWorker,
 )
-from slipstream.sampling.structured import GrammarKey
+from slipstream.sampling.structured import GrammarKey, one_line
 
 __all__ = ["GrammarWorkerState", "worker_main"]
 
 
 def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
+    return one_line(error) or type(error).__name__
 
 
 class _SharedBitmask:
