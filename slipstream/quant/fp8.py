@@ -31,17 +31,25 @@ def _to_fp8(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
+def amax_scale(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448 rounded once (IEEE division), at least MIN_SCALE. The divisor is a tensor on
+    amax's device: torch on CUDA divides by a Python scalar as a product with its rounded
+    reciprocal, one ulp off the quotient for some amax, which the Triton quantizers (div_rn)
+    and the CPU would not reproduce."""
+    return (amax / torch.full((), FP8_MAX, dtype=amax.dtype, device=amax.device)).clamp(min=MIN_SCALE)
+
+
 def quantize_per_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [N, K], scale [N]): one scale for the whole tensor, repeated over its rows."""
     wf = w.float()
-    scale = (wf.abs().amax() / FP8_MAX).clamp(min=MIN_SCALE)
+    scale = amax_scale(wf.abs().amax())
     return _to_fp8(wf / scale), scale.expand(w.shape[0]).contiguous()
 
 
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [N, K], scale [N]): one scale an output row (`--quantization fp8` at load)."""
     wf = w.float()
-    scale = (wf.abs().amax(dim=1) / FP8_MAX).clamp(min=MIN_SCALE)
+    scale = amax_scale(wf.abs().amax(dim=1))
     return _to_fp8(wf / scale[:, None]), scale
 
 
@@ -54,7 +62,7 @@ def quantize_blocks(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tens
     padded = torch.zeros((nb * bn, kb * bk), dtype=torch.float32, device=w.device)
     padded[:n, :k] = w.float()
     tiles = padded.view(nb, bn, kb, bk)
-    scale = (tiles.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=MIN_SCALE)
+    scale = amax_scale(tiles.abs().amax(dim=(1, 3)))
     q = _to_fp8(tiles / scale[:, None, :, None]).view(nb * bn, kb * bk)[:n, :k]
     return q.contiguous(), scale
 
@@ -85,7 +93,7 @@ def quantize_per_token(x: torch.Tensor, group: int | None = None) -> tuple[torch
     padded = torch.zeros((m, ng * g), dtype=torch.float32, device=x.device)
     padded[:, :k] = xf
     parts = padded.view(m, ng, g)
-    scale = (parts.abs().amax(dim=2) / FP8_MAX).clamp(min=MIN_SCALE)
+    scale = amax_scale(parts.abs().amax(dim=2))
     q = _to_fp8(parts / scale[:, :, None]).view(m, ng * g)[:, :k]
     return q.contiguous(), scale
 
