@@ -179,13 +179,20 @@ def main(argv=None) -> int:
     print(table(arms))
     mismatches = sum(a["mismatches"] for a in arms)
     print(f"greedy outputs equal to plain: {'yes' if not mismatches else f'NO, {mismatches} requests differ'}")
+    # In float32 the verification forward and plain decoding round alike, so any difference is
+    # a bug. In bf16 they do not (k + 1 rows take other GEMM kernels than one row), and a
+    # near-tie may flip a token and everything after it: reported, not a failure.
+    strict = args.dtype == "float32"
+    if mismatches and not strict:
+        print(f"(in {args.dtype} the verification and plain steps round differently: mismatches are reported, "
+              f"not failed; run with --dtype float32 for the exact check)")
     if args.out:
         res = dict(env=environment(), commit=git_commit(), device=args.device, dtype=args.dtype, mode=args.mode,
                    max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, model=args.model or "SmolLM2-135M-Instruct",
                    prompts=[instruction for instruction, _ in TASKS[:len(prompts)]],
                    prompt_tokens=[len(p) for p in prompts], arms=arms)
         print("wrote", write_json(args.out, "bench_spec_ngram_real.json", res))
-    return 1 if mismatches else 0
+    return 1 if mismatches and strict else 0
 
 
 if __name__ == "__main__":

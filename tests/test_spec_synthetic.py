@@ -50,6 +50,15 @@ def test_accepting_more_than_one(tiny_model, tmp_path, monkeypatch):
     assert 2.6 < s["mean_accepted_length"] <= 3.0, s
 
 
+def test_a_fractional_acceptance_mixes_its_two_neighbours(tiny_model, tmp_path, monkeypatch):
+    """A = 1.5 of k = 3: 2 or 3 tokens a drafting row-step, about half each (the bench's
+    3.5-tokens-a-step EAGLE-3 arm is A = 2.5)."""
+    summary = _bench(tiny_model, tmp_path, monkeypatch, 1.5, mode="async")
+    assert summary["synthetic_acceptance"] == 1.5
+    s = summary["results"]["async"]["speculation"]
+    assert 2.2 < s["mean_accepted_length"] < 2.8, s
+
+
 def test_the_knob_is_not_an_engine_option(tiny_model):
     assert not any("synthetic" in name for name in EngineConfig.__dataclass_fields__)
     from slipstream.core.engine_core import EngineCore

@@ -221,10 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "vocabulary under dummy weights (default: the embedded SmolLM2)")
     b.add_argument("--no-measure", action="store_true",
                    help="use the recorded H200 ceilings (on another GPU, wall/floor is then against the H200's floor)")
-    b.add_argument("--spec-synthetic-accept", type=int, default=None, metavar="A",
+    b.add_argument("--spec-synthetic-accept", type=float, default=None, metavar="A",
                    help="benchmark only, with --speculative-config: every verification step accepts the "
                         "first min(A, drafted) drafts whatever the model says and every row drafts k, so "
-                        "tokens/s at A + 1 tokens a step can be measured with dummy weights (the run is "
+                        "tokens/s at A + 1 tokens a step can be measured with dummy weights (a fraction: "
+                        "floor(A) + 1 on that share of the steps; the run is "
                         "labelled 'synthetic acceptance'; its tokens are not the model's)")
     engine_args(b, BENCH_ENGINE_DEFAULTS)
     b.set_defaults(func=cmd_bench)

@@ -327,12 +327,13 @@ class EngineCore:
         from slipstream.runner.eagle3_drafter import Eagle3Drafter
         return Eagle3Drafter(spec_config.model, self.model, self.model_config, *common)
 
-    def set_bench_synthetic_acceptance(self, accept: int) -> None:
+    def set_bench_synthetic_acceptance(self, accept: float) -> None:
         """A benchmark knob (`slipstream bench --spec-synthetic-accept`, nothing else sets
         it): every verification step accepts the first min(accept, drafted) drafts whatever
         the target says, and every row drafts k (n-gram misses repeat the last token), so
         tokens/s against tokens per step can be measured with dummy weights.  The emitted
-        tokens are then not the model's."""
+        tokens are then not the model's.  A fractional `accept` accepts one more on that
+        fraction of the steps (2.5: 3.5 tokens a step on average)."""
         spec = self.scheduler.speculative
         if spec is None:
             raise ValueError("--spec-synthetic-accept needs --speculative-config")

@@ -102,7 +102,7 @@ class DraftingGraphs:
     def replays(self) -> list[int]:
         return self.graphs.replays if self.graphs is not None else [0, 0]
 
-    def run(self, runner, slot, shape: StepShape, synthetic_accept: int | None, work) -> None:
+    def run(self, runner, slot, shape: StepShape, synthetic_accept: float | None, work) -> None:
         self.steps[slot.index] += 1
         extra = [[g.dev] for g in runner.draft_graph_inputs]
         if self.graphs is None or not self.graphs.run(runner, slot, shape, synthetic_accept, work,
@@ -162,7 +162,7 @@ def padded_drafting_shape(runner, batch, slot) -> StepShape | None:
 
 
 def drafting_step(runner, slot, shape: StepShape, bufs, vin: VerifyInputs, gin: DraftGraphInputs,
-                  synthetic_accept: int | None) -> None:
+                  synthetic_accept: float | None) -> None:
     """A padded drafting step's device work on the compute stream (eager, or captured): the
     verify step with the drafter's capture and q, then the drafter's extend and k drafts.
     Fixed shapes, no host reads."""

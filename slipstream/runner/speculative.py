@@ -218,7 +218,7 @@ def place_device_drafts(runner, slot, shape, batch, dd_in: DeviceDraftInputs, vi
     vin.scatter_device_drafts(rows, drafts, num)
 
 
-def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synthetic_accept: int | None,
+def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synthetic_accept: float | None,
                 draft_probs: torch.Tensor | None = None, capture=None):
     """The padded verify step on the compute stream (eager, or captured): the forward, the LM
     head once over every row's k + 1 verified positions, and the acceptance of every row's
@@ -290,14 +290,23 @@ def _stack_probs(probs: list, k: int, streams) -> torch.Tensor:
 
 
 def _synthetic_acceptance(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
-                          greedy: torch.Tensor, seed: torch.Tensor, token_index: torch.Tensor, a: int):
+                          greedy: torch.Tensor, seed: torch.Tensor, token_index: torch.Tensor, a: float):
     """`slipstream bench --spec-synthetic-accept A` only: each row accepts its first
     min(A, drafted) drafts whatever the target says, then emits the target's own draw at the
     next position, so a step's cost can be measured at a chosen tokens-per-step with random
-    weights (the emitted tokens are not the model's)."""
+    weights (the emitted tokens are not the model's).  A fractional A (2.5: the 3.5 tokens a
+    step of published EAGLE-3 figures) accepts floor(A) + 1 on that fraction of a row's steps,
+    picked by the row's seed and position (deterministic, the same in a graph)."""
     from slipstream.spec.rejection import draw_tokens
     R, K1, V = target.shape
-    accepted = num_drafts.long().clamp(max=a)
+    whole = int(a)
+    accepted = num_drafts.long().clamp(max=whole)
+    if a > whole:
+        # a Weyl sequence in the row's position (golden-ratio steps, offset by its seed): any
+        # run of positions, in steps of 1, 2 or 3, spreads evenly over [0, 1)
+        u = torch.frac(token_index.double() * 0.6180339887498949 + seed.remainder(65536).double() / 65536)
+        extra = (u < a - whole).long()
+        accepted = torch.minimum(num_drafts.long(), accepted + extra)
     at = target.gather(1, accepted[:, None, None].expand(R, 1, V)).squeeze(1)
     token = draw_tokens(at.float(), greedy, seed, token_index.long() + accepted).long()
     out = torch.cat([drafts.long(), torch.zeros_like(drafts[:, :1]).long()], dim=1).scatter(1, accepted[:, None], token[:, None])
@@ -320,7 +329,7 @@ def _accept_draws(drawn: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.T
 
 def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int, rows: torch.Tensor,
            positions: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
-           draft_probs: torch.Tensor | None = None, synthetic_accept: int | None = None,
+           draft_probs: torch.Tensor | None = None, synthetic_accept: float | None = None,
            logits: torch.Tensor | None = None) -> None:
     """Rejection-sample the drafting rows (`rows`, sampling-row indices) and write every
     sampling row's emitted tokens into `bufs` (a row without drafts: the token it drew).

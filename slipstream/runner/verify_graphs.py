@@ -126,7 +126,7 @@ class VerifyGraphs:
         self.cloner = None  # the step graphs' cloner with the verify buffers mapped too (`_clone`)
 
     @staticmethod
-    def key(slot_index: int, shape: StepShape, synthetic_accept: int | None) -> tuple:
+    def key(slot_index: int, shape: StepShape, synthetic_accept: float | None) -> tuple:
         return (slot_index, shape.num_seqs, shape.verify_len, shape.flags.use_top_k_top_p, shape.decode_splits,
                 synthetic_accept)
 
@@ -160,7 +160,7 @@ class VerifyGraphs:
             return None
         return self.cloner.clone(other)
 
-    def run(self, runner, slot, shape: StepShape, synthetic_accept: int | None, work: Callable[[], None],
+    def run(self, runner, slot, shape: StepShape, synthetic_accept: float | None, work: Callable[[], None],
             spec_bufs: list | None = None, extra: list | None = None) -> bool:
         """Replay (capturing `work`, the step, first where due) the graph of this verify step;
         False: the caller runs the step eagerly.  On the compute stream, inputs in place.

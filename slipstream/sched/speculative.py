@@ -56,7 +56,7 @@ class SpecBatch:
     draft_probs: list | None = None
     # `slipstream bench --spec-synthetic-accept A` only: every verification accepts the first
     # min(A, drafted) drafts whatever the target says (the tokens are then not the model's)
-    bench_synthetic_accept: int | None = None
+    bench_synthetic_accept: float | None = None
 
 
 @dataclass
@@ -120,7 +120,7 @@ class SpecScheduling:
         # a benchmark knob, set by `slipstream bench` only (EngineCore.set_bench_synthetic_acceptance):
         # accept min(A, drafted) drafts a step regardless of the target, and draft k tokens
         # a row even where the n-gram lookup finds none (the last token repeated)
-        self.bench_synthetic_accept: int | None = None
+        self.bench_synthetic_accept: float | None = None
 
     def forget(self, req: Request) -> None:
         """`req` left the running set (finished or preempted): its row goes back."""
