@@ -106,8 +106,11 @@ def launch_speculative(runner, batch, launched_cls):
     graph's rows under that graph where one applies."""
     slot = runner.slots[batch.batch_id % 2]
     slot.h2d_done.synchronize()
-    route = verify_route(runner, batch)
-    shape = fill_inputs(batch, slot.host, runner.block_size, route.pad if route else None, runner.max_model_len)
+    # device drafting: a step that only shifts rows after a verification (no draft slots of
+    # its own) keeps the verify layout, so that it replays the verify graph too
+    route = verify_route(runner, batch, single_token_rows=batch.spec.shift_src is not None)
+    shape = fill_inputs(batch, slot.host, runner.block_size, route.pad if route else None, runner.max_model_len,
+                        verify=route is not None)
     if route is not None:
         shape = verify_shape(runner, slot, shape, route, batch.num_seqs)
     graphs = verify_graphs(runner) if route is not None and route.pad is not None else None
