@@ -3,7 +3,8 @@
 The tokenizer's special tokens (its added tokens marked special: <|im_start|>, <|endoftext|>,
 ...) enter xgrammar's vocabulary as empty strings, which xgrammar treats as special tokens
 and never allows inside a grammar: read literally, "<|im_start|>" would be legal text inside
-a JSON string. The stop tokens stay allowed where the grammar is complete.
+a JSON string. The stop tokens stay allowed where the grammar is complete. xgrammar knows the
+tokenizer's ids only; the ids of wider logits are the sampler's concern (`GrammarVocab`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from slipstream.sampling.grammar.vocab import GrammarVocab
 from slipstream.sampling.structured import GrammarKey
 
 __all__ = ["XGrammarBackend", "XGrammarMatcher"]
@@ -50,21 +52,23 @@ def choice_grammar(choices: Sequence[str]) -> str:
 
 
 class XGrammarMatcher:
-    """One request's xgrammar matcher (`BackendMatcher`)."""
+    """One request's xgrammar matcher (`BackendMatcher`), in the model's token ids."""
 
-    __slots__ = ("matcher",)
+    __slots__ = ("backend", "matcher")
 
-    def __init__(self, matcher: xgr.GrammarMatcher):
+    def __init__(self, backend: XGrammarBackend, matcher: xgr.GrammarMatcher):
+        self.backend = backend
         self.matcher = matcher
 
     def accept_token(self, token_id: int) -> bool:
-        return self.matcher.accept_token(token_id)
+        token = self.backend.grammar_vocab.library_token(token_id)
+        return token is not None and self.matcher.accept_token(token)
 
     def rollback(self, num_tokens: int) -> None:
         self.matcher.rollback(num_tokens)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self.matcher.fill_next_token_bitmask(bitmask, row)
+        self.backend.fill_bitmasks([self], bitmask, [row])
 
     def is_completed(self) -> bool:
         return self.matcher.is_completed()
@@ -89,6 +93,10 @@ class XGrammarBackend:
             raise ValueError("a grammar backend needs the model's stop token ids (EOS)")
         self.vocab_size = int(vocab_size)
         self.stop_token_ids = tuple(sorted(int(i) for i in stop_token_ids))
+        tokenizer_size = max(hf_tokenizer.get_vocab().values(), default=-1) + 1
+        self.grammar_vocab = GrammarVocab.of(self.stop_token_ids, tokenizer_size, self.vocab_size,
+                                             getattr(hf_tokenizer, "eos_token_id", None))
+        self._narrow = torch.zeros((0, self.grammar_vocab.words), dtype=torch.int32)
         cores = os.cpu_count() or 1
         self.tokenizer_info = self._tokenizer_info(hf_tokenizer)
         # The compiler's own cache stays off: GrammarCompiler's LRU is the one cache, so its
@@ -101,17 +109,16 @@ class XGrammarBackend:
     def _tokenizer_info(self, hf_tokenizer: Any) -> xgr.TokenizerInfo:
         # xgrammar detects the vocabulary's encoding (byte-level, byte-fallback, raw); the
         # vocabulary itself is rebuilt with the special tokens emptied.
-        detected = xgr.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=self.vocab_size,
-                                                      stop_token_ids=list(self.stop_token_ids))
+        size, stops = self.grammar_vocab.size, list(self.grammar_vocab.stops)
+        detected = xgr.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=size, stop_token_ids=stops)
         special = set(getattr(hf_tokenizer, "all_special_ids", ()))
         special |= {i for i, token in getattr(hf_tokenizer, "added_tokens_decoder", {}).items()
                     if getattr(token, "special", False)}
-        encoded = [""] * self.vocab_size
+        encoded = [""] * size
         for token, token_id in hf_tokenizer.get_vocab().items():
-            if token_id < self.vocab_size and token_id not in special:
+            if token_id < size and token_id not in special:
                 encoded[token_id] = token
-        return xgr.TokenizerInfo(encoded, detected.vocab_type, vocab_size=self.vocab_size,
-                                 stop_token_ids=list(self.stop_token_ids),
+        return xgr.TokenizerInfo(encoded, detected.vocab_type, vocab_size=size, stop_token_ids=stops,
                                  add_prefix_space=detected.add_prefix_space)
 
     def compile(self, key: GrammarKey) -> xgr.CompiledGrammar:
@@ -139,12 +146,26 @@ class XGrammarBackend:
         raise ValueError(f"unknown structured output kind {kind!r}")
 
     def new_matcher(self, compiled: xgr.CompiledGrammar) -> XGrammarMatcher:
-        return XGrammarMatcher(xgr.GrammarMatcher(compiled))
+        return XGrammarMatcher(self, xgr.GrammarMatcher(compiled))
 
     def fill_bitmasks(self, matchers: Sequence[XGrammarMatcher], bitmask: torch.Tensor,
                       rows: Sequence[int]) -> None:
-        self.batch.batch_fill_next_token_bitmask([m.matcher for m in matchers], bitmask, list(rows))
+        handles = [m.matcher for m in matchers]
+        if self.grammar_vocab.direct:
+            self.batch.batch_fill_next_token_bitmask(handles, bitmask, list(rows))
+            return
+        # xgrammar writes rows of its own width and ignores a view's row stride: a contiguous
+        # scratch of the tokenizer's width, widened into the sampler's rows
+        if self._narrow.shape[0] < len(rows):
+            self._narrow = torch.zeros((len(rows), self.grammar_vocab.words), dtype=torch.int32)
+        narrow = self._narrow[:len(rows)]
+        self.batch.batch_fill_next_token_bitmask(handles, narrow, list(range(len(rows))))
+        self.grammar_vocab.widen(narrow, bitmask, rows)
 
     def accept_tokens(self, matchers: Sequence[XGrammarMatcher],
                       token_ids: Sequence[int]) -> list[bool]:
-        return self.batch.batch_accept_token([m.matcher for m in matchers], list(token_ids))
+        vocab = self.grammar_vocab
+        tokens = [vocab.library_token(t) for t in token_ids]
+        if all(t is not None for t in tokens):
+            return self.batch.batch_accept_token([m.matcher for m in matchers], tokens)
+        return [t is not None and m.matcher.accept_token(t) for m, t in zip(matchers, tokens)]
