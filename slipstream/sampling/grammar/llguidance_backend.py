@@ -9,6 +9,8 @@ Stop tokens: llguidance allows the EOS tokens where the grammar is complete but 
 consumes them (it reports the grammar stopped); the matcher here records a stop token it
 accepts, so `is_terminated` means what it means for xgrammar: a stop token was accepted.
 Special tokens never match grammar text (llguidance's lexer reads them as non-text bytes).
+The vocabulary is the model's logits width, and stop ids past the tokenizer are allowed where
+the grammar is complete: llguidance_vocab.py says how.
 Structural tags are xgrammar's format: this backend refuses them with one line.
 """
 from __future__ import annotations
@@ -19,11 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import llguidance
-import llguidance.hf
 import llguidance.torch
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
+from slipstream.sampling.grammar.llguidance_vocab import StopIds, llguidance_tokenizer
 from slipstream.sampling.structured import GrammarKey
 
 __all__ = ["LLGuidanceBackend", "LLGuidanceMatcher"]
@@ -64,18 +66,18 @@ class LLGuidanceMatcher:
     """One request's llguidance matcher (`BackendMatcher`); `num_tokens` counts the tokens
     accepted, a stop token included, `stopped_at` where the stop token is (None: none yet)."""
 
-    __slots__ = ("matcher", "stop_token_ids", "num_tokens", "stopped_at")
+    __slots__ = ("matcher", "num_tokens", "stopped_at", "stops")
 
-    def __init__(self, matcher: llguidance.LLMatcher, stop_token_ids: frozenset[int]):
+    def __init__(self, matcher: llguidance.LLMatcher, stops: StopIds):
         self.matcher = matcher
-        self.stop_token_ids = stop_token_ids
+        self.stops = stops
         self.num_tokens = 0
         self.stopped_at: int | None = None
 
     def accept_token(self, token_id: int) -> bool:
-        if self.stopped_at is not None:
+        if self.stopped_at is not None or token_id == self.stops.stand_in:
             return False
-        if token_id in self.stop_token_ids and self.matcher.is_accepting():
+        if token_id in self.stops.ids and self.matcher.is_accepting():
             self.num_tokens += 1
             self.stopped_at = self.num_tokens
             return True
@@ -97,6 +99,8 @@ class LLGuidanceMatcher:
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+        if self.stops.patches_rows:
+            self.stops.patch_rows(bitmask, (row,), (self.matcher.is_accepting(),))
 
     def is_completed(self) -> bool:
         return self.matcher.is_accepting()
@@ -109,20 +113,16 @@ class LLGuidanceBackend:
     """`GrammarBackend` over llguidance.
 
     hf_tokenizer: a transformers fast tokenizer; vocab_size: the model's logits width (ids past
-    the tokenizer's are never allowed); stop_token_ids: the model's EOS ids; batch_threads:
-    threads of a batch bitmask fill."""
+    the tokenizer's are never allowed); stop_token_ids: the model's EOS ids, anywhere below
+    vocab_size (llguidance_vocab.py); batch_threads: threads of a batch bitmask fill."""
 
     name = "llguidance"
 
     def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], *,
                  batch_threads: int | None = None):
-        if not stop_token_ids:
-            raise ValueError("a grammar backend needs the model's stop token ids (EOS)")
         self.vocab_size = int(vocab_size)
-        self.stop_token_ids = tuple(sorted(int(i) for i in stop_token_ids))
-        self._stop = frozenset(self.stop_token_ids)
-        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=self.vocab_size,
-                                                      eos_token=list(self.stop_token_ids))
+        self.tokenizer, self.stops = llguidance_tokenizer(hf_tokenizer, self.vocab_size, stop_token_ids)
+        self.stop_token_ids = tuple(sorted(self.stops.ids))
         self.executor = llguidance.LLExecutor(batch_threads or max(1, (os.cpu_count() or 1) // 2))
 
     def _grammar(self, kind: str, spec: str, fixed_whitespace: bool) -> str:
@@ -160,12 +160,14 @@ class LLGuidanceBackend:
         return template
 
     def new_matcher(self, compiled: llguidance.LLMatcher) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(compiled.deep_copy(), self._stop)
+        return LLGuidanceMatcher(compiled.deep_copy(), self.stops)
 
     def fill_bitmasks(self, matchers: Sequence[LLGuidanceMatcher], bitmask: torch.Tensor,
                       rows: Sequence[int]) -> None:
         llguidance.torch.fill_next_token_bitmask_par(
             self.executor, [(m.matcher, row) for m, row in zip(matchers, rows)], bitmask)
+        if self.stops.patches_rows:
+            self.stops.patch_rows(bitmask, rows, [m.matcher.is_accepting() for m in matchers])
 
     def accept_tokens(self, matchers: Sequence[LLGuidanceMatcher],
                       token_ids: Sequence[int]) -> list[bool]:
