@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from slipstream.spec.ngram import propose_ngram, propose_ngram_device
+from slipstream.spec.ngram import has_ngram_match, propose_ngram, propose_ngram_device
 
 
 def test_the_longest_suffix_ngram_wins_and_its_earliest_occurrence():
@@ -61,3 +61,21 @@ def test_the_device_version_equals_the_host_rule_row_by_row(k, min_n, max_n, voc
         assert (drafts[r, n:] == 0).all()
         found += n > 0
     assert found > R // 4  # not vacuous: many rows draft
+
+
+@pytest.mark.parametrize("min_n, vocab", [(1, 3), (2, 3), (2, 8), (3, 2), (4, 4)])
+def test_has_ngram_match_says_whether_the_host_rule_drafts(min_n, vocab):
+    """The scheduler's per-step question (may a row get draft slots) against the rule itself,
+    for every max_n: lengths 0 .. 40, random and periodic token rows."""
+    rng = np.random.default_rng(min_n * 10 + vocab)
+    yes = no = 0
+    for trial in range(300):
+        t = rng.integers(0, vocab, int(rng.integers(0, 41)))
+        if trial % 3 == 0 and len(t) > 2:
+            period = int(rng.integers(1, 6))
+            t = np.resize(t[:period], len(t))
+        got = has_ngram_match(t, min_n)
+        for max_n in (min_n, min_n + 1, min_n + 3):
+            assert got == (len(propose_ngram(t, 2, min_n, max_n)) > 0), (t.tolist(), min_n, max_n)
+        yes, no = yes + got, no + (not got)
+    assert yes >= 20 and no >= 20  # both answers are exercised

@@ -148,9 +148,8 @@ class SpecScheduling:
             return False
         if self.bench_synthetic_accept is not None or self.every_step:
             return True
-        from slipstream.spec.ngram import propose_ngram
-        c = self.config
-        return len(propose_ngram(tokens, 1, c.prompt_lookup_min, c.prompt_lookup_max)) > 0
+        from slipstream.spec.ngram import has_ngram_match
+        return has_ngram_match(tokens, self.config.prompt_lookup_min)
 
     def enabled_for(self, num_running: int, requests) -> bool:
         """Whether this step drafts at all: within disable_by_batch_size, and no grammar."""

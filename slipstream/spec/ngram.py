@@ -40,6 +40,22 @@ def propose_ngram(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndar
     return np.zeros(0, dtype=np.int32)
 
 
+def has_ngram_match(tokens: np.ndarray, min_n: int) -> bool:
+    """Whether `propose_ngram(tokens, k, min_n, max_n)` drafts anything, for any k and max_n:
+    whether the last min_n tokens occur ending before the last token (a longer n-gram that
+    occurs contains that occurrence).  min_n compares over the tokens, no window arrays:
+    the asynchronous scheduler asks it of every decode row every step."""
+    t = np.asarray(tokens).reshape(-1)
+    length = t.shape[0]
+    if min_n < 1 or length <= min_n:
+        return False
+    m = length - min_n  # windows starting at s < m end at s + min_n - 1 <= length - 2
+    hit = t[:m] == t[m]
+    for i in range(1, min_n):
+        hit &= t[i:m + i] == t[m + i]
+    return bool(hit.any())
+
+
 def propose_ngram_device(history: torch.Tensor, lengths: torch.Tensor, k: int, min_n: int,
                          max_n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Drafts for R sequences at once: `history` int32 [R, L] (row r's tokens in
