@@ -13,8 +13,14 @@ drafting row emits per verification step, the engine's `spec_mean_accepted_lengt
 speedup over plain; and checks that every arm's greedy tokens equal plain's (the mismatch
 count; exit status 1 if any differs). --out DIR writes bench_spec_ngram_real.json.
 
+--timeline: the engines record a CPU/GPU timeline (`trace`), and a second table gives each
+arm's mean per step of the timed run: the host's schedule / launch / process milliseconds
+(its own work) and its wait for the oldest batch, the compute stream's GPU milliseconds, and
+how the steps ran (plain decode graph replays, verify graph replays, verification steps run
+eagerly, graph captures within the timed run): where a speculative step's time goes.
+
 Usage: python benchmarks/bench_spec_ngram_real.py [--device cuda] [--dtype bfloat16]
-       [--ks 2 4 6] [--max-tokens 256] [--out DIR] [--smoke] [--model FOLDER]
+       [--ks 2 4 6] [--max-tokens 256] [--out DIR] [--smoke] [--model FOLDER] [--timeline]
 (--model: another model folder with a chat template; the default is the embedded SmolLM2.
 --smoke: two prompts, 12 tokens, k = 2 only: a check that the path runs, on the CPU too.)
 """
@@ -37,6 +43,7 @@ from grounded_prompts import TASKS, chat_messages  # noqa: E402
 from slipstream import LLM, SamplingParams  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.bench.run import environment  # noqa: E402
+from slipstream.core.tracing import Timeline  # noqa: E402
 
 SPEC_KEYS = ("spec_num_steps", "spec_num_drafting_rows", "spec_num_draft_tokens", "spec_num_accepted_tokens",
              "spec_num_emitted_tokens")
@@ -67,7 +74,9 @@ def run_arm(name: str, spec: dict | None, prompts: list[list[int]], args) -> dic
     """One engine: warm-up, then every prompt once, timed; the arm's figures and tokens."""
     t0 = time.perf_counter()
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, async_scheduling=args.mode == "async", speculative_config=spec)
+              max_num_seqs=args.max_num_seqs, async_scheduling=args.mode == "async", speculative_config=spec,
+              trace=args.timeline)
+    per_step = None
     start_s = time.perf_counter() - t0
     try:
         # every prompt's prefill shape; the longest prompt to the full length, so that the
@@ -82,11 +91,16 @@ def run_arm(name: str, spec: dict | None, prompts: list[list[int]], args) -> dic
         llm.engine.reset_prefix_cache()
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=args.ignore_eos)
         before = llm.engine.stats()
+        if args.timeline:
+            llm.engine.loop.timeline, counters = Timeline(), step_counters(llm.engine.runner)
         tokens, steps, walls, decodes = [], [], [], []
         for p in prompts:
             t, s, w, d = run_one(llm, p, params)
             tokens.append(t), steps.append(s), walls.append(w), decodes.append(d)
         after = llm.engine.stats()
+        if args.timeline:
+            per_step = timeline_per_step(llm.engine.loop.timeline, counters, step_counters(llm.engine.runner))
+            llm.engine.loop.timeline = None
     finally:
         llm.shutdown()
         del llm
@@ -108,7 +122,46 @@ def run_arm(name: str, spec: dict | None, prompts: list[list[int]], args) -> dic
         acceptance_rate=spec_d["spec_num_accepted_tokens"] / spec_d["spec_num_draft_tokens"]
         if spec_d.get("spec_num_draft_tokens") else 0.0,
         mean_accepted_length=spec_d["spec_num_emitted_tokens"] / rows if rows else None,
-        drafting_row_steps=rows, per_request_wall_s=walls, tokens=tokens)
+        drafting_row_steps=rows, per_request_wall_s=walls, tokens=tokens, per_step=per_step)
+
+
+def step_counters(runner) -> dict:
+    """The runner's running counts of how steps ran (graph replays, captures' seconds)."""
+    vg = getattr(runner, "verify_graphs", None)
+    graphs = getattr(runner, "graphs", None)
+    return dict(decode_replays=sum(runner.graph_replays["decode"]) + sum(runner.graph_replays["mixed"]),
+                verify_replays=sum(vg.replays) if vg is not None else 0,
+                verify_graphs=len(vg.graphs) if vg is not None else 0,
+                capture_s=graphs.capture_s if graphs is not None else 0.0)
+
+
+def timeline_per_step(tl: Timeline, before: dict, after: dict) -> dict:
+    """Mean milliseconds a step of the timed run spent in each host phase and on the compute
+    stream, and how its steps ran (the counters' differences)."""
+    n = max(len(tl.batches), 1)
+    out = {f"{name}_ms": 1e3 * sum(s.end - s.start for s in tl.spans if s.lane == "cpu" and s.name == name) / n
+           for name in ("schedule", "launch", "process", "wait")}
+    out["host_ms"] = out["schedule_ms"] + out["launch_ms"] + out["process_ms"]
+    compute = [s.end - s.start for s in tl.spans if s.lane == "compute"]
+    out["gpu_ms"] = 1e3 * sum(compute) / len(compute) if compute else None
+    out["steps"] = len(tl.batches)
+    out["verify_steps"] = int(sum(bool(b.verify) for b in tl.batches))
+    out.update({k: after[k] - before[k] for k in before})
+    out["eager_verify_steps"] = out["verify_steps"] - out["verify_replays"]
+    return out
+
+
+def per_step_table(arms: list[dict]) -> str:
+    lines = ["| arm | steps | schedule ms | launch ms | process ms | host ms | wait ms | GPU ms | decode replays | "
+             "verify steps | verify replays | eager verify steps | new verify graphs | capture s |", "|---" * 14 + "|"]
+    for a in arms:
+        p = a["per_step"]
+        gpu = f"{p['gpu_ms']:.3f}" if p["gpu_ms"] is not None else "-"
+        lines.append(f"| {a['arm']} | {p['steps']} | {p['schedule_ms']:.3f} | {p['launch_ms']:.3f} | "
+                     f"{p['process_ms']:.3f} | {p['host_ms']:.3f} | {p['wait_ms']:.3f} | {gpu} | {p['decode_replays']} | "
+                     f"{p['verify_steps']} | {p['verify_replays']} | {p['eager_verify_steps']} | "
+                     f"{p['verify_graphs']} | {p['capture_s']:.2f} |")
+    return "\n".join(lines)
 
 
 def table(arms: list[dict]) -> str:
@@ -149,6 +202,8 @@ def parse_args(argv):
                     "--smoke: 2)")
     ap.add_argument("--out", default=None, help="folder for bench_spec_ngram_real.json")
     ap.add_argument("--smoke", action="store_true", help="two prompts, 12 tokens, k = 2: the path runs")
+    ap.add_argument("--timeline", action="store_true", help="per-step host phases, GPU time and graph use "
+                    "of the timed run (a second table)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.max_tokens, args.ks, args.warmup_tokens = 12, [2], 4
@@ -177,6 +232,9 @@ def main(argv=None) -> int:
         print(f"{a['arm']}: engine start {a['engine_start_s']:.1f} s, {a['output_tokens']} tokens in "
               f"{a['wall_s']:.2f} s")
     print(table(arms))
+    if args.timeline:
+        print("per step of the timed run (ms, means over its steps; host = schedule + launch + process):")
+        print(per_step_table(arms))
     mismatches = sum(a["mismatches"] for a in arms)
     print(f"greedy outputs equal to plain: {'yes' if not mismatches else f'NO, {mismatches} requests differ'}")
     # In float32 the verification forward and plain decoding round alike, so any difference is

@@ -67,6 +67,24 @@ def test_a_differing_arm_is_counted_and_fails_the_run(tiny_chat_model, monkeypat
     assert "NO, 1 requests differ" in capsys.readouterr().out
 
 
+def test_timeline_prints_each_arms_host_and_gpu_time_per_step(tiny_chat_model, tmp_path, capsys):
+    """--timeline: the per-step table, and in the JSON each arm's host phases (the CPU has no
+    GPU lane and no graphs: its verification steps all run eagerly)."""
+    assert bench.main(SMOKE + ["--model", tiny_chat_model, "--num-prompts", "1", "--timeline",
+                               "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| arm | steps | schedule ms | launch ms |" in out
+    plain, spec = json.loads((tmp_path / "bench_spec_ngram_real.json").read_text())["arms"]
+    for arm in (plain, spec):
+        p = arm["per_step"]
+        assert p["steps"] >= arm["steps"] - 1 and p["launch_ms"] > 0 and p["gpu_ms"] is None
+        assert p["host_ms"] == pytest.approx(p["schedule_ms"] + p["launch_ms"] + p["process_ms"])
+        assert p["verify_replays"] == 0 and p["capture_s"] == 0.0
+    assert plain["per_step"]["verify_steps"] == 0
+    assert spec["per_step"]["verify_steps"] > 0 and spec["per_step"]["eager_verify_steps"] == spec["per_step"]["verify_steps"]
+    assert f"| ngram k=2 | {spec['per_step']['steps']} |" in out
+
+
 @pytest.mark.gpu
 def test_gpu_smollm2_smoke(tmp_path):
     """The real SmolLM2 on CUDA under graphs (gputests-smol picks it up); the full run is
