@@ -152,8 +152,9 @@ def timeline_per_step(tl: Timeline, before: dict, after: dict) -> dict:
 
 
 def per_step_table(arms: list[dict]) -> str:
-    lines = ["| arm | steps | schedule ms | launch ms | process ms | host ms | wait ms | GPU ms | decode replays | "
-             "verify steps | verify replays | eager verify steps | new verify graphs | capture s |", "|---" * 14 + "|"]
+    header = ("| arm | steps | schedule ms | launch ms | process ms | host ms | wait ms | GPU ms | decode replays | "
+              "verify steps | verify replays | eager verify steps | new verify graphs | capture s |")
+    lines = [header, "|---" * 14 + "|"]
     for a in arms:
         p = a["per_step"]
         gpu = f"{p['gpu_ms']:.3f}" if p["gpu_ms"] is not None else "-"
