@@ -78,6 +78,36 @@ def test_config_from_the_environment():
         config_from_env("one_row=stream")
 
 
+def test_a_triton_that_refuses_narrow_dots_gets_16_columns(monkeypatch):
+    """Where Triton compiles no dot narrower than 16 columns, the first launch fails while
+    compiling (nothing ran) and the dot's hi and lo are padded with zero columns from then
+    on, with the same result."""
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    import slipstream.ops.triton_fp8_gemv_stream as ts
+    kernel, widths = ts._fp8_gemv_stream_kernel, []
+
+    class Strict:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                widths.append(kw["NB"])
+                if kw["NB"] < 16:
+                    raise CompilationError(None, ast.Pass(), "dot: 16 columns at least")
+                kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(ts, "_fp8_gemv_stream_kernel", Strict())
+    monkeypatch.setattr(ts, "_NARROW", [2])
+    w, x = _weight(48, 160, "channel", True), _x(1, 160)
+    y = fp8_gemv(x, w, row_scale_eps=1e-5, cfg=STREAM_TINY)
+    _close(y, scale_rows_ref(fp8_linear_ref(x.float(), w), x.float(), 1e-5, None))
+    assert widths == [2, 16] and ts._NARROW == [16]
+    fp8_gemv(x, w, cfg=STREAM_TINY)
+    assert widths[-1] == 16  # no second failing try
+
+
 def test_bad_prefetch_is_refused():
     w, x = _weight(48, 160, "channel", False), _x(1, 160)
     with pytest.raises(ValueError, match="prefetch_tiles must be 0 or a power of two, not 3"):

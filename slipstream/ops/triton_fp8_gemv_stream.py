@@ -26,8 +26,14 @@ the stream around it:
 - No split over K: fewer weight rows a program instead (`stream_columns`: 32 for o, qkv and
   down, 128 for gate_up on 132 SMs), so the SMs have programs without a workspace, a
   ticket or a second pass; 32 KB K tiles (widened as the rows narrow: 1,024 columns at 32
-  rows, 256 at 128), a program's shared memory 74-82 KB at 3 stages (sm_90, compiled on
+  rows, 256 at 128), a program's shared memory 70-82 KB at 3 stages (sm_90, compiled on
   the CPU).
+- `prefetch.global.L2` carries the bytes in flight that shared memory does not: before the
+  PDL wait a program asks L2 for its `prefetch_tiles` K tiles past the first (which it loads
+  into registers there, as the MMA kernel does), and each loop step asks for the tile
+  `prefetch_tiles` on, so DRAM keeps streaming while a program waits, converts or
+  multiplies. No register or shared memory holds a prefetched line; the loop's loads then
+  find it in L2.
 
 The price, counted in SASS (sm_90, this machine's Triton): a slice's own range costs a warp
 reduction and a multiply of the dot's result a tile, and fewer rows a program leave less
@@ -35,12 +41,6 @@ weight to share the input's work, so the loop issues 2.4-2.7 instructions a weig
 32 rows (o, qkv, down) and 1.7-1.8 at 128 (gate_up), against the MMA kernel's 1.1-1.3
 (16 rows: ~4, as the FMA kernel). Whether the shorter chain pays for that is the
 benchmark's to say (benchmarks/bench_fp8_gemv.py, the `stream` variants).
-- `prefetch.global.L2` carries the bytes in flight that shared memory does not: before the
-  PDL wait a program asks L2 for its `prefetch_tiles` K tiles past the first (which it loads
-  into registers there, as the MMA kernel does), and each loop step asks for the tile
-  `prefetch_tiles` on, so DRAM keeps streaming while a program waits, converts or
-  multiplies. No register or shared memory holds a prefetched line; the loop's loads then
-  find it in L2.
 
 Scales: per channel (per tensor held per channel) multiply the finished sum; 128 x 128
 blocks: a slice is one block's width, its dot multiplied by its block's scale with the
