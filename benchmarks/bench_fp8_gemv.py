@@ -89,12 +89,12 @@ DEFAULT_VARIANTS = [
 # tiles asked into L2 ahead), and the MMA kernel with its L2 prefetch before the wait and
 # ahead in the loop
 ONE_ROW_VARIANTS = [
-    "stream:", "stream-pf0:stream_prefetch_tiles=0", "stream-pf4:stream_prefetch_tiles=4",
+    "stream:", "stream-pf0:stream_prefetch_tiles=0", "stream-pf2:stream_prefetch_tiles=2",
     "stream-pf8:stream_prefetch_tiles=8", "stream-s2:stream_stages=2", "stream-s4:stream_stages=4",
     "stream-t16k:stream_tile_bytes=16384", "stream-n16:stream_block_n=16", "stream-n64:stream_block_n=64",
     "stream-n128:stream_block_n=128", "stream-w8:stream_warps=8",
-    "mma-pf1024:mma_prefetch_k=1024", "mma-a2:mma_prefetch_ahead=2", "mma-pf256-a2:mma_prefetch_k=256,mma_prefetch_ahead=2",
-    "mma-pf1024-a4:mma_prefetch_k=1024,mma_prefetch_ahead=4",
+    "mma-pf1024:mma_prefetch_k=1024", "mma-a4:mma_prefetch_ahead=4", "mma-pf1024-a4:mma_prefetch_k=1024,mma_prefetch_ahead=4",
+    "mma-pf2048-a8:mma_prefetch_k=2048,mma_prefetch_ahead=8",
     "mma-s2-pf1024-a4:mma_stages=2,mma_prefetch_k=1024,mma_prefetch_ahead=4",
 ]
 LAYER = ("qkv", "o", "gate_up", "down")

@@ -209,11 +209,11 @@ def test_gpu_stream_gemv_keeps_each_rows_range_at_8b_sizes(layout):
 @pytest.mark.parametrize("n,k", SHAPES_8B)
 def test_gpu_stream_prefetch_and_tiles_change_no_bits(n, k):
     """The L2 prefetch only moves bytes earlier, and the stages only the pipeline: the same
-    bits with prefetch off, 2 and 4 tiles ahead, 2 and 4 stages (the same tiles)."""
+    bits with prefetch off and 8 tiles ahead (4 by default), 2 and 4 stages (the same tiles)."""
     w = _weight(n, k, "channel", True)
     x = _x(1, k)
     base = fp8_gemv(x, w, row_scale_eps=1e-5, cfg=STREAM)
-    for kw in ({"stream_prefetch_tiles": 0}, {"stream_prefetch_tiles": 4}, {"stream_stages": 2},
+    for kw in ({"stream_prefetch_tiles": 0}, {"stream_prefetch_tiles": 8}, {"stream_stages": 2},
                {"stream_stages": 4}):
         assert torch.equal(fp8_gemv(x, w, row_scale_eps=1e-5, cfg=dataclasses.replace(STREAM, **kw)), base), kw
 

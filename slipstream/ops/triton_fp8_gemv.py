@@ -89,7 +89,8 @@ class Fp8GemvConfig:
     # multiple of 128; 0: none): the stream goes on during the input's range pass
     mma_prefetch_k: int = 0
     # each loop step asks L2 for the K tile this many tiles on (0: none): DRAM keeps streaming
-    # past what the pipeline's stages hold in shared memory
+    # past what the pipeline's stages hold in shared memory (so more tiles than they hold: a
+    # prefetch of a tile the pipeline is already loading is a duplicate request)
     mma_prefetch_ahead: int = 0
     # which kernel takes one row when fma_rows leaves it to the tensor cores: "mma" (the MMA
     # kernel above) or "stream" (ops/triton_fp8_gemv_stream.py: no range pass, no split-K,
@@ -98,13 +99,14 @@ class Fp8GemvConfig:
     # the stream kernel: weight rows a program (None: `stream_columns`, the most that give
     # stream_programs_per_sm programs an SM), bytes of a K tile (its K slice a warp follows),
     # stages, warps, and K tiles asked into L2 ahead (before the PDL wait and in the loop; a
-    # power of two, 0: none)
+    # power of two, 0: none; more than the stages' tiles in flight, which it would only
+    # duplicate: 4 at 3 stages)
     stream_block_n: int | None = None
     stream_programs_per_sm: int = 1
     stream_tile_bytes: int = 32768
     stream_stages: int = 3
     stream_warps: int = 4
-    stream_prefetch_tiles: int = 2
+    stream_prefetch_tiles: int = 4
 
     def __post_init__(self):
         if self.one_row not in ONE_ROW_KERNELS:
