@@ -87,13 +87,43 @@ def history(runner) -> DeviceHistory:
     return h
 
 
+def triton_drafting(d) -> bool:
+    """Whether the step's drafting takes the Triton kernels: on CUDA (a CPU test turns it on
+    under Triton's interpreter)."""
+    return d.positions.is_cuda
+
+
 def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs,
                           prev_num_emitted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """On the compute stream, before the forward pass: shift the rows, carry the first
     tokens over, write the history, draft. Returns the verifying rows' drafts int32 [R, k]
-    and their counts int32 [R] (also placed in the step's input ids)."""
+    and their counts int32 [R] (also placed in the step's input ids).  On CUDA without a
+    device drafter: two Triton kernels (ops/triton_device_drafts.py), not the reference's
+    hundred small launches."""
     d = slot.dev
-    T, B, S = shape.num_tokens, shape.num_seqs, shape.num_samples
+    h = history(runner)
+    h.reset(spec.history_resets)
+    prev_tokens = runner.slots[1 - slot.index].dev.tokens
+    drafter = getattr(runner, "drafter", None)
+    synthetic = spec.bench_synthetic_accept is not None
+    if drafter is None and triton_drafting(d):
+        from slipstream.ops.triton_device_drafts import shift_and_draft_triton
+        return shift_and_draft_triton(d.positions, d.seq_lens, d.slot_mapping, d.block_table, d.input_ids,
+                                      d.carry_idx, d.token_index, d.query_start_loc, prev_tokens, prev_num_emitted,
+                                      h.tokens, inp.shift_src, inp.sample_seq, inp.table_rows, inp.first_token,
+                                      inp.verify_table_rows, runner.block_size, spec.k, spec.min_n, spec.max_n,
+                                      synthetic)
+    return shift_and_draft_ref(d, prev_tokens, h.tokens, inp, prev_num_emitted, shape.num_tokens, runner.block_size,
+                               spec.k, spec.min_n, spec.max_n, synthetic, drafter)
+
+
+def shift_and_draft_ref(d, prev_tokens: torch.Tensor, hist: torch.Tensor, inp: DeviceDraftInputs,
+                        prev_num_emitted: torch.Tensor, T: int, bs: int, k: int, min_n: int, max_n: int,
+                        synthetic: bool = False, drafter=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference of `prepare_device_drafts` in torch ops (the CPU's path, and a device
+    drafter's): `d` the slot's device inputs (T real tokens), `hist` the token history
+    int32 [rows, L], `drafter` a device drafter whose drafts are taken instead of n-gram ones."""
+    B, S = inp.shift_src.shape[0], inp.sample_seq.shape[0]
     src = inp.shift_src
     delta = torch.where(src >= 0, prev_num_emitted.index_select(0, src.clamp(min=0)).long() - 1,
                         torch.zeros_like(src))
@@ -103,37 +133,32 @@ def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs,
     # a row whose step in flight ended its request at the context's end (this step's output
     # is dropped) may move past the context: it stays inside, every index below in bounds
     # (a live row never moves there: its next input is a known token)
-    L = runner.max_model_len
+    L = hist.shape[1]
     pos.clamp_(max=L - 1)
     d.seq_lens[:B].clamp_(max=L)
     d.token_index[:S] += delta.index_select(0, inp.sample_seq).to(d.token_index.dtype)
-    bs = runner.block_size
     p = pos.long()
     blocks = d.block_table[:B][inp.token_seq, p // bs].long()
     moved = blocks * bs + p % bs
     sm = d.slot_mapping[:T]
     sm.copy_(torch.where(sm >= 0, moved.to(sm.dtype), sm))
     input_ids = d.input_ids[:T]
-    carry_over(input_ids, d.carry_idx[:T], runner.slots[1 - slot.index].dev.tokens)
-    h = history(runner)
-    h.reset(spec.history_resets)
-    h.tokens[inp.table_rows.index_select(0, inp.token_seq), p] = input_ids
-    k = spec.k
+    carry_over(input_ids, d.carry_idx[:T], prev_tokens)
+    hist[inp.table_rows.index_select(0, inp.token_seq), p] = input_ids
     first = inp.first_token
     p0 = p.index_select(0, first)
-    drafter = getattr(runner, "drafter", None)
     if drafter is not None:  # drafted at the end of the previous step (runner/device_drafter.py)
         drafts, num = drafter.device_drafts(inp.verify_table_rows, p0 + 1)
     else:
-        drafts, num = _propose(h.tokens.index_select(0, inp.verify_table_rows), (p0 + 1).to(torch.int32), k,
-                               spec.min_n, spec.max_n)
-    if spec.bench_synthetic_accept is not None:  # (bench only) k drafts a row: the first input repeated
+        drafts, num = _propose(hist.index_select(0, inp.verify_table_rows), (p0 + 1).to(torch.int32), k,
+                               min_n, max_n)
+    if synthetic:  # (bench only) k drafts a row: the first input repeated
         cols = torch.arange(k, device=first.device)[None, :]
         drafts = torch.where(cols < num[:, None], drafts, input_ids.index_select(0, first)[:, None].to(drafts.dtype))
         num = torch.full_like(num, k)
     offsets = torch.arange(1, k + 1, device=first.device)[None, :]
     input_ids[(first[:, None] + offsets).reshape(-1)] = drafts.reshape(-1).to(input_ids.dtype)
-    h.tokens[inp.verify_table_rows[:, None].expand(-1, k), p0[:, None] + offsets] = drafts
+    hist[inp.verify_table_rows[:, None].expand(-1, k), p0[:, None] + offsets] = drafts
     return drafts, num
 
 
