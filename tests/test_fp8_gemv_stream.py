@@ -78,6 +78,24 @@ def test_config_from_the_environment():
         config_from_env("one_row=stream")
 
 
+def test_the_engine_default_follows_the_environment():
+    """SLIPSTREAM_FP8_GEMV and SLIPSTREAM_FP8_GEMV_CONFIG, read once at import, make the
+    default config the engine's FP8 layers use (fp8_linear's GEMV path); a bad name fails."""
+    import os
+    import subprocess
+    import sys
+    code = ("from slipstream.ops.triton_fp8_gemv import DEFAULT_FP8_GEMV_CONFIG as c; "
+            "print(c.one_row, c.stream_prefetch_tiles, c.mma_prefetch_ahead)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, SLIPSTREAM_FP8_GEMV="stream",
+               SLIPSTREAM_FP8_GEMV_CONFIG="stream_prefetch_tiles=8,mma_prefetch_ahead=4")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["stream", "8", "4"], r.stderr[-2000:]
+    env["SLIPSTREAM_FP8_GEMV"] = "fast"
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "must be one of mma, stream, not 'fast'" in r.stderr
+
+
 def test_a_triton_that_refuses_narrow_dots_gets_16_columns(monkeypatch):
     """Where Triton compiles no dot narrower than 16 columns, the first launch fails while
     compiling (nothing ran) and the dot's hi and lo are padded with zero columns from then
