@@ -60,24 +60,27 @@ class DeviceDraftInputs:
     sample_seq: torch.Tensor  # int64 [S]
     first_token: torch.Tensor  # int64 [R]: each verifying row's first input token
     verify_table_rows: torch.Tensor  # int64 [R]
+    verify_rows: torch.Tensor | None = None  # int64 [R]: each verifying row's sampling row
+    packed: torch.Tensor | None = None  # the one uploaded buffer the fields are views of
 
     @classmethod
     def upload(cls, batch, host, rows: np.ndarray, device: torch.device) -> "DeviceDraftInputs":
-        """`rows`: the verifying rows' sampling-row indices."""
+        """`rows`: the verifying rows' sampling-row indices.  One pinned upload holds every
+        field (each upload costs a pinned block, a copy and the host's Python a step)."""
         B, S = batch.num_seqs, len(batch.sampled)
         qsl = host.query_start_loc[:B + 1].astype(np.int64)
         token_seq = np.repeat(np.arange(B), np.diff(qsl))
         vseq = batch.sample_seq[rows].astype(np.int64)
-
-        def dev(a) -> torch.Tensor:
-            return to_device(np.ascontiguousarray(a, np.int64), device)
-
-        return cls(dev(batch.spec.shift_src), dev(token_seq), dev(batch.rows), dev(batch.sample_seq[:S]),
-                   dev(qsl[vseq]), dev(batch.rows[vseq]))
+        parts = [batch.spec.shift_src, token_seq, batch.rows, batch.sample_seq[:S], qsl[vseq], batch.rows[vseq], rows]
+        packed = to_device(np.concatenate([np.asarray(a, np.int64) for a in parts]), device)
+        return cls(*torch.split(packed, [len(a) for a in parts]), packed=packed)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.shift_src, self.token_seq, self.table_rows, self.sample_seq, self.first_token,
-                self.verify_table_rows)
+        """What the compute stream must keep alive: the buffer the fields view."""
+        if self.packed is not None:
+            return (self.packed,)
+        return tuple(t for t in (self.shift_src, self.token_seq, self.table_rows, self.sample_seq,
+                                 self.first_token, self.verify_table_rows, self.verify_rows) if t is not None)
 
 
 def history(runner) -> DeviceHistory:

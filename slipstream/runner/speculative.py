@@ -147,7 +147,8 @@ def upload_device_drafts(batch, slot, dev) -> tuple[DeviceDraftInputs, torch.Ten
     """On the h2d stream, a padded step's device-drafting inputs: those of its drafting rows
     (the rows with draft slots) and those rows' indices."""
     rows = np.flatnonzero(batch.spec.num_drafts > 0)
-    return DeviceDraftInputs.upload(batch, slot.host, rows, dev), to_device(rows.astype(np.int64), dev)
+    dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
+    return dd_in, dd_in.verify_rows
 
 
 def upload_verify_inputs(batch, slot, dev):
