@@ -220,7 +220,12 @@ def test_gpu_routed_kernels_replay_in_a_cuda_graph(kernel):
     x.copy_(_x(32, 14336, seed=9))
     graph.replay()
     torch.cuda.synchronize()
-    _close(y, fp8_linear_ref(x.float(), w, quantize_input=True))
+    ref = fp8_linear_ref(x.float(), w, quantize_input=True)
+    if kernel == "scaled_mm_fast":  # the tensor cores' own sum over K: its bound (test below)
+        err = ((y.double() - ref.double()).pow(2).mean() / ref.double().pow(2).mean()).sqrt().item()
+        assert err < 2 ** -6
+    else:
+        _close(y, ref)
 
 
 @pytest.mark.gpu

@@ -197,15 +197,24 @@ def test_the_split_survives_tensor_cores_that_flush_f16_subnormals():
 
 # --- the activation quantization and the GEMMs that read it ---
 
+def _codes(q: torch.Tensor) -> torch.Tensor:
+    """e4m3 codes with -0 read as +0: the GPU's kernels may give a negative value that
+    rounds to zero either sign (an H100 gave +0 where torch's cast gives -0), which no product
+    can tell apart."""
+    u = q.view(torch.uint8)
+    return torch.where(u == 0x80, torch.zeros_like(u), u)
+
+
 @pytest.mark.parametrize("group", [None, 16])
 def test_row_quantization_of_extreme_rows_rounds_once_as_the_reference(group):
-    """Bit for bit the reference's cast, e4m3 subnormals included (the O(1) values of a row
+    """Bit for bit the reference's cast (the sign of zero aside), e4m3 subnormals included (the
+    O(1) values of a row
     with 1e6 spikes land there), and the dequantized values within half an e4m3 step."""
     x = _extreme_rows(80)
     q, s = quantize_rows(x, None, group)
     qr, sr = quantize_per_token(x.float(), group)
     assert torch.equal(s, sr)
-    assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
+    assert torch.equal(_codes(q), _codes(qr)), (_codes(q) != _codes(qr)).sum().item()
     g = group or 80
     scale = s.repeat_interleave(g, 1)[:, :80]
     err = (q.float() * scale - x.float()).abs()
@@ -218,7 +227,7 @@ def test_tensor_quantization_of_extreme_rows_rounds_once_as_the_reference():
         q, s = quantize_tensor(x)
         qr, sr = quantize_per_tensor(x.float())
         assert s.item() == sr[0].item()
-        assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
+        assert torch.equal(_codes(q), _codes(qr)), (_codes(q) != _codes(qr)).sum().item()
 
 
 @pytest.mark.parametrize("block", [None, (16, 32)])

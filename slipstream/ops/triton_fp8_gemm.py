@@ -118,7 +118,8 @@ def _fp8_gemm_tile(pid, a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, M, N,
             w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
             acc += tl.dot(a, w) * a_s[:, None] * w_s[None, :]
         else:
-            acc = tl.dot(a, w, acc)
+            # promoted into the fp32 accumulator every BLOCK_K (as the skinny kernel)
+            acc = tl.dot(a, w, acc, max_num_imprecise_acc=BLOCK_K)
     if not BLOCK_SCALES:
         a_s = tl.load(as_ptr + offs_m * stride_asm, mask=mmask, other=0.0)
         w_s = tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)

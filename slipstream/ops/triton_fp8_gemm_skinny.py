@@ -100,7 +100,10 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
             a_s = tl.load(as_ptr + offs_m * stride_asm + k // BLOCK_K, mask=mmask, other=0.0)
             acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
         else:
-            acc = tl.dot(w, a, acc)
+            # the fp8 dot's sum moves into the fp32 accumulator every BLOCK_K: Triton's default
+            # on sm_90 keeps all of K in the tensor cores' accumulator (~14 mantissa bits),
+            # which at K = 14336 put outputs 2-3x past the reference's rounding bound
+            acc = tl.dot(w, a, acc, max_num_imprecise_acc=BLOCK_K)
     if not BLOCK_SCALES:
         w_s = tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)
         a_s = tl.load(as_ptr + offs_m * stride_asm, mask=mmask, other=0.0)
