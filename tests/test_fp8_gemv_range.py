@@ -208,8 +208,8 @@ def _codes(q: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("group", [None, 16])
 def test_row_quantization_of_extreme_rows_rounds_once_as_the_reference(group):
     """Bit for bit the reference's cast (the sign of zero aside), e4m3 subnormals included (the
-    O(1) values of a row
-    with 1e6 spikes land there), and the dequantized values within half an e4m3 step."""
+    O(1) values of a row with 1e6 spikes land there), and the dequantized values within half an
+    e4m3 step."""
     x = _extreme_rows(80)
     q, s = quantize_rows(x, None, group)
     qr, sr = quantize_per_token(x.float(), group)
