@@ -96,6 +96,8 @@ def test_the_kernels_equal_the_torch_reference(k, min_n, max_n, synthetic):
     assert verified > 20 and drafted >= verified // 4  # not vacuous: many rows draft
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's run on the CPU; a GPU's engine takes "
+                    "the kernels itself (tests/test_gpu_spec.py)")
 def test_an_async_ngram_engine_on_the_kernels_equals_plain_decoding(tiny_model, monkeypatch):
     """The engine's device drafting through the kernels (the interpreter's, on the CPU): the
     greedy tokens of decoding without speculation, for four rows and for one, unpadded and
