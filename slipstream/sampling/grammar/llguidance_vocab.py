@@ -25,6 +25,7 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
+import numpy as np
 import torch
 
 __all__ = ["StopIds", "llguidance_tokenizer"]
@@ -44,22 +45,24 @@ class StopIds:
         return bool(self.past) or self.stand_in is not None
 
     def patch_rows(self, bitmask: torch.Tensor, rows: Sequence[int], accepting: Sequence[bool]) -> None:
-        """After llguidance filled `rows`: the stand-in's bit cleared, the stop ids past the
-        tokenizer allowed in the rows whose matcher is accepting (`accepting`, one a row)."""
-        index = torch.as_tensor(list(rows), dtype=torch.long)
+        """After llguidance filled `rows` of the CPU int32 `bitmask`: the stand-in's bit
+        cleared, the stop ids past the tokenizer allowed in the rows whose matcher is accepting
+        (`accepting`, one a row). numpy's indexing: a third of torch's cost at 256 rows."""
+        out = bitmask.numpy()
+        index = np.fromiter(rows, dtype=np.int64, count=len(rows))
         if self.stand_in is not None:
             word, bit = divmod(self.stand_in, 32)
-            bitmask[index, word] &= ~_bit(bit)
-        stopping = index[torch.as_tensor(list(accepting), dtype=torch.bool)]
+            out[index, word] &= ~_bit(bit)
+        stopping = index[np.fromiter(accepting, dtype=bool, count=len(index))]
         if len(stopping):
             for token_id in self.past:
                 word, bit = divmod(token_id, 32)
-                bitmask[stopping, word] |= _bit(bit)
+                out[stopping, word] |= _bit(bit)
 
 
-def _bit(bit: int) -> torch.Tensor:
+def _bit(bit: int) -> np.int32:
     """An int32 with only `bit` set (bit 31 is the sign bit)."""
-    return torch.tensor(1, dtype=torch.int32) << bit
+    return np.uint32(1 << bit).view(np.int32)
 
 
 def stop_ids(stop_token_ids: Sequence[int], tokenizer_size: int, vocab_size: int,
