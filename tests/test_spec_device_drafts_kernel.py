@@ -3,7 +3,8 @@ on the CPU) against the torch reference (`runner.spec_device.shift_and_draft_ref
 steps of mixed rows (verifying rows of k + 1 tokens, plain decode rows, a prompt chunk; rows
 shifted by the previous step's emitted counts or not; carried first tokens; slot-mapping
 entries that store nothing), every input they correct, the token history and the drafts are
-equal exactly; with small loop blocks, so that rows and histories span several (the earliest
+equal exactly, and so are the drafts and counts written into the padded step's verify inputs;
+with small loop blocks, so that rows and histories span several (the earliest
 occurrence of the longest n-gram may sit in any block)."""
 from __future__ import annotations
 
@@ -82,10 +83,19 @@ def test_the_kernels_equal_the_torch_reference(k, min_n, max_n, synthetic):
         d, prev_tokens, emitted, hist, inp, T, bs = _step(seed * 7 + k, k)
         d_ref, h_ref = _clone(d), hist.clone()
         want = shift_and_draft_ref(d_ref, prev_tokens, h_ref, inp, emitted, T, bs, k, min_n, max_n, synthetic)
+        # the padded step's static verify inputs: each verifying row's drafts, then its count, at its row
+        R = inp.first_token.shape[0]
+        dst = torch.randint(0, 9, (8, k + 2), dtype=torch.int32, device=DEVICE)
+        rows = torch.randperm(8, device=DEVICE)[:R]
+        dst_ref = dst.clone()
         got = shift_and_draft_triton(d.positions, d.seq_lens, d.slot_mapping, d.block_table, d.input_ids,
                                      d.carry_idx, d.token_index, d.query_start_loc, prev_tokens, emitted, hist,
                                      inp.shift_src, inp.sample_seq, inp.table_rows, inp.first_token,
-                                     inp.verify_table_rows, bs, k, min_n, max_n, synthetic, block=4, ngram_block=8)
+                                     inp.verify_table_rows, bs, k, min_n, max_n, synthetic, into=(dst, rows),
+                                     block=4, ngram_block=8)
+        dst_ref[:, :k].index_copy_(0, rows, want[0].to(torch.int32))
+        dst_ref[:, k].index_copy_(0, rows, want[1].to(torch.int32))
+        assert torch.equal(dst, dst_ref), seed
         for name in vars(d):
             assert torch.equal(getattr(d, name), getattr(d_ref, name)), (seed, name)
         assert torch.equal(hist, h_ref), seed
@@ -146,7 +156,8 @@ def compile_for_hopper() -> None:
     with recorded_launches(m, ["_shift_kernel", "_ngram_kernel"], launches):
         m.shift_and_draft_triton(d.positions, d.seq_lens, d.slot_mapping, d.block_table, d.input_ids, d.carry_idx,
                                  d.token_index, d.query_start_loc, prev_tokens, emitted, hist, inp.shift_src,
-                                 inp.sample_seq, inp.table_rows, inp.first_token, inp.verify_table_rows, bs, 4, 2, 4)
+                                 inp.sample_seq, inp.table_rows, inp.first_token, inp.verify_table_rows, bs, 4, 2, 4,
+                                 into=(torch.zeros(8, 6, dtype=torch.int32), torch.arange(inp.first_token.shape[0])))
     assert len(launches) == 2
     ty = {torch.int32: "*i32", torch.int64: "*i64"}
     for fn, args, kw in launches:

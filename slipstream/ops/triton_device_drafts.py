@@ -72,8 +72,9 @@ def _shift_kernel(pos_ptr, seq_lens_ptr, slot_map_ptr, block_table_ptr, bt_strid
 
 @triton.jit(do_not_specialize=["L"])
 def _ngram_kernel(pos_ptr, ids_ptr, hist_ptr, hist_stride, first_ptr, vrows_ptr, drafts_ptr, num_ptr, L,
+                  dst_ptr, dst_stride, dst_rows_ptr,
                   K: tl.constexpr, KP: tl.constexpr, MIN_N: tl.constexpr, MAX_N: tl.constexpr,
-                  SYNTHETIC: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+                  SYNTHETIC: tl.constexpr, HAS_DST: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_start(USE_PDL)
     r = tl.program_id(0)
     first = tl.load(first_ptr + r)
@@ -107,6 +108,10 @@ def _ngram_kernel(pos_ptr, ids_ptr, hist_ptr, hist_stride, first_ptr, vrows_ptr,
     tl.store(num_ptr + r, num)
     tl.store(ids_ptr + first + 1 + j, drafts, mask=put)
     tl.store(hist_row + last + 1 + j, drafts, mask=put & (last + 1 + j < L))
+    if HAS_DST:  # the padded step's static verify inputs: the row's drafts, then their count
+        dst_row = dst_ptr + tl.load(dst_rows_ptr + r) * dst_stride
+        tl.store(dst_row + j, drafts, mask=put)
+        tl.store(dst_row + K, num)
 
 
 def shift_and_draft_triton(positions: torch.Tensor, seq_lens: torch.Tensor, slot_mapping: torch.Tensor,
@@ -115,12 +120,14 @@ def shift_and_draft_triton(positions: torch.Tensor, seq_lens: torch.Tensor, slot
                            prev_num_emitted: torch.Tensor, history: torch.Tensor, shift_src: torch.Tensor,
                            sample_seq: torch.Tensor, table_rows: torch.Tensor, first_token: torch.Tensor,
                            verify_table_rows: torch.Tensor, block_size: int, k: int, min_n: int, max_n: int,
-                           synthetic: bool = False, block: int = 64,
-                           ngram_block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+                           synthetic: bool = False, into: tuple[torch.Tensor, torch.Tensor] | None = None,
+                           block: int = 64, ngram_block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """In place on the step's int32 device inputs (B sequence rows: `shift_src`, `table_rows`;
     S sampling rows: `sample_seq`; R verifying rows: `first_token`, `verify_table_rows`) and
     the int32 [rows, L] `history`, as `shift_and_draft_ref`; returns the verifying rows'
-    drafts int32 [R, k] and counts int32 [R].  `block`, `ngram_block`: the tokens a loop
+    drafts int32 [R, k] and counts int32 [R].  `into` (int32 [rows, >= k + 1], int64 [R]):
+    row into[1][r] of into[0] also gets verifying row r's drafts, then its count (the padded
+    step's static verify inputs).  `block`, `ngram_block`: the tokens a loop
     iteration takes (tests make them small, so that rows and histories span several)."""
     B, S, R = shift_src.shape[0], sample_seq.shape[0], first_token.shape[0]
     L = history.shape[1]
@@ -134,7 +141,9 @@ def shift_and_draft_triton(positions: torch.Tensor, seq_lens: torch.Tensor, slot
                                     prev_num_emitted, history, history.stride(0), shift_src, sample_seq,
                                     table_rows, B, S, L, block_size, BLOCK=block, **pdl)
     if R:
+        dst, dst_rows = into if into is not None else (num, first_token)  # (unused without `into`)
         _ngram_kernel[(R,)](positions, input_ids, history, history.stride(0), first_token, verify_table_rows,
-                            drafts, num, L, K=k, KP=triton.next_power_of_2(k), MIN_N=min_n, MAX_N=max_n,
-                            SYNTHETIC=synthetic, BLOCK=ngram_block, **pdl)
+                            drafts, num, L, dst, dst.stride(0), dst_rows, K=k, KP=triton.next_power_of_2(k),
+                            MIN_N=min_n, MAX_N=max_n, SYNTHETIC=synthetic, HAS_DST=into is not None,
+                            BLOCK=ngram_block, **pdl)
     return drafts, num

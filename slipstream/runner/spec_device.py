@@ -96,13 +96,14 @@ def triton_drafting(d) -> bool:
     return d.positions.is_cuda
 
 
-def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs,
-                          prev_num_emitted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs, prev_num_emitted: torch.Tensor,
+                          into: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """On the compute stream, before the forward pass: shift the rows, carry the first
     tokens over, write the history, draft. Returns the verifying rows' drafts int32 [R, k]
-    and their counts int32 [R] (also placed in the step's input ids).  On CUDA without a
-    device drafter: two Triton kernels (ops/triton_device_drafts.py), not the reference's
-    hundred small launches."""
+    and their counts int32 [R] (also placed in the step's input ids, and with `into`, an
+    int32 [rows, k + 2] buffer and the verifying rows' rows of it, in row into[1][r]: its
+    drafts, then their count).  On CUDA without a device drafter: two Triton kernels
+    (ops/triton_device_drafts.py), not the reference's hundred small launches."""
     d = slot.dev
     h = history(runner)
     h.reset(spec.history_resets)
@@ -115,9 +116,14 @@ def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs,
                                       d.carry_idx, d.token_index, d.query_start_loc, prev_tokens, prev_num_emitted,
                                       h.tokens, inp.shift_src, inp.sample_seq, inp.table_rows, inp.first_token,
                                       inp.verify_table_rows, runner.block_size, spec.k, spec.min_n, spec.max_n,
-                                      synthetic)
-    return shift_and_draft_ref(d, prev_tokens, h.tokens, inp, prev_num_emitted, shape.num_tokens, runner.block_size,
-                               spec.k, spec.min_n, spec.max_n, synthetic, drafter)
+                                      synthetic, into)
+    drafts, num = shift_and_draft_ref(d, prev_tokens, h.tokens, inp, prev_num_emitted, shape.num_tokens,
+                                      runner.block_size, spec.k, spec.min_n, spec.max_n, synthetic, drafter)
+    if into is not None:
+        dst, rows = into
+        dst[:, :spec.k].index_copy_(0, rows, drafts.to(torch.int32))
+        dst[:, spec.k].index_copy_(0, rows, num.to(torch.int32))
+    return drafts, num
 
 
 def shift_and_draft_ref(d, prev_tokens: torch.Tensor, hist: torch.Tensor, inp: DeviceDraftInputs,

@@ -218,8 +218,7 @@ def place_device_drafts(runner, slot, shape, batch, dd_in: DeviceDraftInputs, vi
     end of the other slot's step (and their count) into the static verify inputs of `rows`."""
     spec = batch.spec
     prev = spec_buffers(runner, 1 - slot.index, spec.k)
-    drafts, num = prepare_device_drafts(runner, slot, _unpadded(shape, batch), spec, dd_in, prev.num_emitted)
-    vin.scatter_device_drafts(rows, drafts, num)
+    prepare_device_drafts(runner, slot, _unpadded(shape, batch), spec, dd_in, prev.num_emitted, into=(vin.dev, rows))
 
 
 def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synthetic_accept: float | None,

@@ -91,7 +91,7 @@ class VerifyInputs:
 
     def upload(self, spec, P: int) -> None:
         """The padded rows' drafts and counts (current stream); under device drafting the
-        slot counts only (the drafts are the GPU's: `scatter_device_drafts`)."""
+        slot counts only (the drafts are the GPU's: `prepare_device_drafts` writes them here)."""
         S, k = len(spec.num_drafts), self.k
         h = self.host[:P].numpy()
         h[:] = 0
@@ -100,11 +100,6 @@ class VerifyInputs:
             h[:S, k] = spec.num_drafts
         h[:S, k + 1] = spec.num_drafts
         self.dev[:P].copy_(self.host[:P], non_blocking=True)
-
-    def scatter_device_drafts(self, rows: torch.Tensor, drafts: torch.Tensor, num: torch.Tensor) -> None:
-        """Device drafting: the GPU's drafts of the verifying rows (sampling rows `rows`)."""
-        self.drafts.index_copy_(0, rows, drafts.to(torch.int32))
-        self.num_drafts.index_copy_(0, rows, num.to(torch.int32))
 
 
 def verify_inputs(runner, slot_index: int, k: int) -> VerifyInputs:
