@@ -1,7 +1,7 @@
 """Structured outputs on a model whose logits are wider than its tokenizer, with a stop id past
 the tokenizer (Qwen's 151936 logits over 151665 tokens; a bench's Qwen shape over SmolLM2's
-tokenizer): the llguidance backend's stop-id mapping (llguidance_vocab.py), its bitmask rows
-against the grammar's completeness, and the engine end to end with each backend, in process and
+tokenizer): the llguidance backend's stop ids (llguidance_vocab.py, GrammarVocab's layout), its
+bitmask rows against the grammar's completeness, and the engine end to end with each backend, in process and
 with a grammar worker (xgrammar is the control).
 
 The tiny model (SmolLM2's tokenizer, 64 padded logits) prefers the padded stop id STOP over every
@@ -24,7 +24,6 @@ from slipstream.core.engine_core import EngineCore
 from slipstream.core.messages import AddRequest
 from slipstream.sampling.grammar.backend import create_grammar_backend
 from slipstream.sampling.grammar.bitmask import allocate_bitmask, allowed_token_ids
-from slipstream.sampling.grammar.llguidance_vocab import stop_ids
 from slipstream.sampling.grammar.matcher import GrammarMatcher, fill_bitmasks
 
 pytestmark = pytest.mark.slow  # SmolLM2's tokenizer in each backend: seconds on the 2-core machine
@@ -40,21 +39,6 @@ PERSON = {"type": "object", "properties": {
     "ok": {"type": "boolean"}}, "required": ["name", "kind", "ok"]}
 
 
-def test_stop_ids_inside_and_past_the_tokenizer():
-    s = stop_ids([STOP, EOS], TOKENIZER_VOCAB, VOCAB, EOS)
-    assert (s.eos, s.past, s.stand_in, s.ids) == ((EOS,), (STOP,), None, {EOS, STOP})
-    s = stop_ids([STOP], TOKENIZER_VOCAB, VOCAB, EOS)  # none inside: the tokenizer's EOS stands in
-    assert (s.eos, s.past, s.stand_in, s.ids) == ((EOS,), (STOP,), EOS, {STOP})
-    s = stop_ids([7, EOS], TOKENIZER_VOCAB, VOCAB, EOS)
-    assert (s.eos, s.past, s.stand_in, s.patches_rows) == ((EOS, 7), (), None, False)
-    with pytest.raises(ValueError, match=r"^stop token id 49216 is outside the model's vocabulary \(0..49215\)$"):
-        stop_ids([VOCAB], TOKENIZER_VOCAB, VOCAB, EOS)
-    with pytest.raises(ValueError, match="^a grammar backend needs the model's stop token ids"):
-        stop_ids([], TOKENIZER_VOCAB, VOCAB, EOS)
-    with pytest.raises(ValueError, match="all past the tokenizer's 49152 tokens, and the tokenizer has no EOS"):
-        stop_ids([STOP], TOKENIZER_VOCAB, VOCAB, None)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     from slipstream.model.tokenizer import load_tokenizer
@@ -63,9 +47,19 @@ def tokenizer():
     return tok
 
 
-def test_a_narrower_model_vocabulary_is_one_line(tokenizer):
+def test_llguidance_eos_ids_and_bad_stop_ids(tokenizer):
+    """llguidance's EOS ids: the stop ids inside the tokenizer, else the tokenizer's EOS
+    standing in; ids it cannot take are one-line errors."""
+    for stops, eos, stand_in in (([EOS, STOP], [EOS], None), ([STOP], [EOS], EOS), ([7, EOS], [EOS, 7], None)):
+        backend = create_grammar_backend("llguidance", tokenizer.hf, VOCAB, stops)
+        assert sorted(backend.tokenizer.eos_tokens) == sorted(eos), stops
+        assert backend.grammar_vocab.stand_in == stand_in and backend.stop_token_ids == tuple(sorted(stops))
     with pytest.raises(ValueError, match=r"^the model's vocabulary \(100\) is narrower than its tokenizer's"):
         create_grammar_backend("llguidance", tokenizer.hf, 100, [EOS])
+    with pytest.raises(ValueError, match=r"^stop token id 49216 is outside the model's vocabulary \(0..49215\)$"):
+        create_grammar_backend("llguidance", tokenizer.hf, VOCAB, [EOS, VOCAB])
+    with pytest.raises(ValueError, match="^a grammar backend needs the model's stop token ids"):
+        create_grammar_backend("llguidance", tokenizer.hf, VOCAB, [])
 
 
 @pytest.mark.parametrize("stops", [[EOS, STOP], [STOP]], ids=["eos-and-past", "past-only"])

@@ -25,7 +25,11 @@ import llguidance.torch
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
-from slipstream.sampling.grammar.llguidance_vocab import StopIds, llguidance_tokenizer
+from slipstream.sampling.grammar.llguidance_vocab import (
+    llguidance_tokenizer,
+    needs_patch,
+    patch_rows,
+)
 from slipstream.sampling.structured import GrammarKey
 
 __all__ = ["LLGuidanceBackend", "LLGuidanceMatcher"]
@@ -66,18 +70,18 @@ class LLGuidanceMatcher:
     """One request's llguidance matcher (`BackendMatcher`); `num_tokens` counts the tokens
     accepted, a stop token included, `stopped_at` where the stop token is (None: none yet)."""
 
-    __slots__ = ("matcher", "num_tokens", "stopped_at", "stops")
+    __slots__ = ("backend", "matcher", "num_tokens", "stopped_at")
 
-    def __init__(self, matcher: llguidance.LLMatcher, stops: StopIds):
+    def __init__(self, backend: LLGuidanceBackend, matcher: llguidance.LLMatcher):
+        self.backend = backend
         self.matcher = matcher
-        self.stops = stops
         self.num_tokens = 0
         self.stopped_at: int | None = None
 
     def accept_token(self, token_id: int) -> bool:
-        if self.stopped_at is not None or token_id == self.stops.stand_in:
+        if self.stopped_at is not None or token_id == self.backend.grammar_vocab.stand_in:
             return False
-        if token_id in self.stops.ids and self.matcher.is_accepting():
+        if token_id in self.backend.stops and self.matcher.is_accepting():
             self.num_tokens += 1
             self.stopped_at = self.num_tokens
             return True
@@ -98,9 +102,7 @@ class LLGuidanceMatcher:
             self.num_tokens -= num_tokens
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
-        if self.stops.patches_rows:
-            self.stops.patch_rows(bitmask, (row,), (self.matcher.is_accepting(),))
+        self.backend.fill_bitmasks([self], bitmask, [row])
 
     def is_completed(self) -> bool:
         return self.matcher.is_accepting()
@@ -121,8 +123,10 @@ class LLGuidanceBackend:
     def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], *,
                  batch_threads: int | None = None):
         self.vocab_size = int(vocab_size)
-        self.tokenizer, self.stops = llguidance_tokenizer(hf_tokenizer, self.vocab_size, stop_token_ids)
-        self.stop_token_ids = tuple(sorted(self.stops.ids))
+        self.tokenizer, self.grammar_vocab = llguidance_tokenizer(hf_tokenizer, self.vocab_size, stop_token_ids)
+        self.stop_token_ids = tuple(sorted({int(i) for i in stop_token_ids}))
+        self.stops = frozenset(self.stop_token_ids)
+        self._patch = needs_patch(self.grammar_vocab)
         self.executor = llguidance.LLExecutor(batch_threads or max(1, (os.cpu_count() or 1) // 2))
 
     def _grammar(self, kind: str, spec: str, fixed_whitespace: bool) -> str:
@@ -160,14 +164,14 @@ class LLGuidanceBackend:
         return template
 
     def new_matcher(self, compiled: llguidance.LLMatcher) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(compiled.deep_copy(), self.stops)
+        return LLGuidanceMatcher(self, compiled.deep_copy())
 
     def fill_bitmasks(self, matchers: Sequence[LLGuidanceMatcher], bitmask: torch.Tensor,
                       rows: Sequence[int]) -> None:
         llguidance.torch.fill_next_token_bitmask_par(
             self.executor, [(m.matcher, row) for m, row in zip(matchers, rows)], bitmask)
-        if self.stops.patches_rows:
-            self.stops.patch_rows(bitmask, rows, [m.matcher.is_accepting() for m in matchers])
+        if self._patch:
+            patch_rows(self.grammar_vocab, bitmask, rows, [m.matcher.is_accepting() for m in matchers])
 
     def accept_tokens(self, matchers: Sequence[LLGuidanceMatcher],
                       token_ids: Sequence[int]) -> list[bool]:
