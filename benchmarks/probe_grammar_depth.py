@@ -4,7 +4,10 @@ allowed tokens, as the bench's dummy weights do, for `--steps` steps; per block 
 prints the mean microseconds a row of the bitmask fill (one thread) and of the token accept.
 
     python benchmarks/probe_grammar_depth.py [--backends xgrammar llguidance] [--rows 16]
-        [--steps 300] [--tokenizer SOURCE] [--vocab 151936]
+        [--steps 300] [--tokenizer SOURCE] [--vocab 151936] [--stop 0]
+
+`--stop`: the model's stop ids (151645, Qwen3's EOS, lies past SmolLM2's tokenizer, as in the
+constrained bench workloads).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from slipstream.sampling.structured import GrammarKey  # noqa: E402
 
 
 def probe(name: str, tok, a) -> list[tuple[int, float, float]]:
-    backend = create_grammar_backend(name, tok, a.vocab, (0,), batch_threads=1)
+    backend = create_grammar_backend(name, tok, a.vocab, a.stop, batch_threads=1)
     compiled = backend.compile(GrammarKey("json", json.dumps(BENCH_SCHEMA), False))
     matchers = [backend.new_matcher(compiled) for _ in range(a.rows)]
     bitmask = allocate_bitmask(a.rows, a.vocab)
@@ -61,6 +64,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--stop", type=int, nargs="+", default=[0], help="the model's stop token ids")
     a = ap.parse_args()
     tok = bench_grammar_tokenizer(a.tokenizer)
     print("| backend | steps | fill us a row | accept us a row |\n|---|---|---|---|")

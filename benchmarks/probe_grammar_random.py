@@ -4,13 +4,15 @@ schema (BENCH_SCHEMA) each accept the token their row drew last step, then fill 
 rows; each row then draws a random allowed token (not timed; the same draws for every setting).
 
 `--workers 0` is the engine's in-process path (the accepts one at a time in this process,
-the fill on xgrammar's batch threads); N > 0 is `--structured-outputs-workers N`: the rows
+the fill on the backend's batch threads); N > 0 is `--structured-outputs-workers N`: the rows
 shared out among N grammar worker processes, one `Step` message each, their rows written into
 the shared bitmask and copied into a pinned-like buffer, as `StructuredOutputs` does.  Prints
 the median milliseconds a step of accept + fill (and its parts for N = 0) per setting.
+`--backend` picks xgrammar or llguidance; `--stop` the model's stop ids (151645: the bench
+model's EOS, Qwen3's, past SmolLM2's tokenizer, as small-256-json runs it).
 
     python benchmarks/probe_grammar_random.py --tokenizer .smoltok [--rows 256] [--steps 60]
-        [--workers 0 1 2 4 8] [--vocab 151936]
+        [--workers 0 1 2 4 8] [--vocab 151936] [--backend xgrammar] [--stop 0]
 """
 from __future__ import annotations
 
@@ -24,15 +26,13 @@ import torch
 
 from slipstream.bench.run import bench_grammar_tokenizer
 from slipstream.bench.workloads import BENCH_SCHEMA
+from slipstream.sampling.grammar.backend import create_grammar_backend
 from slipstream.sampling.grammar.bitmask import allocate_bitmask
 from slipstream.sampling.grammar.compiler import GrammarCompiler
 from slipstream.sampling.grammar.matcher import fill_bitmasks
 from slipstream.sampling.grammar.worker_messages import Step
 from slipstream.sampling.grammar.worker_pool import GrammarWorkerPool, GrammarWorkerSpec
-from slipstream.sampling.grammar.xgrammar_backend import XGrammarBackend
 from slipstream.sampling.structured import StructuredOutputsParams
-
-STOP = (0,)
 
 
 def random_allowed(bitmask: torch.Tensor, vocab: int, gen: torch.Generator) -> list[int]:
@@ -54,7 +54,7 @@ class Draws:
 
 
 def in_process(tok, a, draws: Draws) -> dict:
-    backend = XGrammarBackend(tok, vocab_size=a.vocab, stop_token_ids=STOP)
+    backend = create_grammar_backend(a.backend, tok, a.vocab, a.stop)
     with GrammarCompiler(backend) as comp:
         handle = comp.submit(StructuredOutputsParams(json=BENCH_SCHEMA))
         matchers = [comp.new_matcher(handle) for _ in range(a.rows)]
@@ -79,7 +79,7 @@ def in_process(tok, a, draws: Draws) -> dict:
 
 def with_workers(tok, a, n: int, draws: Draws) -> dict:
     key = StructuredOutputsParams(json=BENCH_SCHEMA).key()
-    pool = GrammarWorkerPool(GrammarWorkerSpec("xgrammar", tok, a.vocab, STOP), n)
+    pool = GrammarWorkerPool(GrammarWorkerSpec(a.backend, tok, a.vocab, tuple(a.stop)), n)
     t0 = time.perf_counter()
     owners = [pool.assign(row, key) for row in range(a.rows)]  # least loaded: round-robin
     while not all(pool.is_ready(w) for w in set(owners)):
@@ -113,10 +113,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--vocab", type=int, default=151936, help="the model's vocabulary (small-256's)")
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4, 8])
+    ap.add_argument("--backend", default="xgrammar", choices=["xgrammar", "llguidance"])
+    ap.add_argument("--stop", type=int, nargs="+", default=[0], help="the model's stop token ids")
     a = ap.parse_args()
     tok = bench_grammar_tokenizer(a.tokenizer)
     draws = Draws(a.vocab)
-    out: dict = {"rows": a.rows, "steps": a.steps, "vocab": a.vocab}
+    out: dict = {"backend": a.backend, "rows": a.rows, "steps": a.steps, "vocab": a.vocab, "stop": a.stop}
     for n in a.workers:
         out[f"workers_{n}"] = in_process(tok, a, draws) if n == 0 else with_workers(tok, a, n, draws)
         print(f"workers {n}: {out[f'workers_{n}']}", flush=True)
