@@ -67,6 +67,7 @@ def test_a_differing_arm_is_counted_and_fails_the_run(tiny_chat_model, monkeypat
     assert "NO, 1 requests differ" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a bench run of four engines
 def test_timeline_prints_each_arms_host_and_gpu_time_per_step(tiny_chat_model, tmp_path, capsys):
     """--timeline: the per-step table, and in the JSON each arm's host phases (the CPU has no
     GPU lane and no graphs: its verification steps all run eagerly)."""

@@ -78,6 +78,7 @@ def test_config_from_the_environment():
         config_from_env("one_row=stream")
 
 
+@pytest.mark.subprocess
 def test_the_engine_default_follows_the_environment():
     """SLIPSTREAM_FP8_GEMV and SLIPSTREAM_FP8_GEMV_CONFIG, read once at import, make the
     default config the engine's FP8 layers use (fp8_linear's GEMV path); a bad name fails."""

@@ -106,6 +106,7 @@ def test_the_kernels_equal_the_torch_reference(k, min_n, max_n, synthetic):
     assert verified > 20 and drafted >= verified // 4  # not vacuous: many rows draft
 
 
+@pytest.mark.slow  # two engines under the interpreter: ~5 s
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's run on the CPU; a GPU's engine takes "
                     "the kernels itself (tests/test_gpu_spec.py)")
 def test_an_async_ngram_engine_on_the_kernels_equals_plain_decoding(tiny_model, monkeypatch):
