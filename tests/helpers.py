@@ -336,3 +336,25 @@ def run_hopper_compile(test_file: str, timeout: float = 600) -> str:
                        capture_output=True, text=True, timeout=timeout, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     return r.stdout
+
+
+class StandInGraph:
+    """A captured step on the CPU: its replay runs the closure the capture recorded."""
+
+    def __init__(self, work) -> None:
+        self.work = work
+
+    def replay(self) -> None:
+        self.work()
+
+
+class StandInSteps:
+    """What VerifyGraphs needs of the step graphs, on the CPU: a pool, capture, no cloner;
+    `captures` counts the graphs captured."""
+
+    def __init__(self) -> None:
+        self.pool, self.cloner, self.capture_s, self.captures = object(), None, 0.0, 0
+
+    def capture_work(self, runner, work, keep: bool = False) -> StandInGraph:
+        self.captures += 1
+        return StandInGraph(work)

@@ -18,32 +18,12 @@ rows that end one after another captures at most a graph per (slot, padded rows,
 option).  On a GPU: the 8B shape with the bench's arm to the end of its context replays
 every step but the first, no launch after the first steps slow."""
 import pytest
-
-from slipstream import LLM, SamplingParams
+from helpers import StandInSteps
 from test_spec_eagle3_engine import _eagle, _tokens, random_head  # noqa: F401 (fixture)
 
+from slipstream import LLM, SamplingParams
+
 PROMPT = [5, 6, 7, 8, 9, 10] * 3
-
-
-class _Graph:
-    """A captured step: its replay runs the closure the capture recorded."""
-
-    def __init__(self, work) -> None:
-        self.work = work
-
-    def replay(self) -> None:
-        self.work()
-
-
-class _Steps:
-    """What VerifyGraphs needs of the step graphs: a pool, capture, no cloner."""
-
-    def __init__(self) -> None:
-        self.pool, self.cloner, self.capture_s, self.captures = object(), None, 0.0, 0
-
-    def capture_work(self, runner, work, keep: bool = False) -> _Graph:
-        self.captures += 1
-        return _Graph(work)
 
 
 def _llm(folder, spec, max_model_len, **kw):
@@ -68,7 +48,7 @@ def _graphed(llm, num_sms: int = 2):
     cfg = replace(effective_decode_config(DEFAULT_DECODE_CONFIG, torch.bfloat16, c.head_dim, 1),
                   block_n=16, min_chunk=16)
     runner.split_policy = DecodeSplitPolicy(runner.num_kv_heads, runner.max_model_len, cfg, num_sms)
-    runner.drafting_graphs = DraftingGraphs(VerifyGraphs(_Steps()))
+    runner.drafting_graphs = DraftingGraphs(VerifyGraphs(StandInSteps()))
     return runner.drafting_graphs
 
 

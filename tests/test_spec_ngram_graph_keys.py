@@ -19,6 +19,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from helpers import StandInSteps
 
 from slipstream import LLM, SamplingParams
 
@@ -26,25 +27,6 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
 # repeats that the drafts copy, then tokens the model continues on its own: steps with and
 # without draft slots, and the steps that only shift a row after a verification
 PROMPT = [5, 6, 7, 8, 9, 10] * 3 + [200, 17, 90, 33]
-
-
-class _Graph:
-    def __init__(self, work) -> None:
-        self.work = work
-
-    def replay(self) -> None:
-        self.work()
-
-
-class _Steps:
-    """What VerifyGraphs needs of the step graphs: a pool, capture, no cloner."""
-
-    def __init__(self) -> None:
-        self.pool, self.cloner, self.capture_s, self.captures = object(), None, 0.0, 0
-
-    def capture_work(self, runner, work, keep: bool = False) -> _Graph:
-        self.captures += 1
-        return _Graph(work)
 
 
 def _graphed(llm, num_sms: int = 2):
@@ -59,7 +41,7 @@ def _graphed(llm, num_sms: int = 2):
                   block_n=16, min_chunk=16)
     runner.split_policy = DecodeSplitPolicy(runner.num_kv_heads, runner.max_model_len, cfg, num_sms)
     runner.graphs = StepGraphs(capture_sizes(8), [], 8, runner.max_model_len)
-    runner.verify_graphs = VerifyGraphs(_Steps())
+    runner.verify_graphs = VerifyGraphs(StandInSteps())
     return runner.verify_graphs
 
 
