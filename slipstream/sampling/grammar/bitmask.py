@@ -46,7 +46,12 @@ def fill_all_allowed(bitmask: torch.Tensor, rows: Sequence[int] | slice | None =
     elif isinstance(rows, slice):
         bitmask[rows].fill_(_ALL_ALLOWED)
     elif len(rows):
-        bitmask[torch.as_tensor(rows, dtype=torch.long)] = _ALL_ALLOWED
+        # numpy's fancy assignment on a CPU mask: one thread, ~6x faster than torch's index_put
+        # (which goes through the intra-op pool) for half of a 256-row, 151,936-wide mask
+        if bitmask.device.type == "cpu":
+            bitmask.numpy()[np.asarray(rows, dtype=np.int64)] = _ALL_ALLOWED
+        else:
+            bitmask[torch.as_tensor(rows, dtype=torch.long, device=bitmask.device)] = _ALL_ALLOWED
 
 
 def fill_only_allowed(bitmask: torch.Tensor, row: int, token_ids: Sequence[int]) -> None:
