@@ -22,31 +22,6 @@ class NullEvent:
     def record(self, stream=None) -> None:
         self.time = time.perf_counter()
 
-    @contextlib.contextmanager
-    def uploading(self, slot):
-        """A step's uploads into `slot`: on the h2d stream, once the slot's previous step has
-        read its inputs, between its h2d_start and h2d_done events."""
-        with self.on(self.h2d):
-            self.wait(self.h2d, slot.compute_done)
-            slot.h2d_start.record()
-            yield
-            slot.h2d_done.record()
-
-    @contextlib.contextmanager
-    def computing(self, slot, uploaded=()):
-        """A step's device work on `slot`: on the compute stream, once its uploads are in and
-        the slot's previous tokens were copied out, between its compute_start and
-        compute_done events; `uploaded` (tensors made on the h2d stream) is kept alive for it."""
-        if self.cuda:
-            for t in uploaded:
-                t.record_stream(self.compute)
-        with self.on(self.compute):
-            self.wait(self.compute, slot.h2d_done)
-            self.wait(self.compute, slot.d2h_done)
-            slot.compute_start.record()
-            yield
-            slot.compute_done.record()
-
     def synchronize(self) -> None:
         pass
 
