@@ -288,11 +288,9 @@ class ModelRunner:
                      and not spans and self.graphs.can_replay(slot.index, shape))
         prompt_lps = None
         s = self.streams
-        with s.on(s.h2d):
-            s.wait(s.h2d, slot.compute_done)  # the slot's previous step has read its inputs
-            slot.h2d_start.record()
+        with s.uploading(slot):
             slot.upload(num_rows)  # (padding rows never read their block table)
-            slot.h2d_done.record()
+        # (not `s.computing`: a deferred batch records compute_done only after its sampling)
         with s.on(s.compute):
             s.wait(s.compute, slot.h2d_done)
             s.wait(s.compute, slot.d2h_done)  # the slot's previous tokens were copied out
