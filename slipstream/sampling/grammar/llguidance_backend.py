@@ -25,11 +25,7 @@ import llguidance.torch
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
-from slipstream.sampling.grammar.llguidance_vocab import (
-    llguidance_tokenizer,
-    needs_patch,
-    patch_rows,
-)
+from slipstream.sampling.grammar.llguidance_vocab import llguidance_tokenizer
 from slipstream.sampling.structured import GrammarKey
 
 __all__ = ["LLGuidanceBackend", "LLGuidanceMatcher"]
@@ -126,7 +122,6 @@ class LLGuidanceBackend:
         self.tokenizer, self.grammar_vocab = llguidance_tokenizer(hf_tokenizer, self.vocab_size, stop_token_ids)
         self.stop_token_ids = tuple(sorted({int(i) for i in stop_token_ids}))
         self.stops = frozenset(self.stop_token_ids)
-        self._patch = needs_patch(self.grammar_vocab)
         self.executor = llguidance.LLExecutor(batch_threads or max(1, (os.cpu_count() or 1) // 2))
 
     def _grammar(self, kind: str, spec: str, fixed_whitespace: bool) -> str:
@@ -170,8 +165,8 @@ class LLGuidanceBackend:
                       rows: Sequence[int]) -> None:
         llguidance.torch.fill_next_token_bitmask_par(
             self.executor, [(m.matcher, row) for m, row in zip(matchers, rows)], bitmask)
-        if self._patch:
-            patch_rows(self.grammar_vocab, bitmask, rows, [m.matcher.is_accepting() for m in matchers])
+        if self.grammar_vocab.patches:
+            self.grammar_vocab.patch_stops(bitmask, rows, [m.matcher.is_accepting() for m in matchers])
 
     def accept_tokens(self, matchers: Sequence[LLGuidanceMatcher],
                       token_ids: Sequence[int]) -> list[bool]:

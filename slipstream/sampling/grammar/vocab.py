@@ -60,8 +60,7 @@ class GrammarVocab:
     @property
     def direct(self) -> bool:
         """The library can write the sampler's bitmask itself (nothing to widen or patch)."""
-        return (bitmask_width(self.size) == bitmask_width(self.vocab_size)
-                and not self.past and self.stand_in is None)
+        return bitmask_width(self.size) == bitmask_width(self.vocab_size) and not self.patches
 
     @property
     def words(self) -> int:
@@ -89,13 +88,32 @@ class GrammarVocab:
         out[index, :w] = src
         if out.shape[1] > w:
             out[index, w:] = 0
-        if not self.past and self.stand_in is None:
+        if not self.patches:
             return
         word, bit = divmod(self.stops[0], 32)
-        stopping = (src[:, word].view(np.uint32) >> np.uint32(bit)) & np.uint32(1)
+        stopping = ((src[:, word].view(np.uint32) >> np.uint32(bit)) & np.uint32(1)).astype(bool)
+        self.patch_stops(bitmask, rows, stopping)
+
+    @property
+    def patches(self) -> bool:
+        """Whether a filled row needs `patch_stops` (a stop id past the tokenizer, or a stand-in)."""
+        return bool(self.past) or self.stand_in is not None
+
+    def patch_stops(self, bitmask: torch.Tensor, rows: Sequence[int], stopping: Sequence[bool]) -> None:
+        """In rows `rows` of the sampler's CPU `bitmask`: the stand-in's bit cleared, the stop ids
+        past the tokenizer set in the rows where the grammar may stop (`stopping`, one a row)."""
+        out = bitmask.numpy()
+        index = np.asarray(rows, dtype=np.int64)
         if self.stand_in is not None:
-            out[index, word] &= np.int32(~(1 << bit) if bit < 31 else 0x7FFFFFFF)
-        for token_id in self.past:
-            pw, pb = divmod(token_id, 32)
-            flag = (stopping << np.uint32(pb)).view(np.int32)
-            out[index, pw] |= flag
+            word, bit = divmod(self.stand_in, 32)
+            out[index, word] &= ~_bit(bit)
+        ending = index[np.asarray(stopping, dtype=bool)]
+        if len(ending):
+            for token_id in self.past:
+                word, bit = divmod(token_id, 32)
+                out[ending, word] |= _bit(bit)
+
+
+def _bit(bit: int) -> np.int32:
+    """An int32 with only `bit` set (bit 31 is the sign bit)."""
+    return np.uint32(1 << bit).view(np.int32)
