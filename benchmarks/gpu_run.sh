@@ -119,7 +119,7 @@ for stage in "$@"; do
     peer) run peer 420 bash benchmarks/peer_transformers.sh "$RES" async,sync ;;
     # the Qwen3-30B-A3B shape (dummy weights, one GPU in bf16): ours, then transformers' continuous
     # batching with grouped_mm experts (no CUDA graphs) on the same requests
-    moe) run moe 580 python3 -m slipstream.cli bench --workload moe-30b-a3b --out "$RES/moe" ;;
+    moe) run moe 580 python3 -m slipstream.cli bench --workload moe-30b-a3b --out "$RES/moe" ${MOE_ARGS:-} ;;
     moe-peer) run moe-peer 580 bash benchmarks/peer_transformers.sh "$RES/moe-peer" async --workload moe-30b-a3b ;;
     # the fused MoE layer alone on that shape: at 1, 2, 4 and 8 tokens the grouped GEMMs and the
     # small-batch kernels in each of bench_moe.SMALL_SWEEP's tiles (floor ratios: they set
