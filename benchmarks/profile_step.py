@@ -29,9 +29,19 @@ from slipstream.runner.inputs import StepPad, StepShape  # noqa: E402
 from slipstream.sampling.sampler import SamplerFlags  # noqa: E402
 
 CASES = [("llama-3.1-8b", 32, 1024), ("llama-3.1-8b", 32, 4096), ("qwen3-0.6b", 256, 1024), ("qwen3-0.6b", 48, 1024)]
-KINDS = [("moe", ("moe", "expert", "route", "small_gate", "small_down", "align", "topk")), ("gemm", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "cublas")), ("attention", ("attn", "decode", "prefill")),
+# A name's kind is the first whose keys one of its substrings is.  "spec": n-gram drafting, the
+# device drafter's row shift, drafts and their rejection (a drafter's own forward is gemm,
+# attention, ... like the target's: benchmarks/profile_bench.py tells them apart by range);
+# "mask": a grammar bitmask applied apart from the sampling kernel; "memcpy": the copy engines'
+# transfers. The aten:: names are the CPU's ops (profile_bench.py's CPU runs).
+KINDS = [("spec", ("ngram", "shift_kernel", "draft", "reject", "accept")),
+         ("mask", ("bitmask", "apply_token_mask")),
+         ("moe", ("moe", "expert", "route", "small_gate", "small_down", "align", "topk")),
+         ("gemm", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm")),
+         ("attention", ("attn", "decode", "prefill", "verify_kernel", "verify_reduce", "attention")),
          ("norm", ("rms",)), ("rope/kv", ("rope", "store", "qkv_epilogue")), ("silu", ("silu",)),
-         ("sampler", ("sample", "gumbel", "argmax")), ("copy/index", ("copy", "index", "where", "gather", "scatter", "fill"))]
+         ("sampler", ("sample", "gumbel", "argmax")), ("memcpy", ("memcpy", "memset")),
+         ("copy/index", ("copy", "index", "where", "gather", "scatter", "fill"))]
 
 
 def kind_of(name: str) -> str:

@@ -107,7 +107,8 @@ def summarize(steps: list[dict]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    names = ["attention", "gemm", "norm", "rope/kv", "silu", "sampler", "copy/index", "other"]
+    names = ["attention", "gemm", "norm", "rope/kv", "silu", "moe", "spec", "mask", "sampler", "memcpy", "copy/index",
+             "other"]  # (every kind of profile_step.KINDS: the kernel sum is theirs)
     out = ["| steps | profiled | tokens | kernels | attention / floor | gemm / floor | "
            + " | ".join(names[2:]) + " | kernel sum |", "|" + "---|" * (7 + len(names) - 2)]
     for r in rows:

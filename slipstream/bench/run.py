@@ -43,8 +43,10 @@ def seconds_since_process_start() -> float | None:
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def run_bench(a, workload, engine_options: dict) -> int:
-    """`workload` under `engine_options` (EngineConfig keywords); `a`: bench's other flags."""
+def bench_engine(a, workload, engine_options: dict) -> tuple[EngineCore, float]:
+    """The EngineCore of a bench run of `workload` (cut to --num-requests) under `engine_options`
+    (EngineConfig keywords; `a`: bench's other flags: the grammar tokenizer of a constrained
+    workload, --spec-synthetic-accept), and its start time in seconds."""
     if a.num_requests:
         workload.prompts = workload.prompts[:a.num_requests]
         workload.params = workload.params[:a.num_requests]
@@ -59,6 +61,30 @@ def run_bench(a, workload, engine_options: dict) -> int:
         engine.set_bench_synthetic_acceptance(synthetic)
         print(f"SYNTHETIC ACCEPTANCE: every verification accepts min({synthetic}, drafted) drafts whatever "
               "the model says; the tokens are not the model's (a cost measurement)")
+    return engine, init_s
+
+
+def warm_up(engine, workload) -> None:
+    """Every prompt of `workload`, 2 tokens each, so the timed runs meet the same prefill batch
+    shapes with their kernels compiled and cuBLAS plans chosen (otherwise the first mode run
+    pays for it).
+    A constrained workload's decode graphs (runner/split_graphs.py) are captured at a shape's
+    first constrained use: its warm-up requests end one step apart, so the batch shrinks
+    through every decode size and the timed runs replay graphs, as a server does once it has
+    run a while, rather than capturing them."""
+    constrained = any(p.structured_outputs is not None for p in workload.params)
+    for i, (prompt, p) in enumerate(zip(workload.prompts, workload.params)):
+        add_prompt(engine, f"warm-up-{i}", prompt,  # (a grammar compiles here, once)
+                   SamplingParams(max_tokens=2 + i if constrained else 2, temperature=p.temperature,
+                                  ignore_eos=True, structured_outputs=p.structured_outputs))
+    run_until_done(engine)
+
+
+def run_bench(a, workload, engine_options: dict) -> int:
+    """`workload` under `engine_options` (EngineConfig keywords); `a`: bench's other flags."""
+    engine, init_s = bench_engine(a, workload, engine_options)
+    config, synthetic = engine.config, a.spec_synthetic_accept
+    constrained = sum(p.structured_outputs is not None for p in workload.params)
     ready_s = seconds_since_process_start()
     ready = f"; process start to ready {ready_s:.2f} s" if ready_s is not None else ""
     print(f"engine start: {init_s:.2f} s ({', '.join(f'{k} {v}' for k, v in engine.startup.items())}){ready}")
@@ -70,18 +96,7 @@ def run_bench(a, workload, engine_options: dict) -> int:
     elif engine.device.type == "cuda":
         gpu, bandwidth, rate = recorded_ceilings(torch.cuda.get_device_name(engine.device))
     bandwidth, rate = bandwidth * tp, rate * tp  # the floor of a step over tp GPUs (no all-reduce)
-    # Warm-up: every prompt, 2 tokens each, so the timed runs meet the same prefill batch
-    # shapes with their kernels compiled and cuBLAS plans chosen (otherwise the first mode
-    # run pays for it).
-    # A constrained workload's decode graphs (runner/split_graphs.py) are captured at a
-    # shape's first constrained use: its warm-up requests end one step apart, so the batch
-    # shrinks through every decode size and the timed runs replay graphs, as a server does
-    # once it has run a while, rather than capturing them.
-    for i, (prompt, p) in enumerate(zip(workload.prompts, workload.params)):
-        add_prompt(engine, f"warm-up-{i}", prompt,  # (a grammar compiles here, once)
-                   SamplingParams(max_tokens=2 + i if constrained else 2, temperature=p.temperature,
-                                  ignore_eos=True, structured_outputs=p.structured_outputs))
-    run_until_done(engine)
+    warm_up(engine, workload)
     freeze_gc()
 
     modes = ["sync", "async"] if a.mode == "both" else [a.mode]
