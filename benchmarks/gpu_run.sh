@@ -4,7 +4,7 @@
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer moe-small moe-small-ab
 #         async-llm pytests pytests-each bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 #         spec-e2e spec-real fp8-accuracy
-#         prefill-long prefill-tiles fp8-gemm fp8-gemv fp8-skinny boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env
+#         prefill-long prefill-tiles fp8-gemm fp8-gemv fp8-skinny boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env profile-bench
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -161,6 +161,14 @@ for stage in "$@"; do
                  done ;;
     profile) run profile 300 python3 benchmarks/profile_step.py --out "$RES" ;;
     profile-small) run profile-small 300 python3 benchmarks/profile_workload.py --workload small-256 --out "$RES" ;;
+    # a bench workload's steady-state steps by kernel kind and runner range (benchmarks/profile_bench.py):
+    # WORKLOADS (seed-8b-bs1); PROFILE_ARGS, more bench flags, split with the shell's quoting, so a JSON
+    # with spaces goes in single quotes: PROFILE_ARGS="--speculative-config '{\"method\": \"ngram\",
+    # \"num_speculative_tokens\": 3}' --spec-synthetic-accept 2" (a JSON without spaces needs none)
+    profile-bench) eval "pargs=(${PROFILE_ARGS:-})"
+                   for w in ${WORKLOADS:-seed-8b-bs1}; do
+                     run "profile-$w" 300 python3 benchmarks/profile_bench.py --workload "$w" --out "$RES/profile-$w" "${pargs[@]}"
+                   done ;;
     profile-cpu) run profile-cpu 300 python3 benchmarks/profile_cpu.py --workload small-256 --prefill-only --top 40 ;;
     overlap) run overlap 240 python3 benchmarks/bench_overlap.py --out "$RES" ;;
     # attention on small-256's own decode and prefill-phase batches: this tree's kernels and

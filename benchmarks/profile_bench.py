@@ -276,24 +276,24 @@ def summarize(records, walls: list[float], groups: list[str], top: int) -> dict:
 
 
 def report(r: dict) -> str:
-    """The short table of a profile (stdout: what a log tail shows)."""
+    """The short tables of a profile for stdout, the figures per step last (a log's tail keeps
+    them): the top kernels, kernel time by range, by kind, then the step's totals."""
     unit = "kernel" if r["on_gpu"] else "CPU op (self time)"
-    lines = [f"## profile-bench {r['workload']} ({r['mode']}, {r['device']}): {r['steps']} steps "
-             f"{r['step_groups']}",
-             f"wall {r['wall_us']:.0f} us/step (median {r['wall_us_median']:.0f}; unprofiled "
-             f"{r['unprofiled_wall_us']:.0f}), {unit} time {r['kernel_us']:.0f} us/step "
-             f"(min {r['kernel_us_min']:.0f}, max {r['kernel_us_max']:.0f}), {r['kernels_per_step']:.1f} a step; "
-             f"outside the window {r['outside']['us']:.0f} us ({r['outside']['kernels']} kernels, "
-             f"{r['outside']['unmatched']} without a launch call)",
-             "| kind | per step | us/step | share |", "|---|---|---|---|"]
     total = r["kernel_us"] or 1.0
-    for kind, v in r["by_kind"].items():
-        lines.append(f"| {kind} | {v['per_step']:.1f} | {v['us']:.1f} | {100 * v['us'] / total:.1f}% |")
-    lines += ["| range | per step | us/step | share |", "|---|---|---|---|"]
-    for label, v in r["by_range"].items():
-        lines.append(f"| {label} | {v['per_step']:.1f} | {v['us']:.1f} | {100 * v['us'] / total:.1f}% |")
+    lines = [f"## profile-bench {r['workload']}: the top {len(r['top'])} by time ({unit}), us a step"]
     for t in r["top"]:
         lines.append(f"  {t['us']:9.1f} us/step  x{t['per_step']:5.1f}  {t['kind']:<10} {t['name'][:90]}")
+    for title, table in (("range", r["by_range"]), ("kind", r["by_kind"])):
+        lines += [f"| {title} | per step | us/step | share |", "|---|---|---|---|"]
+        for key, v in table.items():
+            lines.append(f"| {key} | {v['per_step']:.1f} | {v['us']:.1f} | {100 * v['us'] / total:.1f}% |")
+    lines += [f"## profile-bench {r['workload']} ({r['mode']}, {r['device']}): {r['steps']} steps "
+              f"{r['step_groups']}",
+              f"wall {r['wall_us']:.0f} us/step (median {r['wall_us_median']:.0f}; unprofiled "
+              f"{r['unprofiled_wall_us']:.0f}), {unit} time {r['kernel_us']:.0f} us/step "
+              f"(min {r['kernel_us_min']:.0f}, max {r['kernel_us_max']:.0f}), {r['kernels_per_step']:.1f} a step; "
+              f"outside the window {r['outside']['us']:.0f} us ({r['outside']['kernels']} kernels, "
+              f"{r['outside']['unmatched']} without a launch call)"]
     return "\n".join(lines)
 
 
