@@ -12,7 +12,7 @@ profiles `--steps` of its steps once every request is past its prefill:
 3. `--steps` steps timed without the profiler (the run's own wall per step), then `--steps`
    under torch.profiler (CUDA activity on a GPU, CPU ops on the CPU).
 
-Each engine step is a `record_function` range of this script, and so are a few runner entry
+Each engine step is a profiler range of this script, and so are a few runner entry
 points, wrapped on the engine's objects here (the runner's code has no markers): a kernel
 counts towards the step, and the innermost range, that launched it (a graph's kernels
 towards the call that replays the graph), so in async mode a step's kernels are those of the
@@ -55,6 +55,9 @@ from slipstream.cli.options import BENCH_ENGINE_DEFAULTS, workload_engine_kwargs
 from slipstream.core.tracing import Timeline  # noqa: E402
 from slipstream.utils.process import freeze_gc  # noqa: E402
 
+# The ranges are torch ops (not record_function's user annotations): the kernels launched inside
+# one with no op between are linked to it (the fallback of a kernel whose launch call is missing)
+_RANGE = getattr(torch._C._profiler, "_RecordFunctionFast", record_function)
 STEP = "profile_bench.step "  # + the step's index in the profiled window
 RANGE = "profile_bench.range "  # + the range's label
 # (where, name, label): the runner's entry points a kernel is attributed to (the innermost
@@ -95,13 +98,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
 
 
 def _wrap(owner, name: str, label: str) -> Callable[[], None]:
-    """`owner.name` inside a record_function range `label` (on an instance, an instance
+    """`owner.name` inside a profiler range `label` (on an instance, an instance
     attribute: its class stays as it is); returns the undo."""
     fn = getattr(owner, name)
 
     @functools.wraps(fn)
     def ranged(*args, **kwargs):
-        with record_function(RANGE + label):
+        with _RANGE(RANGE + label):
             return fn(*args, **kwargs)
 
     had_own = name in vars(owner)
@@ -162,7 +165,7 @@ def timed_steps(engine, timeline: Timeline, n: int, ranged: bool = False) -> tup
         before = len(timeline.batches)
         with ExitStack() as stack:
             if ranged:
-                stack.enter_context(record_function(f"{STEP}{i}"))
+                stack.enter_context(_RANGE(f"{STEP}{i}"))
             t0 = time.perf_counter()
             outputs = engine.step()
             walls.append(time.perf_counter() - t0)

@@ -133,3 +133,24 @@ def test_gpu_kernels_count_towards_the_step_and_range_of_their_launch():
     assert r["by_range"]["decode graph"] == {"per_step": 1.0, "us": 7.5}
     assert [t["name"] for t in r["top"]] == ["nvjet_hsh_gemm", "_gemv_kernel", "_decode_kernel"]
     assert r["per_step"][1] == {"wall_us": 100.0, "kernel_us": 23, "kernels": 2, "group": "decode 1-16"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [False, True])
+def test_profile_bench_on_the_gpu_matches_every_kernel_to_its_launch(unit_workload, tmp_path, capsys, spec):
+    """On a GPU: CUDA kernels, each matched to the launch call of a profiled step (none
+    unmatched), the plain steps' kernels under the decode graph's replay, the speculative
+    steps' under a verification range."""
+    extra = ("--speculative-config", json.dumps(NGRAM)) if spec else ()
+    argv = ["--workload", unit_workload, "--device", "cuda", "--steps", "8", "--out", str(tmp_path), *extra]
+    assert profile_bench.main(argv) == 0
+    r = json.loads((tmp_path / f"profile_bench_{unit_workload}.json").read_text())
+    assert r["on_gpu"] and r["steps"] == 8 and r["outside"]["unmatched"] == 0
+    assert all(s["kernels"] > 0 and s["kernel_us"] > 0 for s in r["per_step"])
+    assert r["by_kind"]["gemm"]["per_step"] >= 1
+    assert r["kernel_us"] < 3 * r["wall_us"]  # (three streams may overlap; not more)
+    if spec:
+        assert any(g.startswith("verify") for g in r["step_groups"])
+        assert {"verify", "verify graph"} & set(r["by_range"])
+    else:
+        assert r["by_range"]["decode graph"]["us"] > 0.5 * r["kernel_us"]
