@@ -10,7 +10,8 @@ profiles `--steps` of its steps once every request is past its prefill:
 2. the workload's requests, stepped until `--settle` launched batches in a row had no prompt
    chunk, then `--warmup-steps` more;
 3. `--steps` steps timed without the profiler (the run's own wall per step), then `--steps`
-   under torch.profiler (CUDA activity on a GPU, CPU ops on the CPU).
+   under torch.profiler (on a GPU CUDA activity, and the CPU's for the ranges and the launch
+   calls; on the CPU its ops).
 
 Each engine step is a profiler range of this script, and so are a few runner entry
 points, wrapped on the engine's objects here (the runner's code has no markers): a kernel

@@ -27,7 +27,7 @@ def unit_workload(tiny_model, monkeypatch):
 
     folder, _ = tiny_model("llama")
     prompts = [[(5 * i + j) % 40 + 3 for j in range(8 + 4 * i)] for i in range(3)]
-    params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True) for _ in prompts]
+    params = [SamplingParams(max_tokens=100, temperature=0, ignore_eos=True) for _ in prompts]
     monkeypatch.setitem(workloads.WORKLOADS, "profile-unit", lambda: workloads.Workload(
         "profile-unit", folder, prompts, params, dict(max_num_seqs=4, max_model_len=128)))
     return "profile-unit"
@@ -82,8 +82,8 @@ def test_profile_bench_reports_steady_steps_by_kind_and_range(unit_workload, tmp
 def test_profile_bench_flags_and_a_workload_too_short(unit_workload, tmp_path, capsys):
     assert profile_bench.main(["--workload", unit_workload, "--device", "cpu", "--steps", "0"]) == 2
     assert "--steps and --settle must be >= 1" in capsys.readouterr().err
-    # 40 tokens a request: 50 settling steps never come
-    assert profile_bench.main(["--workload", unit_workload, "--device", "cpu", "--settle", "50"]) == 2
+    # 100 tokens a request: 200 settling steps never come
+    assert profile_bench.main(["--workload", unit_workload, "--device", "cpu", "--settle", "200"]) == 2
     assert "the workload ended after" in capsys.readouterr().err
 
 
