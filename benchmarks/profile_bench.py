@@ -84,10 +84,12 @@ RANGES = [("runner", "launch", "launch"), ("runner", "replay", "decode graph"),
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     """(this script's flags, `slipstream bench`'s flags) of `argv`."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="Every other flag is `slipstream bench`'s (python -m slipstream.cli bench --help).")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], allow_abbrev=False,
+        epilog="Every other flag is `slipstream bench`'s (python -m slipstream.cli bench --help).")
     ap.add_argument("--steps", type=int, default=40, help="steady-state steps to profile (default 40)")
-    ap.add_argument("--warmup-steps", type=int, default=2, help="steps after the prefills end, before timing (default 2)")
+    ap.add_argument("--warmup-steps", type=int, default=2,
+                    help="steps after the prefills end, before timing (default 2)")
     ap.add_argument("--settle", type=int, default=3,
                     help="launched batches in a row without a prompt chunk that end the prefill phase (default 3)")
     ap.add_argument("--top", type=int, default=25, help="kernels listed by total time (default 25)")
