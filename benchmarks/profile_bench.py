@@ -210,7 +210,7 @@ def _is_launch(ev) -> bool:
 def kernel_records(events, on_gpu: bool) -> tuple[list[tuple[int, str, str, float]], dict]:
     """(step, range, kernel name, microseconds) of every kernel a STEP range launched, and the
     microseconds and count of those launched outside them (before the window; "unmatched": no
-    launch call found, which should not happen).  A kernel belongs to the
+    launch call found, which should not happen).  A kernel (or memcpy, memset) belongs to the
     ranges around its launch call (matched on the CUPTI correlation id, so a CUDA graph's
     kernels to the graph launch's call); on the CPU each op's self time is a "kernel" of the
     ranges around it."""
@@ -228,8 +228,9 @@ def kernel_records(events, on_gpu: bool) -> tuple[list[tuple[int, str, str, floa
         op_at = {ev.id: ev.time_range.start for ev in events if ev.device_type == cpu and not _is_launch(ev)}
         kernels = []
         for ev in events:
+            kind = getattr(ev, "activity_type", None)  # (not a range's GPU span, a sync, an overhead)
             if (ev.device_type != torch.autograd.DeviceType.CUDA or ev.name.startswith((STEP, RANGE))
-                    or getattr(ev, "activity_type", None) == "gpu_user_annotation"):
+                    or kind not in (None, "kernel", "gpu_memcpy", "gpu_memset")):
                 continue
             t = launch_at.get(ev.id)
             if t is None:

@@ -118,7 +118,8 @@ def test_gpu_kernels_count_towards_the_step_and_range_of_their_launch():
         _ev("Memcpy HtoD (Pinned -> Device)", 170, 171, "cuda", id=501),
         _ev("nvjet_hsh_gemm", 250, 270, "cuda", id=502), _ev("_rms_norm_kernel", 10, 12, "cuda", id=503),
         _ev("_sample_kernel", 280, 283, "cuda", id=999, linked=6),  # no launch event: the linked op's
-        _ev(R + "launch", 150, 170, "cuda", activity="gpu_user_annotation"),  # not a kernel
+        _ev(R + "launch", 150, 170, "cuda", activity="gpu_user_annotation"),  # not kernels
+        _ev("Stream Wait Event", 150, 170, "cuda", id=500, activity="cuda_sync"),
     ]
     records, outside = profile_bench.kernel_records(events, on_gpu=True)
     assert sorted(records) == sorted([(0, "decode graph", "_gemv_kernel", 10), (0, "decode graph", "_decode_kernel", 5),
