@@ -13,4 +13,4 @@ REPS=1 WORKLOADS="small-bs1" ARMS="X=1;X=1 --speculative-config $N4 --spec-synth
 REPS=1 WORKLOADS="seed-8b-bs1-fp8" ARMS="X=1;SLIPSTREAM_FP8_GEMV=stream" $B ab-env
 REPS=1 WORKLOADS="small-256" ARMS="X=1;X=1 --quantization fp8" $B ab-env
 REPS=1 WORKLOADS="small-256-json-half" ARMS="X=1 $G --structured-outputs-workers 0" $B ab-env
-TEST_TIMEOUT=90 TESTS="tests/test_fp8_gemv_range.py tests/test_fp8_gemm_mid.py tests/test_fp8_gemv_stream.py tests/test_gpu_fp8.py tests/test_spec_ngram_graph_keys.py" $B pytests-each
+TEST_TIMEOUT=90 TESTS="tests/test_fp8_gemv_range.py tests/test_fp8_gemm_mid.py tests/test_fp8_gemv_stream.py tests/test_gpu_fp8.py tests/test_spec_ngram_graph_keys.py tests/test_profile_bench.py" $B pytests-each

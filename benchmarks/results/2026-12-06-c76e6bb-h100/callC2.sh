@@ -12,3 +12,5 @@ $B env
 export PYTHONPATH=/tmp/site:.:${PYTHONPATH:-}
 REPS=1 WORKLOADS="seed-8b-bs1" ARMS="X=1;X=1 $M --speculative-config $E4 --spec-synthetic-accept 2.5;X=1 $M --speculative-config $E3 --spec-synthetic-accept 2.5;X=1 --speculative-config $N3 --spec-synthetic-accept 2" $B ab-env
 REPS=1 WORKLOADS="seed-8b-bs1" ARMS="X=1 $M --speculative-config $D4 --spec-synthetic-accept 1;X=1 $M --speculative-config $D4 --spec-synthetic-accept 2;X=1 $M --speculative-config $D4 --spec-synthetic-accept 3;X=1 $M --speculative-config $D4 --spec-synthetic-accept 4" $B ab-env
+# where the EAGLE-3 step's time goes (k = 4, accept 2.5), by kind and range
+WORKLOADS=seed-8b-bs1 PROFILE_ARGS="--mode async --gpu-memory-utilization 0.8 --speculative-config $E4 --spec-synthetic-accept 2.5" $B profile-bench
