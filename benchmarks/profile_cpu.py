@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--model", default=None)
     ap.add_argument("--grammar-tokenizer", default=None)
-    ap.add_argument("--structured-outputs-workers", type=int, default=None)
+    ap.add_argument("--structured-outputs-workers", type=int, default=0)
     args = ap.parse_args()
     w = get_workload(args.workload)
     n = args.num_requests or len(w.prompts)

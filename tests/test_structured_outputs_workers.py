@@ -17,7 +17,6 @@ from slipstream.sampling.grammar.compiler import GrammarCompiler
 from slipstream.sampling.grammar.matcher import GrammarMatcher
 from slipstream.sampling.grammar.worker_main import GrammarWorkerState
 from slipstream.sampling.grammar.worker_messages import AddGrammar, Step
-from slipstream.sampling.grammar.worker_pool import default_grammar_workers
 
 PROMPTS = ["Tell me about a pet:", "Go", "Answer me", "free text please",
            "Request number 6 wants a pet record:", "Request number 7 wants a pet record:"]
@@ -61,7 +60,7 @@ def engines(tokenized_tiny):
 
 
 def test_the_default_worker_count_and_the_option():
-    assert [default_grammar_workers(n) for n in (1, 2, 4, 8, 16, 64)] == [0, 0, 1, 2, 4, 4]
+    assert EngineConfig().structured_outputs_workers == 0  # in-process unless asked
     assert EngineConfig(structured_outputs_workers=3).structured_outputs_workers == 3
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="structured_outputs_workers must be a non-negative integer"):

@@ -33,7 +33,7 @@ from slipstream.sampling.params import SamplingParams
 from slipstream.sched.scheduler import Scheduler
 from slipstream.sched.speculative import SpecScheduling
 from slipstream.sched.structured_outputs import StructuredOutputs
-from slipstream.sampling.grammar.worker_pool import GrammarWorkerSpec, default_grammar_workers
+from slipstream.sampling.grammar.worker_pool import GrammarWorkerSpec
 from slipstream.model.tokenizer import load_tokenizer
 
 
@@ -119,7 +119,7 @@ class EngineCore:
         grammar = GrammarWorkerSpec(config.structured_outputs_backend, hf_tokenizer,
                                     self.model_config.vocab_size, tuple(sorted(self.eos_token_ids)))
         self.scheduler.structured_outputs = StructuredOutputs(
-            lambda: self._grammar_backend(grammar), self._grammar_workers(), lambda: grammar)
+            lambda: self._grammar_backend(grammar), self.config.structured_outputs_workers, lambda: grammar)
         if config.speculative_config is not None:
             self._setup_speculation(config.speculative_config, async_mode)
         self.timeline = Timeline() if config.trace else None
@@ -143,10 +143,6 @@ class EngineCore:
         from slipstream.sampling.grammar.backend import create_grammar_backend
         return create_grammar_backend(spec.backend, spec.hf_tokenizer, spec.vocab_size, spec.stop_token_ids)
 
-    def _grammar_workers(self) -> int:
-        """Grammar worker processes (`structured_outputs_workers`; unset: by the CPU count)."""
-        workers = self.config.structured_outputs_workers
-        return default_grammar_workers() if workers is None else workers
 
     def _startup_report(self, weights_s: float, total_s: float) -> dict:
         """Where the engine's start went (seconds): the weights, the CUDA graphs and the

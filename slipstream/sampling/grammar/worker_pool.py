@@ -42,17 +42,9 @@ from slipstream.sampling.grammar.worker_messages import (
 )
 from slipstream.sampling.structured import GrammarKey
 
-__all__ = ["GrammarWorker", "GrammarWorkerPool", "GrammarWorkerSpec", "default_grammar_workers"]
+__all__ = ["GrammarWorker", "GrammarWorkerPool", "GrammarWorkerSpec"]
 
 _POLL_S = 0.5  # how often a step's wait checks that the worker it waits on is alive
-
-
-def default_grammar_workers(cpu_count: int | None = None) -> int:
-    """Worker processes when the engine option is unset: one per four cores, at most four
-    (none on machines of fewer than eight cores, where they would compete with the core's
-    own thread for too few cores)."""
-    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-    return min(4, cores // 4)
 
 
 @dataclass(frozen=True)
