@@ -7,12 +7,7 @@ MMA tile, K tile, stage count and K split and the lead picks the defaults.
 
     python benchmarks/bench_fp8_gemv.py [--rows 1,2,4,8,16] [--variant-rows 1,2,4,8,16]
         [--shapes qkv,o,gate_up,down,lm_head] [--variants NAME:field=v,... ...]
-        [--no-default-variants] [--one-row] [--jobs N] [--floor-tbs 3.0] [--out DIR] [--tiny]
-
-    --one-row: batch 1 only (issue 46): the layer's four products at one row, the MMA kernel
-    (`fp8`, the default) beside the stream kernel (ops/triton_fp8_gemv_stream.py) and their
-    prefetch / tile variants (ONE_ROW_VARIANTS), then each one's whole layer (qkv + o + gate_up
-    + down: bytes over summed times) against the copy bandwidth, the target being >= 0.90.
+        [--no-default-variants] [--jobs N] [--floor-tbs 3.0] [--out DIR] [--tiny]
 
 Each product runs in the form the model's small-batch layer takes: qkv and gate_up with the
 folded norm (gamma and the row scale), o into the residual, down from [gate | up] with
@@ -28,14 +23,14 @@ should take ~2-3 minutes on an H100 host's 16 cores instead of ~10 (an estimate)
 first checked against the weight-only reference on one copy (a failure is printed and the
 sweep goes on; `--variants` adds
 `Fp8GemvConfig` overrides: fma_rows, block_n, block_k, stages, num_warps, mma_block_n,
-mma_block_k, mma_stages, mma_warps, mma_split_k, mma_prefetch_k, mma_prefetch_ahead, the
-stream_* fields; the FMA kernel takes one row only, so its variants equal the default above
-one row; a variant whose name starts with `stream` takes the stream kernel at one row,
-`one_row="stream"`, which is the default's MMA kernel above one row).
+mma_block_k, mma_stages, mma_warps, mma_split_k, mma_min_m_pad, mma_prefetch_k; the FMA
+kernel takes one row only, so its variants equal the default above one row).
 GB/s counts the bytes the product reads of its weight (FP8 values, scales, gamma; bf16: the
 weight); `x floor` is the time over the FP8 weight's floor for every implementation (bf16's
-own floor is twice it). `--tiny`: small shapes on the CPU under Triton's interpreter, a
-smoke test.
+own floor is twice it). Where qkv, o, gate_up and down all ran at one row, a last table sums
+them per implementation: the layer's weight bytes over its summed times, against the copy
+bandwidth. `--tiny`: small shapes on the CPU under Triton's interpreter, a smoke test
+(`--tiny --shapes qkv,o,gate_up,down` for the layer table).
 """
 from __future__ import annotations
 
@@ -63,7 +58,6 @@ from slipstream.ops.fp8_linear import fp8_linear_ref  # noqa: E402
 from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref  # noqa: E402
 from slipstream.ops.triton_fp8_gemv import Fp8GemvConfig, fp8_gemv  # noqa: E402
 from slipstream.ops.triton_fp8_gemv_mma import mma_shape  # noqa: E402
-from slipstream.ops.triton_fp8_gemv_stream import stream_shape  # noqa: E402
 from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
 from slipstream.utils.overrides import parse_variant  # noqa: E402
 
@@ -71,7 +65,7 @@ from slipstream.utils.overrides import parse_variant  # noqa: E402
 SHAPES_8B = {"qkv": (6144, 4096, "norm"), "o": (4096, 4096, "residual"), "gate_up": (28672, 4096, "norm"),
              "down": (4096, 14336, "silu_mul"), "lm_head": (128256, 4096, "plain")}
 SHAPES_TINY = {"qkv": (48, 160, "norm"), "down": (32, 96, "silu_mul")}
-SHAPES_TINY_LAYER = {**SHAPES_TINY, "o": (32, 96, "residual"), "gate_up": (64, 128, "norm")}  # --tiny --one-row
+SHAPES_TINY_LAYER = {**SHAPES_TINY, "o": (32, 96, "residual"), "gate_up": (64, 128, "norm")}  # --tiny --shapes
 # the variants timed unless --no-default-variants: the FMA kernel at one row, then each MMA
 # field moved a step from the default (weight rows a program, the K tile, stages, warps, the K
 # split, the row padding, the L2 prefetch before the PDL wait), at every row count where it
@@ -84,33 +78,13 @@ DEFAULT_VARIANTS = [
     "mma-split4:mma_split_k=4", "mma-split8:mma_split_k=8", "mma-pad8:mma_min_m_pad=8",
     "mma-pf1024:mma_prefetch_k=1024", "mma-pf4096:mma_prefetch_k=4096",
 ]
-# --one-row: the stream kernel (names starting with "stream" set one_row="stream") at its
-# defaults and each field moved a step (weight rows a program, K tile bytes, stages, warps,
-# tiles asked into L2 ahead), and the MMA kernel with its L2 prefetch before the wait and
-# ahead in the loop
-ONE_ROW_VARIANTS = [
-    "stream:", "stream-pf0:stream_prefetch_tiles=0", "stream-pf2:stream_prefetch_tiles=2",
-    "stream-pf8:stream_prefetch_tiles=8", "stream-s2:stream_stages=2", "stream-s4:stream_stages=4",
-    "stream-t16k:stream_tile_bytes=16384", "stream-n16:stream_block_n=16", "stream-n64:stream_block_n=64",
-    "stream-n128:stream_block_n=128", "stream-w8:stream_warps=8",
-    "mma-pf1024:mma_prefetch_k=1024", "mma-a4:mma_prefetch_ahead=4", "mma-pf1024-a4:mma_prefetch_k=1024,mma_prefetch_ahead=4",
-    "mma-pf2048-a8:mma_prefetch_k=2048,mma_prefetch_ahead=8",
-    "mma-s2-pf1024-a4:mma_stages=2,mma_prefetch_k=1024,mma_prefetch_ahead=4",
-]
 LAYER = ("qkv", "o", "gate_up", "down")
 L2_BYTES = 50 << 20
 
 
-def variant(spec: str) -> tuple[str, Fp8GemvConfig]:
-    """A --variants spec, NAME:field=int,...; a NAME starting with "stream" takes the stream
-    kernel at one row (one_row="stream"), any other the MMA kernel."""
-    name, cfg = parse_variant(spec, Fp8GemvConfig)
-    return name, dataclasses.replace(cfg, one_row="stream" if name.startswith("stream") else "mma")
-
-
 def layer_table(impls: list[str], rows: list[dict], same_as: dict, copy_bw: float) -> str:
     """Per implementation at one row, the layer's four products together: their weight bytes
-    over their summed times, against the copy bandwidth (issue 46's target: >= 0.90)."""
+    over their summed times, against the copy bandwidth."""
     timed = {(r["shape"], r["m"], r["impl"]): r for r in rows if "us" in r}
     out = ["", "one row, the layer (qkv + o + gate_up + down) per implementation",
            "| impl | " + " | ".join(f"{s} us" for s in LAYER) + " | layer us | TB/s | x copy bw |",
@@ -132,14 +106,9 @@ def launched(cfg: Fp8GemvConfig, n: int, k: int, m: int, sms: int) -> tuple:
     configs with the same key run the same kernel, so only the first is timed."""
     if m <= min(cfg.fma_rows, 1):
         return ("fma", cfg.block_n, cfg.block_k, cfg.stages, cfg.num_warps)
-    if m == 1 and cfg.one_row == "stream":
-        sh = stream_shape(n, k, cfg.stream_block_n, cfg.stream_tile_bytes, cfg.stream_warps, None, sms,
-                          cfg.stream_programs_per_sm)
-        return ("stream", sh, cfg.stream_stages, cfg.stream_warps, cfg.stream_prefetch_tiles)
     sh = mma_shape(n, k, cfg.mma_block_n, cfg.mma_block_k, cfg.mma_warps, None, cfg.mma_split_k, sms)
     m_pad = max(triton.next_power_of_2(m), cfg.mma_min_m_pad)
-    return ("mma", sh, cfg.mma_stages or (3 if m <= 8 else 2), cfg.mma_warps, m_pad, cfg.mma_prefetch_k,
-            cfg.mma_prefetch_ahead)
+    return ("mma", sh, cfg.mma_stages or (3 if m <= 8 else 2), cfg.mma_warps, m_pad, cfg.mma_prefetch_k)
 
 
 def make_weights(n: int, k: int, copies: int, dev, gen) -> list[tuple[torch.Tensor, Fp8Weight]]:
@@ -222,8 +191,6 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None)
     ap.add_argument("--variants", nargs="*", default=[])
     ap.add_argument("--no-default-variants", action="store_true")
-    ap.add_argument("--one-row", action="store_true",
-                    help="one row, the layer's four products, ONE_ROW_VARIANTS (MMA and stream kernels)")
     jobs = 0 if "--tiny" in sys.argv else max(1, min(14, (os.cpu_count() or 1) - 2))
     ap.add_argument("--jobs", type=int, default=jobs,
                     help="processes compiling the launches first (0: each compiles when first timed)")
@@ -233,14 +200,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     dev = "cpu" if args.tiny else "cuda"
     shapes = SHAPES_TINY if args.tiny else SHAPES_8B
-    if args.one_row:
-        args.rows = args.variant_rows = "1"
-        shapes = {name: (SHAPES_TINY_LAYER if args.tiny else SHAPES_8B)[name] for name in LAYER}
     if args.shapes:
         shapes = {name: (SHAPES_TINY_LAYER if args.tiny else SHAPES_8B)[name] for name in args.shapes.split(",")}
     impls = [("fp8", Fp8GemvConfig())]
-    defaults = ONE_ROW_VARIANTS if args.one_row else DEFAULT_VARIANTS
-    impls += [variant(v) for v in ([] if args.no_default_variants else defaults) + args.variants]
+    impls += [parse_variant(v, Fp8GemvConfig) for v in ([] if args.no_default_variants else DEFAULT_VARIANTS)
+              + args.variants]
     if args.tiny:
         bw = 1e9  # no copy bandwidth on the CPU: the column is GB/s / 1
     else:
@@ -304,8 +268,7 @@ def main(argv=None) -> int:
         del weights
         if dev == "cuda":
             torch.cuda.empty_cache()
-    print("\nfastest FP8 GEMV variant per shape and row count (variants: this file's "
-          f"{'ONE_ROW_VARIANTS' if args.one_row else 'DEFAULT_VARIANTS'})")
+    print("\nfastest FP8 GEMV variant per shape and row count (variants: this file's DEFAULT_VARIANTS)")
     print(best_table(rows_out, "fp8", ["bf16"], args.floor_tbs))
     if all(name in shapes for name in LAYER):
         print(layer_table([name for name, _ in impls], rows_out, same_as, bw))

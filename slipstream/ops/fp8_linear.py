@@ -6,8 +6,7 @@ norm's product, SiLU·mul into the down product), with these paths:
   multiplied by the unquantized input (weight-only quantization: `fp8_linear_ref`).
 - CUDA, 1 to 16 rows (`Fp8GemvConfig.max_rows`; `SLIPSTREAM_GEMV` on, not batch-invariant):
   the FP8 GEMV (ops/triton_fp8_gemv.py) streams the FP8 weight and multiplies the unquantized
-  input rows (on tensor cores in f16 with fp32 sums; one row optionally with FMAs in fp32, or
-  with `SLIPSTREAM_FP8_GEMV=stream` the one-row stream kernel, ops/triton_fp8_gemv_stream.py);
+  input rows (on tensor cores in f16 with fp32 sums; one row optionally with FMAs in fp32);
   per-channel or block scales, the folded norm's gamma and row scale, the bias, SiLU·mul and
   the residual are applied inside it.
 - CUDA, more rows: the input is quantized per token (per token and 128-column group for block

@@ -3,7 +3,7 @@ for M <= `Fp8GemvConfig.max_rows` (16), weight-only: the input rows stay in thei
 activation quantization), the FP8 weight is upcast in registers.
 
 At small batches a decode step reads every weight once; its time is the weight's bytes, half
-of bf16's in FP8. Three kernels stream them (`Fp8GemvConfig` picks one by the number of rows):
+of bf16's in FP8. Two kernels stream them (`Fp8GemvConfig` picks one by the number of rows):
 
 - `_fp8_gemv_kernel` (one row; the FP8 sibling of ops/triton_gemv.py's streaming kernel):
   each program owns BLOCK_N output columns and streams their FP8 values through a pipelined
@@ -15,13 +15,6 @@ of bf16's in FP8. Three kernels stream them (`Fp8GemvConfig` picks one by the nu
 - `_fp8_gemv_mma_kernel` (ops/triton_fp8_gemv_mma.py; 1-16 rows): the same stream, the
   weight tile converted to f16 and multiplied on tensor cores, so a weight byte costs its
   half conversion and no FMA, and 16 rows cost what one does.
-- `_fp8_gemv_stream_kernel` (ops/triton_fp8_gemv_stream.py; one row, `one_row="stream"`,
-  SLIPSTREAM_FP8_GEMV=stream; the batch-1 candidate, not the default until measured): the
-  MMA kernel's arithmetic without its range pass and split-K (each K slice takes its own
-  power of two; fewer weight rows a program instead), with weight tiles asked into L2 ahead.
-
-`SLIPSTREAM_FP8_GEMV_CONFIG="field=int,..."` changes any integer field of the default config
-(A/B runs in the engine, as benchmarks/bench_fp8_gemv.py's variants do in the benchmark).
 
 Scales (both kernels): per channel (and per tensor, held per channel) multiply the column's
 sum once at the end; with 128 x 128 block scales each block's partial sum is multiplied by
@@ -45,13 +38,9 @@ import triton.language as tl
 from slipstream.ops.device import sm_count
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_fp8_gemv_mma import fp8_gemv_mma
-from slipstream.ops.triton_fp8_gemv_stream import fp8_gemv_stream
 from slipstream.ops.triton_fused import silu_mul
 from slipstream.ops.triton_gemv import stream_columns
 from slipstream.quant.fp8 import Fp8Weight
-from slipstream.utils.overrides import parse_overrides
-
-ONE_ROW_KERNELS = ("mma", "stream")
 
 
 @dataclass(frozen=True)
@@ -88,42 +77,9 @@ class Fp8GemvConfig:
     # FP8 weight columns a program asks into L2 before its PDL wait, past its first K tile (a
     # multiple of 128; 0: none): the stream goes on during the input's range pass
     mma_prefetch_k: int = 0
-    # each loop step asks L2 for the K tile this many tiles on (0: none): DRAM keeps streaming
-    # past what the pipeline's stages hold in shared memory (so more tiles than they hold: a
-    # prefetch of a tile the pipeline is already loading is a duplicate request)
-    mma_prefetch_ahead: int = 0
-    # which kernel takes one row when fma_rows leaves it to the tensor cores: "mma" (the MMA
-    # kernel above) or "stream" (ops/triton_fp8_gemv_stream.py: no range pass, no split-K,
-    # small tiles, L2 prefetch ahead); SLIPSTREAM_FP8_GEMV=stream for A/B runs
-    one_row: str = os.environ.get("SLIPSTREAM_FP8_GEMV", "mma")
-    # the stream kernel: weight rows a program (None: `stream_columns`, the most that give
-    # stream_programs_per_sm programs an SM), bytes of a K tile (its K slice a warp follows),
-    # stages, warps, and K tiles asked into L2 ahead (before the PDL wait and in the loop; a
-    # power of two, 0: none; more than the stages' tiles in flight, which it would only
-    # duplicate: 4 at 3 stages)
-    stream_block_n: int | None = None
-    stream_programs_per_sm: int = 1
-    stream_tile_bytes: int = 32768
-    stream_stages: int = 3
-    stream_warps: int = 4
-    stream_prefetch_tiles: int = 4
-
-    def __post_init__(self):
-        if self.one_row not in ONE_ROW_KERNELS:
-            raise ValueError(f"SLIPSTREAM_FP8_GEMV / one_row must be one of {', '.join(ONE_ROW_KERNELS)}, "
-                             f"not {self.one_row!r}")
 
 
-def config_from_env(text: str | None) -> Fp8GemvConfig:
-    """The defaults with `text`'s "field=int,..." changes (`SLIPSTREAM_FP8_GEMV_CONFIG` in the
-    environment: A/B runs of tiles and prefetch in the engine, as bench_fp8_gemv.py's variants)."""
-    try:
-        return Fp8GemvConfig(**parse_overrides(Fp8GemvConfig, text or ""))
-    except ValueError as e:
-        raise ValueError(f"SLIPSTREAM_FP8_GEMV_CONFIG: {e}") from None
-
-
-DEFAULT_FP8_GEMV_CONFIG = config_from_env(os.environ.get("SLIPSTREAM_FP8_GEMV_CONFIG"))
+DEFAULT_FP8_GEMV_CONFIG = Fp8GemvConfig()
 
 
 @triton.jit
@@ -212,20 +168,12 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
     out2 = out.view(m, n)
     res2 = residual.view(m, n) if residual is not None else out2
     fma_rows = cfg.fma_rows if not silu_mul or cfg.fma_rows_silu is None else cfg.fma_rows_silu
-    if m == 1 and fma_rows < 1 and cfg.one_row == "stream":
-        fp8_gemv_stream(x2[0], w, bias, res2[0], out2[0], has_res=residual is not None,
-                        row_scale_eps=row_scale_eps, silu_mul=silu_mul, block_n=cfg.stream_block_n,
-                        tile_bytes=cfg.stream_tile_bytes, stages=cfg.stream_stages, num_warps=cfg.stream_warps,
-                        sms=sm_count(x.device), programs_per_sm=cfg.stream_programs_per_sm,
-                        prefetch_tiles=cfg.stream_prefetch_tiles)
-        return out
     if m > min(fma_rows, 1):
         stages = cfg.mma_stages or (3 if m <= 8 else 2)
         fp8_gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
                      silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=cfg.mma_block_k, stages=stages,
                      num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sm_count(x.device),
-                     min_m_pad=cfg.mma_min_m_pad, prefetch_k=cfg.mma_prefetch_k,
-                     prefetch_ahead=cfg.mma_prefetch_ahead)
+                     min_m_pad=cfg.mma_min_m_pad, prefetch_k=cfg.mma_prefetch_k)
         return out
     qw = w.qweight
     # columns a program as the bf16 kernel picks them for this shape: each program re-reads

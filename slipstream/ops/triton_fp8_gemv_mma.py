@@ -41,8 +41,7 @@ and runs the epilogue; it resets the ticket for the next launch (CUDA-graph safe
 The epilogues are the bf16 GEMV's: rstd of each input row (`row_scale_eps`, from x itself,
 before gamma), SiLU·mul of [gate | up] as the input, the bias and the residual in fp32 before
 the one rounding. The first weight tile loads before the PDL wait (no kernel writes weights),
-and with `prefetch_k` the next weight columns are asked into L2 there too (off by default;
-`prefetch_ahead` keeps asking, each loop step for the K tile that many tiles on); the
+and with `prefetch_k` the next weight columns are asked into L2 there too (off by default); the
 workspace and ticket are touched only after it, so a launch never overlaps the previous
 one's use of them. The reference is `ops.fp8_linear.fp8_linear_ref`.
 """
@@ -132,7 +131,7 @@ def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_p
                          BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
                          HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
                          USE_PDL: tl.constexpr, PRE_K: tl.constexpr = 16, PRE_GROUPS: tl.constexpr = 1,
-                         PRE_UNROLL: tl.constexpr = 1, PREFETCH_K: tl.constexpr = 0, AHEAD: tl.constexpr = 0):
+                         PRE_UNROLL: tl.constexpr = 1, PREFETCH_K: tl.constexpr = 0):
     BLOCK_K: tl.constexpr = WARPS * K_SLICE
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -161,12 +160,6 @@ def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_p
                     stride_sn, w0, scale, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
                     HAS_GAMMA)
     for k in tl.range(k0 + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
-        if AHEAD > 0:  # the K tile AHEAD on into L2, past what the prefetch before the wait asked for
-            ahead = k + AHEAD * BLOCK_K
-            if (ahead < k_end) & (ahead >= k0 + BLOCK_K + PREFETCH_K):
-                cols = ahead + tl.arange(0, BLOCK_K // 128) * 128
-                _prefetch_l2(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + cols[None, :],
-                             nmask[:, None] & (cols < k_end)[None, :], w_ptr)
         acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm,
                         stride_sn, w0, scale, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
                         HAS_GAMMA)
@@ -292,20 +285,18 @@ def _workspace(device: torch.device, n: int, row_blocks: int, split: int, m_pad:
 def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2: torch.Tensor,
                  out2: torch.Tensor, *, has_res: bool, row_scale_eps: float | None, silu_mul: bool,
                  block_n: int | None, block_k: int, stages: int, num_warps: int, split: int | None,
-                 sms: int, min_m_pad: int = 1, prefetch_k: int = 0, prefetch_ahead: int = 0) -> None:
+                 sms: int, min_m_pad: int = 1, prefetch_k: int = 0) -> None:
     """Launch over x2 [M, K or 2K] (M <= 16, unit stride along K) into out2 [M, N]. block_n:
     None: `mma_columns`; block_k: the K tile (num_warps slices); block weights take slices of
     their block's width. split: slices of K (None: `mma_split`). The rows are padded to a power
     of two, at least min_m_pad (Triton pads a narrow dot's side to the MMA's 8 itself: the
     input's work, loads, SiLU and splits, is then the real rows' only). prefetch_k: weight
     columns a program asks into L2 before its PDL wait (a multiple of 128; 0: none; no PDL, no
-    prefetch). prefetch_ahead: each loop step asks L2 for the K tile this many tiles on (0:
-    none; CUDA only, inline PTX that Triton's interpreter does not run)."""
-    ahead = prefetch_ahead if x2.is_cuda else 0
+    prefetch)."""
     m_pad = max(triton.next_power_of_2(x2.shape[0]), min_m_pad, _NARROW_FLOOR[0])
     try:
         _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
-                num_warps, split, sms, prefetch_k, ahead)
+                num_warps, split, sms, prefetch_k)
     except CompilationError:
         if m_pad >= 8:
             raise
@@ -314,7 +305,7 @@ def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2
         _NARROW_FLOOR[0] = 8
         logger.warning("fp8_gemv: this Triton refuses dots of %d columns; rows are padded to 8", 2 * m_pad)
         _launch(x2, w, bias, res2, out2, 8, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
-                num_warps, split, sms, prefetch_k, ahead)
+                num_warps, split, sms, prefetch_k)
 
 
 _NARROW_FLOOR = [1]  # the least row padding this Triton compiles (8 once a narrower dot failed)
@@ -345,7 +336,7 @@ def mma_shape(n: int, k: int, block_n: int | None, block_k: int, num_warps: int,
 
 
 def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
-            num_warps, split, sms, prefetch_k=0, ahead=0) -> None:
+            num_warps, split, sms, prefetch_k=0) -> None:
     qw, scale, gamma, block = w.qweight, w.scale, w.gamma, w.block
     m = x2.shape[0]
     n, k = qw.shape
@@ -354,8 +345,6 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
     ws = _workspace(x2.device, n, sh.row_blocks, sh.split, m_pad) if sh.split > 1 else (out2, out2, out2)
     pdl = pdl_launch(x2.device)
     assert prefetch_k % 128 == 0, prefetch_k
-    if ahead and tile % 128:
-        raise ValueError(f"fp8_gemv: prefetch_ahead needs K tiles of whole 128-byte lines, not {tile} columns")
     pre_k, pre_groups, pre_unroll = prepass_steps(m_pad, sh.k_per_split, silu_mul)
     _fp8_gemv_mma_kernel[(sh.row_blocks, sh.split)](
         x2, qw, scale, gamma if gamma is not None else scale, bias if bias is not None else scale,
@@ -366,4 +355,4 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
         BN_S=block[0] if block else 1, BLOCK_SCALES=block is not None, HAS_GAMMA=gamma is not None,
         HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
         PRE_K=pre_k, PRE_GROUPS=pre_groups, PRE_UNROLL=pre_unroll, PREFETCH_K=prefetch_k if pdl["USE_PDL"] else 0,
-        AHEAD=ahead, num_warps=num_warps, **pdl)
+        num_warps=num_warps, **pdl)
