@@ -191,14 +191,14 @@ def launch_drafting_padded(runner, batch, slot, shape: StepShape, launched_cls):
         vin.upload(spec, P)
         gin.upload(batch, slot.host, P, PT, batch.table.scratch_row)
         if device_drafting:
-            dd_in, rows_dev = upload_device_drafts(batch, slot, dev)
-            uploaded = dd_in.tensors() + (rows_dev,)
+            dd_in = upload_device_drafts(batch, slot, dev)
+            uploaded = dd_in.tensors()
         catch_up = drafter.upload_catch_up(batch, dev)
         if catch_up is not None:
             uploaded = uploaded + catch_up.tensors()
     with s.computing(slot, uploaded):
         if device_drafting:  # the input correction, before the graph
-            place_device_drafts(runner, slot, shape, batch, dd_in, vin, rows_dev)
+            place_device_drafts(runner, slot, shape, batch, dd_in, vin)
         if catch_up is not None:
             drafter.run_catch_up(catch_up)
         drafter.buffers_rewritten()

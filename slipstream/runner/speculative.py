@@ -143,12 +143,10 @@ def launch_speculative(runner, batch, launched_cls):
     return launched
 
 
-def upload_device_drafts(batch, slot, dev) -> tuple[DeviceDraftInputs, torch.Tensor]:
+def upload_device_drafts(batch, slot, dev) -> DeviceDraftInputs:
     """On the h2d stream, a padded step's device-drafting inputs: those of its drafting rows
-    (the rows with draft slots) and those rows' indices."""
-    rows = np.flatnonzero(batch.spec.num_drafts > 0)
-    dd_in = DeviceDraftInputs.upload(batch, slot.host, rows, dev)
-    return dd_in, dd_in.verify_rows
+    (the rows with draft slots), whose indices are `verify_rows`."""
+    return DeviceDraftInputs.upload(batch, slot.host, np.flatnonzero(batch.spec.num_drafts > 0), dev)
 
 
 def upload_verify_inputs(batch, slot, dev):
@@ -199,11 +197,11 @@ def _launch_padded(runner, batch, slot, shape, graphs, launched_cls):
         slot.upload(P)
         vin.upload(spec, P)
         if device_drafting:
-            dd_in, rows_dev = upload_device_drafts(batch, slot, dev)
-            uploaded = dd_in.tensors() + (rows_dev,)
+            dd_in = upload_device_drafts(batch, slot, dev)
+            uploaded = dd_in.tensors()
     with s.computing(slot, uploaded):
         if device_drafting:  # the input correction, before the graph
-            place_device_drafts(runner, slot, shape, batch, dd_in, vin, rows_dev)
+            place_device_drafts(runner, slot, shape, batch, dd_in, vin)
         synthetic = spec.bench_synthetic_accept
         if not graphs.run(runner, slot, shape, synthetic,
                           lambda: verify_step(runner, slot, shape, bufs, vin, synthetic), runner.spec_buffers):
@@ -212,13 +210,14 @@ def _launch_padded(runner, batch, slot, shape, graphs, launched_cls):
     return launched
 
 
-def place_device_drafts(runner, slot, shape, batch, dd_in: DeviceDraftInputs, vin: VerifyInputs,
-                        rows: torch.Tensor) -> None:
+def place_device_drafts(runner, slot, shape, batch, dd_in: DeviceDraftInputs, vin: VerifyInputs) -> None:
     """The padded step's input correction on the compute stream: the drafts buffered at the
-    end of the other slot's step (and their count) into the static verify inputs of `rows`."""
+    end of the other slot's step (and their count) into the static verify inputs of the
+    drafting rows (`dd_in.verify_rows`)."""
     spec = batch.spec
     prev = spec_buffers(runner, 1 - slot.index, spec.k)
-    prepare_device_drafts(runner, slot, _unpadded(shape, batch), spec, dd_in, prev.num_emitted, into=(vin.dev, rows))
+    prepare_device_drafts(runner, slot, _unpadded(shape, batch), spec, dd_in, prev.num_emitted,
+                          into=(vin.dev, dd_in.verify_rows))
 
 
 def verify_step(runner, slot, shape, bufs: SpecBuffers, vin: VerifyInputs, synthetic_accept: float | None,
