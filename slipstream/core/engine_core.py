@@ -143,7 +143,6 @@ class EngineCore:
         from slipstream.sampling.grammar.backend import create_grammar_backend
         return create_grammar_backend(spec.backend, spec.hf_tokenizer, spec.vocab_size, spec.stop_token_ids)
 
-
     def _startup_report(self, weights_s: float, total_s: float) -> dict:
         """Where the engine's start went (seconds): the weights, the CUDA graphs and the
         rest of the runner's setup (KV sizing and allocation)."""

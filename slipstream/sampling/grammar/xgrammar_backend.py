@@ -89,8 +89,6 @@ class XGrammarBackend:
 
     def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], *,
                  compile_threads: int | None = None, batch_threads: int | None = None):
-        if not stop_token_ids:
-            raise ValueError("a grammar backend needs the model's stop token ids (EOS)")
         self.vocab_size = int(vocab_size)
         self.stop_token_ids = tuple(sorted(int(i) for i in stop_token_ids))
         tokenizer_size = max(hf_tokenizer.get_vocab().values(), default=-1) + 1
