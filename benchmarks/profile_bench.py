@@ -18,7 +18,10 @@ points, wrapped on the engine's objects here (the runner's code has no markers):
 counts towards the step, and the innermost range, that launched it (a graph's kernels
 towards the call that replays the graph), so in async mode a step's kernels are those of the
 batch it launched, whenever they ran.  Reported per step: wall time, kernel time, kernels;
-kernel time by kind (profile_step.KINDS) and by range; the top kernels.  On the CPU the
+kernel time by kind (profile_step.KINDS) and by range; the top kernels.  The second IO
+slot's graphs are captured, not cloned (a clone's launch is invisible to the profiler); with
+`--enforce-eager` the ranges split a graphed step's work (forward, LM head, acceptance,
+drafter) at eager launch costs.  On the CPU the
 "kernels" are the ops' self CPU times (a smoke run of the same path).
 
 Usage: python benchmarks/profile_bench.py --workload seed-8b-bs1 [--steps 40] [--top 25] [--out DIR]
@@ -307,6 +310,9 @@ def report(r: dict) -> str:
 def profile_bench(own: argparse.Namespace, a: argparse.Namespace) -> dict:
     workload = get_workload(a.workload)
     options = workload_engine_kwargs(a, workload, BENCH_ENGINE_DEFAULTS)
+    # both IO slots' graphs captured: a cloned graph launches through the driver API, a call
+    # the profiler does not record, so its kernels would have no launch to be matched to
+    options["cuda_graph_clone"] = False
     engine, init_s = bench_engine(a, workload, options)
     try:
         on_gpu = engine.device.type == "cuda"

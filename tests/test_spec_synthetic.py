@@ -70,3 +70,24 @@ def test_the_knob_is_not_an_engine_option(tiny_model):
                                      speculative_config=NGRAM))
     with pytest.raises(ValueError, match=r"must be in \[0, num_speculative_tokens=3\]"):
         engine.set_bench_synthetic_acceptance(4)
+
+
+@pytest.mark.parametrize("a", [2.5, 1.25])
+def test_a_fractional_acceptance_holds_its_mean_over_a_long_row(a):
+    """The picks hold A's fraction whatever lengths the steps take: a row's next position moves
+    by the tokens it emitted, which the picks themselves decide (a Weyl sequence in the
+    position drifted to 2.23 at A = 2.5, steps of 3 and 4 sampling it unevenly)."""
+    import torch
+
+    from slipstream.runner.speculative import _synthetic_acceptance
+    k, V, steps = 4, 8, 2000
+    target = torch.zeros(1, k + 1, V)
+    drafts = torch.ones(1, k, dtype=torch.int32)
+    for seed in (0, 17, 123456789):
+        pos, total = 0, 0
+        for _ in range(steps):
+            _, num = _synthetic_acceptance(target, drafts, torch.tensor([k]), torch.tensor([True]),
+                                           torch.tensor([seed]), torch.tensor([pos]), a)
+            pos += int(num[0])
+            total += int(num[0]) - 1
+        assert abs(total / steps - a) < 0.04, (seed, total / steps)

@@ -291,6 +291,11 @@ def _stack_probs(probs: list, k: int, streams) -> torch.Tensor:
     return out
 
 
+#: the hash lane of the synthetic acceptance's picks (outside every vocabulary and apart from
+#: the acceptance uniforms' lane, spec/rejection.py)
+SYNTHETIC_LANE = 0xFFFFFFFE
+
+
 def _synthetic_acceptance(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
                           greedy: torch.Tensor, seed: torch.Tensor, token_index: torch.Tensor, a: float):
     """`slipstream bench --spec-synthetic-accept A` only: each row accepts its first
@@ -298,15 +303,16 @@ def _synthetic_acceptance(target: torch.Tensor, drafts: torch.Tensor, num_drafts
     next position, so a step's cost can be measured at a chosen tokens-per-step with random
     weights (the emitted tokens are not the model's).  A fractional A (2.5: the 3.5 tokens a
     step of published EAGLE-3 figures) accepts floor(A) + 1 on that fraction of a row's steps,
-    picked by the row's seed and position (deterministic, the same in a graph)."""
+    picked by a counter-based hash of the row's seed and position (deterministic, the same in a
+    graph, and independent of the steps' lengths, which themselves follow the picks)."""
+    from slipstream.sampling.noise import bits, row_keys
     from slipstream.spec.rejection import draw_tokens
     R, K1, V = target.shape
     whole = int(a)
     accepted = num_drafts.long().clamp(max=whole)
     if a > whole:
-        # a Weyl sequence in the row's position (golden-ratio steps, offset by its seed): any
-        # run of positions, in steps of 1, 2 or 3, spreads evenly over [0, 1)
-        u = torch.frac(token_index.double() * 0.6180339887498949 + seed.remainder(65536).double() / 65536)
+        k1, k2 = row_keys(seed.long(), token_index.long())
+        u = ((bits(torch.full_like(k1, SYNTHETIC_LANE), k1, k2) >> 8).double() + 0.5) / 16777216.0
         extra = (u < a - whole).long()
         accepted = torch.minimum(num_drafts.long(), accepted + extra)
     at = target.gather(1, accepted[:, None, None].expand(R, 1, V)).squeeze(1)
