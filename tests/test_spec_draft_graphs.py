@@ -194,3 +194,32 @@ def test_gpu_the_8b_shape_replays_the_drafting_graph(method):
     stats = llm.engine.stats()
     # (3 a row-step, fewer only where max_tokens cuts the last step)
     assert stats["spec_num_accepted_tokens"] >= 2.5 * stats["spec_num_drafting_rows"] > 0, stats
+
+
+@pytest.mark.parametrize("method", ["eagle3", "draft_model"])
+def test_an_all_greedy_step_takes_no_draft_probabilities(tiny_model, random_head, plain, method):  # noqa: F811
+    """StepShape.greedy: a step whose rows all draw greedily drafts argmaxes and keeps no q
+    (its acceptance compares drafts with the target's argmax): with the drafter's q buffers
+    poisoned with NaN, greedy output still equals plain decoding in every loop and the buffers
+    stay untouched; a step with a sampled row writes that row's q and runs the sampled rule,
+    sync equal to async and to the eager path."""
+    import torch
+
+    folder, _ = tiny_model("llama")
+    spec = _spec(method, folder, random_head)
+    for enforce_eager, async_scheduling in ((True, False), (False, False), (False, True)):
+        llm = _llm(folder, async_scheduling=async_scheduling, enforce_eager=enforce_eager, speculative_config=spec)
+        drafter = llm.engine.runner.drafter
+        drafter.probs.fill_(float("nan"))
+        assert _tokens(llm.generate(PROMPTS, GREEDY)) == plain
+        assert llm.engine.stats()["spec_num_draft_tokens"] > 0
+        assert torch.isnan(drafter.probs).all()
+    mixed = [GREEDY, SamplingParams(max_tokens=16, temperature=0.8, seed=5, ignore_eos=True), GREEDY]
+    runs = []
+    for enforce_eager, async_scheduling in ((True, False), (False, False), (False, True)):
+        llm = _llm(folder, async_scheduling=async_scheduling, enforce_eager=enforce_eager, speculative_config=spec)
+        runs.append(_tokens(llm.generate(PROMPTS, mixed)))
+        probs = llm.engine.runner.drafter.probs
+        assert torch.isfinite(probs).all() and (probs.sum(dim=-1) > 0.99).any()
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0][0] == plain[0] and runs[0][2] == plain[2]

@@ -18,7 +18,8 @@
 - the draft loop: draft i of each sampling row is drawn from the drafter's distribution
   (temperature-scaled; greedy rows take the argmax) with the drafter's own noise at output
   index (the row's next output + i) (`spec.draft.sample_drafts`), then fed back, one
-  decode-shaped forward for all rows at once.
+  decode-shaped forward for all rows at once.  A step whose rows all draw greedily
+  (`StepShape.greedy`) takes the argmaxes and keeps no q: its acceptance reads none.
 
 The scheduler's side (`propose`, synchronous loop) reads the buffers once a step; the
 asynchronous loop's `prepare_device_drafts` (runner/spec_device.py) takes them on the device
@@ -177,16 +178,21 @@ class DeviceDrafter:
         token_index = d.token_index[:S].long() + num_emitted[:S].long()
         qsl = torch.arange(S + 1, dtype=torch.int32, device=dev)
         drafts = torch.zeros(S, k, dtype=torch.int32, device=dev)
-        probs = torch.zeros(S, k, self.vocab_size, dtype=torch.float32, device=dev)
+        # an all-greedy step drafts argmaxes and no q (its acceptance takes none: StepShape.greedy)
+        probs = None if shape.greedy else torch.zeros(S, k, self.vocab_size, dtype=torch.float32, device=dev)
         for i in range(k):
-            tok, q = sample_drafts(logits.float() / scale, greedy, seed, token_index + i)
+            if probs is None:
+                tok = logits.argmax(dim=-1).to(torch.int32)
+            else:
+                tok, q = sample_drafts(logits.float() / scale, greedy, seed, token_index + i)
+                probs[:, i] = q
             drafts[:, i] = tok
-            probs[:, i] = q
             if i == k - 1:
                 break
             p = (pos + 2 + i - self.feed_offset).to(torch.int32)  # (int32, as the target's positions)
             logits, state = self.feed(tok.long(), p, state,
                                       self.meta(qsl, p + 1, rows, p, rows, 1, shape.max_seq_len + k + 1))
         self.drafts.index_copy_(0, rows, drafts)
-        self.probs.index_copy_(0, rows, probs)
+        if probs is not None:
+            self.probs.index_copy_(0, rows, probs)
         self.next_pos.index_copy_(0, rows, pos + 2)

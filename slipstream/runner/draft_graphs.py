@@ -168,7 +168,8 @@ def drafting_step(runner, slot, shape: StepShape, bufs, vin: VerifyInputs, gin: 
     Fixed shapes, no host reads."""
     drafter = runner.drafter
     P = shape.num_seqs
-    probs = drafter.probs.index_select(0, slot.dev.state_row[:P].long())
+    # (an all-greedy step's acceptance takes no q, and its drafter writes none)
+    probs = None if shape.greedy else drafter.probs.index_select(0, slot.dev.state_row[:P].long())
     aux = verify_step(runner, slot, shape, bufs, vin, synthetic_accept, draft_probs=probs, capture=drafter.capture)
     drafter.after_step(slot, shape, bufs.tokens[:P], bufs.num_emitted[:P], gin.inputs(P, shape.num_tokens), aux)
 

@@ -49,11 +49,13 @@ def launch_device_drafting(runner, batch, launched_cls):
     with s.computing(slot, uploaded):
         for row, prompt, outputs in batch.penalty_resets:
             runner.penalties.reset_row(row, prompt, outputs)
-        draft_probs = _stack_probs(spec.draft_probs, spec.k, s) if spec.draft_probs else None
+        # (an all-greedy step's acceptance takes no q, and its drafter writes none)
+        draft_probs = _stack_probs(spec.draft_probs, spec.k, s) if spec.draft_probs and not shape.greedy else None
         if device_drafting:
             prev = spec_buffers(runner, 1 - slot.index, spec.k)
             verify_in += prepare_device_drafts(runner, slot, shape, spec, dd_in, prev.num_emitted)
-            draft_probs = drafter.probs.index_select(0, dd_in.verify_table_rows)
+            if not shape.greedy:
+                draft_probs = drafter.probs.index_select(0, dd_in.verify_table_rows)
         with drafter.capture() as aux:
             hidden = runner.forward_hidden(slot, shape)
         launched.prompt_logprobs = runner.prompt_logprobs(hidden, spans) if spans else None

@@ -29,6 +29,9 @@ class StepShape:
     # a verification step (speculative decoding): k + 1, each row's most query tokens, for the
     # attention's verify kernel (runner/verify_graphs.py); 0: not one
     verify_len: int = 0
+    # every sampling row draws greedily: speculative acceptance needs no draft probabilities
+    # (a greedy row accepts a draft iff it is the target's argmax), so drafters skip them
+    greedy: bool = False
 
     @property
     def is_decode(self) -> bool:
@@ -41,14 +44,14 @@ class StepShape:
 
     @classmethod
     def padded_to(cls, pad: "StepPad", decode: bool, flags: SamplerFlags, max_seq_len: int,
-                  decode_splits: int | None = None) -> "StepShape":
+                  decode_splits: int | None = None, greedy: bool = False) -> "StepShape":
         """The shape of a batch padded to `pad`, as its CUDA graph is captured and looked up:
         a decode batch has one token and one sample per row; a mixed batch samples every
         row, and its decode kernel covers every row (num_decode)."""
         P, PT = pad.num_seqs, pad.num_tokens
         if decode:
-            return cls(P, P, P, 1, max_seq_len, flags, padded=True, decode_splits=decode_splits)
-        return cls(PT, P, P, PT, max_seq_len, flags, padded=True, num_decode=P)
+            return cls(P, P, P, 1, max_seq_len, flags, padded=True, decode_splits=decode_splits, greedy=greedy)
+        return cls(PT, P, P, PT, max_seq_len, flags, padded=True, num_decode=P, greedy=greedy)
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad: StepPad | Non
         use_top_k_top_p=bool(((top_k[sampling] > 0) | (top_p[sampling] < 1.0)).any()),
         use_penalties=bool(((rep != 1.0) | (pres != 0.0) | (freq != 0.0)).any()),
         num_logprobs=batch.num_logprobs)
+    greedy = not bool((temperature >= GREEDY_EPS).any())
 
     max_query_len = int(n.max())
     if pad is None:
@@ -109,7 +113,7 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad: StepPad | Non
             num_decode = _single_token_rows(host, n, B)
         sampling_scalars(host, S)
         return StepShape(T, B, S, max_query_len, batch.max_seq_len, flags, padded=False,
-                         num_decode=num_decode)
+                         num_decode=num_decode, greedy=greedy)
     P, PT = pad.num_seqs, pad.num_tokens
     decode = max_query_len == 1 and not verify
     assert B <= P and T <= PT and (not decode or PT == P), (B, T, pad)
@@ -120,7 +124,7 @@ def fill_inputs(batch: ScheduledBatch, host, block_size: int, pad: StepPad | Non
         # the graph's decode kernel takes every row in decode_order and skips those that do
         # not have exactly one query token (the prefill kernel's rows and the padding)
         _single_token_rows(host, np.concatenate([n, np.zeros(P - B, n.dtype)]), P)
-    return StepShape.padded_to(pad, decode, flags, graph_max_seq_len)
+    return StepShape.padded_to(pad, decode, flags, graph_max_seq_len, greedy=greedy)
 
 
 def pad_batch(host, num_tokens: int, num_seqs: int, num_samples: int, pad: StepPad, decode: bool,

@@ -123,7 +123,7 @@ class VerifyGraphs:
     @staticmethod
     def key(slot_index: int, shape: StepShape, synthetic_accept: float | None) -> tuple:
         return (slot_index, shape.num_seqs, shape.verify_len, shape.flags.use_top_k_top_p, shape.decode_splits,
-                synthetic_accept)
+                shape.greedy, synthetic_accept)
 
     @staticmethod
     def applies(shape: StepShape, batch, spec) -> bool:
