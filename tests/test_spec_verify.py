@@ -116,6 +116,25 @@ def test_bench_verify_step_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert "| rows | plain forward ms | k=1 | k=3 |" in out
 
 
+def test_bench_fewrow_splitk_splits_the_product_and_reports(tmp_path, capsys):
+    """benchmarks/bench_fewrow_splitk.py on the CPU (tiny shapes): the K-split product equals
+    the plain one and every product gets a row per row count."""
+    import json
+
+    import torch
+
+    import bench_fewrow_splitk as probe
+    x, w = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(48, 64, dtype=torch.bfloat16)
+    want = torch.nn.functional.linear(x.float(), w.float())
+    for S in (1, 2, 4):
+        assert torch.allclose(probe.split_product(x, w, S).float(), want, atol=0.1, rtol=0.02)
+    assert probe.main(["--device", "cpu", "--rows", "1", "4", "--splits", "2", "--out", str(tmp_path)]) == 0
+    res = json.load(open(tmp_path / "bench_fewrow_splitk.json"))
+    assert [(r["product"], r["rows"]) for r in res["rows"]] == [(n, m) for n, _, _ in probe.SHAPES for m in (1, 4)]
+    assert all(r["cublas_us"] > 0 and r["split2_x"] > 0 for r in res["rows"])
+    assert "o_proj" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_point_mass_acceptance_from_the_samplers_draws_equals_rejection_sampling(greedy):
     """verify's point-mass path (the plain sampler's draws at every position, then
