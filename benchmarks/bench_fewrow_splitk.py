@@ -13,6 +13,7 @@ Usage: python benchmarks/bench_fewrow_splitk.py [--rows 1 2 4 5 8] [--splits 2 4
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -36,20 +37,19 @@ def split_product(x: torch.Tensor, w: torch.Tensor, S: int) -> torch.Tensor:
     N = w.shape[0]
     xs = x.view(M, S, K // S).transpose(0, 1)  # [S, M, K/S]
     ws = w.view(N, S, K // S).permute(1, 2, 0)  # [S, K/S, N]
-    return torch.bmm(xs, ws, out_dtype=torch.float32).sum(dim=0).to(x.dtype) if _HAS_OUT_DTYPE \
+    return torch.bmm(xs, ws, out_dtype=torch.float32).sum(dim=0).to(x.dtype) if has_out_dtype(x.device) \
         else torch.bmm(xs, ws).float().sum(dim=0).to(x.dtype)
 
 
-def _probe_out_dtype() -> bool:
+@functools.cache
+def has_out_dtype(device: torch.device) -> bool:
+    """Whether this device's bmm takes out_dtype (bf16 in, float32 out)."""
     try:
-        a = torch.zeros(1, 1, 1, dtype=torch.bfloat16)
+        a = torch.zeros(1, 1, 1, dtype=torch.bfloat16, device=device)
         torch.bmm(a, a, out_dtype=torch.float32)
         return True
-    except (TypeError, RuntimeError):
+    except (TypeError, RuntimeError, NotImplementedError):
         return False
-
-
-_HAS_OUT_DTYPE = _probe_out_dtype()
 
 
 def bench(rows: list[int], splits: list[int], device: str, scale: int) -> list[dict]:
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         dev = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
         write_json(a.out, "bench_fewrow_splitk.json", {"device": dev, "torch": torch.__version__,
-                                                       "out_dtype_bmm": _HAS_OUT_DTYPE, "rows": rows})
+                                                       "out_dtype_bmm": has_out_dtype(torch.device(a.device)), "rows": rows})
     return 0
 
 
