@@ -169,3 +169,36 @@ def test_point_mass_acceptance_from_the_samplers_draws_equals_rejection_sampling
                                           token_index=t.token_index.view(R, k + 1)[:, 0])
     assert torch.equal(out, want_out) and torch.equal(num.to(torch.int32), want_num)
     assert num.tolist() == [1, 2, 3, 3, 5, 1]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_synthetic_acceptance_from_the_draws_equals_it_from_the_target(greedy):
+    """The bench's synthetic outcome on the point-mass path (from the sampler's draws at every
+    position) emits what it emits from the processed target distribution: the same accepted
+    drafts, then the same draw at the next position."""
+    import torch
+
+    from slipstream.runner.speculative import _synthetic_acceptance, _synthetic_from_draws
+    from slipstream.sampling.sampler import SamplerFlags, SamplingTensors, processed_logits, sample
+    R, k, V = 6, 4, 50
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(R * (k + 1), V, generator=g) * 3
+    n = R * (k + 1)
+    temp = torch.full((n,), 0.0 if greedy else 0.9)
+    t = SamplingTensors(temperature=temp, top_k=torch.zeros(n, dtype=torch.int32), top_p=torch.ones(n),
+                        min_p=torch.zeros(n), seed=torch.arange(n, dtype=torch.int64) // (k + 1),
+                        token_index=(torch.arange(n) % (k + 1) + 11).to(torch.int32),
+                        repetition_penalty=torch.ones(n), presence_penalty=torch.zeros(n),
+                        frequency_penalty=torch.zeros(n), state_row=torch.zeros(n, dtype=torch.int32),
+                        inv_t=1.0 / torch.where(temp > 0, temp, torch.ones(n)), log_min_p=torch.full((n,), float("-inf")))
+    flags = SamplerFlags(use_top_k_top_p=False, use_penalties=False, num_logprobs=0)
+    drawn = sample(logits, t, flags).tokens.view(R, k + 1)
+    drafts = torch.randint(0, V, (R, k), generator=g, dtype=torch.int32)
+    num_drafts = torch.tensor([4, 4, 3, 2, 4, 0], dtype=torch.int32)
+    seed, index = t.seed.view(R, k + 1)[:, 0], t.token_index.view(R, k + 1)[:, 0]
+    for a in (0, 1, 2.5, 4):
+        out, num = _synthetic_from_draws(drawn, drafts, num_drafts, seed, index, a)
+        want_out, want_num = _synthetic_acceptance(processed_logits(logits, t, flags).view(R, k + 1, V), drafts,
+                                                   num_drafts, temp.view(R, k + 1)[:, 0] == 0, seed, index, a)
+        assert torch.equal(out, want_out) and torch.equal(num, want_num), a
+        assert num.tolist()[-1] == 1 and num.max().item() <= min(a, 4) + 1.5

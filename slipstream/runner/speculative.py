@@ -296,31 +296,52 @@ def _stack_probs(probs: list, k: int, streams) -> torch.Tensor:
 SYNTHETIC_LANE = 0xFFFFFFFE
 
 
-def _synthetic_acceptance(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
-                          greedy: torch.Tensor, seed: torch.Tensor, token_index: torch.Tensor, a: float):
-    """`slipstream bench --spec-synthetic-accept A` only: each row accepts its first
-    min(A, drafted) drafts whatever the target says, then emits the target's own draw at the
-    next position, so a step's cost can be measured at a chosen tokens-per-step with random
-    weights (the emitted tokens are not the model's).  A fractional A (2.5: the 3.5 tokens a
-    step of published EAGLE-3 figures) accepts floor(A) + 1 on that fraction of a row's steps,
-    picked by a counter-based hash of the row's seed and position (deterministic, the same in a
+def _synthetic_accepted(num_drafts: torch.Tensor, seed: torch.Tensor, token_index: torch.Tensor,
+                        a: float) -> torch.Tensor:
+    """`slipstream bench --spec-synthetic-accept A` only: how many drafts each row accepts,
+    min(A, drafted) whatever the target says, so a step's cost can be measured at a chosen
+    tokens-per-step with random weights.  A fractional A (2.5: the 3.5 tokens a step of
+    published EAGLE-3 figures) accepts floor(A) + 1 on that fraction of a row's steps, picked
+    by a counter-based hash of the row's seed and position (deterministic, the same in a
     graph, and independent of the steps' lengths, which themselves follow the picks)."""
     from slipstream.sampling.noise import bits, row_keys
-    from slipstream.spec.rejection import draw_tokens
-    R, K1, V = target.shape
     whole = int(a)
     accepted = num_drafts.long().clamp(max=whole)
     if a > whole:
         k1, k2 = row_keys(seed.long(), token_index.long())
         u = ((bits(torch.full_like(k1, SYNTHETIC_LANE), k1, k2) >> 8).double() + 0.5) / 16777216.0
-        extra = (u < a - whole).long()
-        accepted = torch.minimum(num_drafts.long(), accepted + extra)
+        accepted = torch.minimum(num_drafts.long(), accepted + (u < a - whole).long())
+    return accepted
+
+
+def _emit(drafts: torch.Tensor, accepted: torch.Tensor, token: torch.Tensor):
+    """A row's emitted tokens [R, k + 1]: its first `accepted` drafts, then `token`, then -1;
+    and their counts."""
+    K1 = drafts.shape[1] + 1
+    out = torch.cat([drafts.long(), torch.zeros_like(drafts[:, :1]).long()], dim=1)
+    out = out.scatter(1, accepted[:, None], token.long()[:, None])
+    pos = torch.arange(K1, device=drafts.device)[None, :]
+    return torch.where(pos <= accepted[:, None], out, torch.full_like(out, -1)), accepted + 1
+
+
+def _synthetic_acceptance(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
+                          greedy: torch.Tensor, seed: torch.Tensor, token_index: torch.Tensor, a: float):
+    """The synthetic outcome (`_synthetic_accepted`) from the processed target [R, k + 1, V]:
+    the accepted drafts, then the target's own draw at the next position (the emitted tokens
+    are not the model's)."""
+    from slipstream.spec.rejection import draw_tokens
+    R, K1, V = target.shape
+    accepted = _synthetic_accepted(num_drafts, seed, token_index, a)
     at = target.gather(1, accepted[:, None, None].expand(R, 1, V)).squeeze(1)
-    token = draw_tokens(at.float(), greedy, seed, token_index.long() + accepted).long()
-    out = torch.cat([drafts.long(), torch.zeros_like(drafts[:, :1]).long()], dim=1).scatter(1, accepted[:, None], token[:, None])
-    pos = torch.arange(K1, device=target.device)[None, :]
-    out = torch.where(pos <= accepted[:, None], out, torch.full_like(out, -1))
-    return out, accepted + 1
+    return _emit(drafts, accepted, draw_tokens(at.float(), greedy, seed, token_index.long() + accepted))
+
+
+def _synthetic_from_draws(drawn: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
+                          seed: torch.Tensor, token_index: torch.Tensor, a: float):
+    """The same outcome from the plain sampler's draws at every position [R, k + 1] (the
+    point-mass path's): the draw at the next position is already made."""
+    accepted = _synthetic_accepted(num_drafts, seed, token_index, a)
+    return _emit(drafts, accepted, drawn.long().gather(1, accepted[:, None]).squeeze(1))
 
 
 def _accept_draws(drawn: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor):
@@ -342,7 +363,7 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     """Rejection-sample the drafting rows (`rows`, sampling-row indices) and write every
     sampling row's emitted tokens into `bufs` (a row without drafts: the token it drew).
     `draft_probs` [R, k, V]: a sampling drafter's q (None: point-mass drafts);
-    `synthetic_accept`: the bench's synthetic acceptance (`_synthetic_acceptance`);
+    `synthetic_accept`: the bench's synthetic acceptance (`_synthetic_accepted`);
     `logits`: the model's logits at `positions`, when the caller has them."""
     from slipstream.spec.rejection import rejection_sample
 
@@ -366,12 +387,15 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
         state = _penalty_state_per_position(runner.penalties, state_rows.long(), d.tokens[:S].index_select(0, rows),
                                             drafts, num_drafts)
         t.state_row = torch.arange(R * K1, dtype=torch.int32, device=rows.device)
-    if draft_probs is None and synthetic_accept is None and not shape.flags.use_penalties:
+    if draft_probs is None and not shape.flags.use_penalties:
         # point-mass drafts: the acceptance compares each draft with the target's own draw at
         # its position (spec/rejection.py), which the plain sampler makes here directly from
         # the logits (no processed distribution: a few vocabulary-wide passes less)
         drawn = sample(logits, t, replace(shape.flags, num_logprobs=0), state).tokens.view(R, K1)
         out, num = _accept_draws(drawn, drafts, num_drafts)
+        if synthetic_accept is not None:  # (the acceptance's own work stays in the step)
+            out, num = _synthetic_from_draws(drawn, drafts, num_drafts, cols["seed"].view(R, K1)[:, 0],
+                                             token_index.view(R, K1)[:, 0], synthetic_accept)
     else:
         target = processed_logits(logits, t, shape.flags, state).view(R, K1, -1)
         greedy = cols["temperature"].view(R, K1)[:, 0] < GREEDY_EPS
