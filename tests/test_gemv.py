@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slipstream.ops.triton_gemv import GemvConfig, choose_block_n, gemv, gemv_applies, stream_columns
+from slipstream.ops.triton_gemv import GemvConfig, choose_block_n, gemv, gemv_applies, stream_columns, streams
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY = GemvConfig(tile_elems=2048)  # K = 200 (padded to 256): 1-8 columns a program
@@ -102,6 +102,8 @@ def test_which_products_take_the_gemv():
     assert not gemv_applies(torch.empty(1, 4096), o_8b, GemvConfig(max_weight_bytes=16 << 20))
     assert not gemv_applies(torch.empty(1, 32768), torch.empty(16, 32768))  # K past the tile kernel's max_k
     assert gemv_applies(torch.empty(1, 32768), torch.empty(512, 32768, dtype=torch.bfloat16))  # streamed: any K
+    # the streaming kernel from 16 MiB: Qwen3-30B-A3B's o_proj (2048 x 4096) streams, 12 MiB does not
+    assert streams(1, 16 << 20) and not streams(1, 12 << 20) and not streams(2, 64 << 20)
     # the 8B shape on 132 SMs: o and down (256 programs of 16) fit at once, qkv, gate_up and the
     # lm_head take 8 columns; below stream_wide_bytes 4
     mib = 1 << 20

@@ -46,6 +46,7 @@ def test_profile_bench_reports_steady_steps_by_kind_and_range(unit_workload, tmp
     extra = ("--speculative-config", json.dumps(NGRAM)) if spec else ()
     r, out = _run(unit_workload, tmp_path, capsys, *extra)
     assert r["steps"] == 4 and len(r["per_step"]) == 4 and r["mode"] == "async" and not r["on_gpu"]
+    assert r["engine_options"]["cuda_graph_clone"] is False  # (every graph launch visible to the profiler)
     # the window starts once every prompt is in: its steps are decode (or verify) steps
     assert r["settle_steps"] >= 3
     assert all(not g.startswith("with prefill") for g in r["step_groups"])
@@ -141,8 +142,10 @@ def test_gpu_kernels_count_towards_the_step_and_range_of_their_launch():
 def test_profile_bench_on_the_gpu_matches_every_kernel_to_its_launch(unit_workload, tmp_path, capsys, spec):
     """On a GPU: CUDA kernels, each matched to the launch call of a profiled step (none
     unmatched), the plain steps' kernels under the decode graph's replay, the speculative
-    steps' under a verification range."""
-    extra = ("--speculative-config", json.dumps(NGRAM)) if spec else ()
+    steps' under a verification range (synthetic acceptance: every row drafts, as n-gram
+    drafting on the GPU finds nothing in the unit workload's random prompts).  Both IO slots'
+    graphs are captured (a clone's driver-API launch is not in the profile)."""
+    extra = ("--speculative-config", json.dumps(NGRAM), "--spec-synthetic-accept", "1") if spec else ()
     argv = ["--workload", unit_workload, "--device", "cuda", "--steps", "8", "--out", str(tmp_path), *extra]
     assert profile_bench.main(argv) == 0
     r = json.loads((tmp_path / f"profile_bench_{unit_workload}.json").read_text())

@@ -1,5 +1,5 @@
 """Linear layers: cuBLAS (`F.linear`) by default; on CUDA the small-batch GEMV
-(`slipstream.ops.triton_gemv`) for one row (its streaming kernel for weights over 16 MiB); the batch-invariant
+(`slipstream.ops.triton_gemv`) for one row (its streaming kernel for weights over 15 MiB); the batch-invariant
 Triton GEMM on request.  `linear_add_` adds a linear's output into a residual stream in
 place (cuBLAS beta = 1, or the GEMV's residual input).
 
@@ -23,30 +23,6 @@ import torch.nn.functional as F
 
 
 GEMV_ENABLED = os.environ.get("SLIPSTREAM_GEMV", "1") != "0"
-# Few-row products split along K (A/B runs): "ROWS:S:MAX_N" runs a product of 2..ROWS rows whose
-# weight has at most MAX_N outputs as S batched K-slices with float32 partials, summed: cuBLAS
-# gives such products (o_proj 4096 x 4096 at 2-8 rows) too few CTAs to stream the weight
-SPLIT_K = tuple(int(v) for v in os.environ.get("SLIPSTREAM_SPLIT_K", "0:1:0").split(":"))
-
-
-def _split_k(x: torch.Tensor, weight: torch.Tensor) -> int:
-    rows, splits, max_n = SPLIT_K
-    M = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (splits > 1 and x.is_cuda and 2 <= M <= rows and weight.shape[0] <= max_n
-            and weight.shape[1] % splits == 0 and weight.is_contiguous() and x.dim() == 2):
-        return splits
-    return 1
-
-
-def _split_product(x: torch.Tensor, weight: torch.Tensor, S: int) -> torch.Tensor:
-    """float32 [M, N]: x W^T as S batched K-slices, each a float32 partial, summed."""
-    M, K = x.shape
-    N = weight.shape[0]
-    xs = x.view(M, S, K // S).transpose(0, 1)
-    ws = weight.view(N, S, K // S).permute(1, 2, 0)
-    if not x.is_cuda:  # (CPU tests: no bmm with a float32 output from bf16)
-        return torch.bmm(xs.float(), ws.float()).sum(dim=0)
-    return torch.bmm(xs, ws, out_dtype=torch.float32).sum(dim=0)
 
 
 def _small_batch(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -64,10 +40,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if _small_batch(x, weight):
         from slipstream.ops.triton_gemv import gemv
         return gemv(x, weight, bias)
-    S = _split_k(x, weight)
-    if S > 1:
-        y = _split_product(x, weight, S)
-        return (y if bias is None else y + bias).to(x.dtype)
     return F.linear(x, weight, bias)
 
 
@@ -82,10 +54,6 @@ def linear_add_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     if _small_batch(x, weight) and out.is_contiguous():
         from slipstream.ops.triton_gemv import gemv
         return gemv(x, weight, bias, residual=out, out=out)
-    S = _split_k(x, weight)
-    if S > 1:  # (the residual added in float32, rounded once)
-        y = _split_product(x, weight, S)
-        return out.copy_(y.add_(out) if bias is None else y.add_(out).add_(bias))
     out.addmm_(x, weight.t())
     if bias is not None:
         out.add_(bias)

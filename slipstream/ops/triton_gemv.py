@@ -10,8 +10,8 @@ that kernel finishes, and the bytes in flight, not the arithmetic, decide the ti
 split over K, so no partials, counters or second pass: one launch, deterministic for a
 given M.
 
-A weight over `stream_weight_bytes` (16 MiB: the 8B shape's 34-117 MB layers, every
-lm_head) takes `_gemv_stream_kernel` instead: its columns stream through a pipelined loop
+A weight over `stream_weight_bytes` (15 MiB: the 8B shape's 34-117 MB layers, every
+lm_head, Qwen3-30B-A3B's 16 MiB o_proj) takes `_gemv_stream_kernel` instead: its columns stream through a pipelined loop
 over K in 1,024-wide chunks, which no register tile could hold.  There it beats cuBLAS,
 whose one-row kernels split K and add reduce kernels (the 8B shape's layer chain 0.92x
 cuBLAS's time; seed-8b-bs1 4.48 -> 3.99 ms a step, 3.86 with `stream_columns`' rule
@@ -56,8 +56,10 @@ class GemvConfig:
     programs_per_sm: int = 4  # choose_block_n aims for at least this many programs an SM
     num_warps: int = 4
     # weights above this many bytes take the streaming kernel (`_gemv_stream_kernel`): a loop
-    # over K in stream_block_k chunks instead of the whole K extent in registers
-    stream_weight_bytes: int = int(os.environ.get("SLIPSTREAM_GEMV_STREAM_MB", "16")) << 20
+    # over K in stream_block_k chunks instead of the whole K extent in registers.  15 MiB puts
+    # 16 MiB weights on it too (Qwen3-30B-A3B's o_proj: its one-row step 3.52 -> 3.41 ms;
+    # benchmarks/notes/kernel-notes.md, "Streaming GEMV from 16 MiB")
+    stream_weight_bytes: int = int(os.environ.get("SLIPSTREAM_GEMV_STREAM_MB", "15")) << 20
     stream_block_n: int | None = None  # None: `stream_columns`
     stream_wide_bytes: int = 32 << 20  # weights from this size stream 8 or 16 columns a program, else 4
     # a wide weight streams 16 columns while those programs fit on the SMs at once (this many
