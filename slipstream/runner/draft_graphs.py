@@ -5,7 +5,7 @@ A decode-only batch (every row samples and has at most k + 1 query tokens: its l
 and its draft slots, no prompt chunk) is laid out as the n-gram verification graphs lay
 theirs (runner/verify_graphs.py): padded to a decode graph's row count P and P x (k + 1)
 tokens, its attention in the verify kernel.  One graph per
-(slot, P, k, sampler variant, decode split count, synthetic acceptance) then holds the
+(slot, P, k, sampler variant, decode split count, all-greedy, synthetic acceptance) then holds the
 step's whole device work, `drafting_step`: the target's forward under the drafter's
 `capture` (EAGLE-3 reads three of its hidden states), the LM head over every row's k + 1
 positions, the acceptance with the drafter's q, the drafter's extend over the step's tokens

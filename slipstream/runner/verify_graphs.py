@@ -11,7 +11,7 @@ is one and how it is laid out.
 With CUDA graphs the batch is padded to a decode graph's row count P and P x (k + 1) tokens
 (padding rows own no token and have no context; a row with fewer drafts has fewer tokens,
 which the kernel reads from query_start_loc), and one graph per (slot, P, k, sampler
-variant, decode split count, synthetic acceptance) runs the forward, the LM head on all
+variant, decode split count, all-greedy, synthetic acceptance) runs the forward, the LM head on all
 P x (k + 1) verified positions and the acceptance (spec/rejection.py) on the device
 (`runner.speculative.verify_step`).  Its inputs besides the slot's are two static per-slot buffers:
 each row's drafts and their count (`VerifyInputs`), written before the replay.  Under
