@@ -171,21 +171,17 @@ class DeviceDrafter:
         logits, state = self.extend(slot, shape, out, num_emitted, inp, aux, src)
         pos = d.positions[:shape.num_tokens].long().index_select(0, src)  # draft i is at pos + 2 + i
         rows = d.state_row[:S].long()
-        temperature = d.temperature[:S].float()
-        greedy = temperature < GREEDY_EPS
-        scale = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-        seed = d.seed[:S]
-        token_index = d.token_index[:S].long() + num_emitted[:S].long()
         qsl = torch.arange(S + 1, dtype=torch.int32, device=dev)
         drafts = torch.zeros(S, k, dtype=torch.int32, device=dev)
         # an all-greedy step drafts argmaxes and no q (its acceptance takes none: StepShape.greedy)
+        sampled = None if shape.greedy else _draw_inputs(d, S, num_emitted)
         probs = None if shape.greedy else torch.zeros(S, k, self.vocab_size, dtype=torch.float32, device=dev)
         for i in range(k):
-            if probs is None:
+            if sampled is None:
                 tok = logits.argmax(dim=-1).to(torch.int32)
             else:
-                tok, q = sample_drafts(logits.float() / scale, greedy, seed, token_index + i)
-                probs[:, i] = q
+                greedy, scale, seed, token_index = sampled
+                tok, probs[:, i] = sample_drafts(logits.float() / scale, greedy, seed, token_index + i)
             drafts[:, i] = tok
             if i == k - 1:
                 break
@@ -196,3 +192,12 @@ class DeviceDrafter:
         if probs is not None:
             self.probs.index_copy_(0, rows, probs)
         self.next_pos.index_copy_(0, rows, pos + 2)
+
+
+def _draw_inputs(d, S: int, num_emitted: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A sampling step's per-row draw inputs: greedy [S], the temperature scale [S, 1] (1 for
+    greedy rows), the seed and the output index of draft 0."""
+    temperature = d.temperature[:S].float()
+    greedy = temperature < GREEDY_EPS
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+    return greedy, scale, d.seed[:S], d.token_index[:S].long() + num_emitted[:S].long()
