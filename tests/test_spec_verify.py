@@ -135,6 +135,23 @@ def test_bench_fewrow_splitk_splits_the_product_and_reports(tmp_path, capsys):
     assert "o_proj" in capsys.readouterr().out
 
 
+def _verify_rows_tensors(R: int, k: int, temperature: float, top_k: int, first_index: int):
+    """The sampling tensors of R verifying rows' k + 1 positions each: row r's seed r, output
+    indices first_index.. along the row, no penalties or other cuts."""
+    import torch
+
+    from slipstream.sampling.sampler import SamplingTensors
+    n = R * (k + 1)
+    temp = torch.full((n,), temperature)
+    return SamplingTensors(temperature=temp, top_k=torch.full((n,), top_k, dtype=torch.int32), top_p=torch.ones(n),
+                           min_p=torch.zeros(n), seed=torch.arange(n, dtype=torch.int64) // (k + 1),
+                           token_index=(torch.arange(n) % (k + 1) + first_index).to(torch.int32),
+                           repetition_penalty=torch.ones(n), presence_penalty=torch.zeros(n),
+                           frequency_penalty=torch.zeros(n), state_row=torch.zeros(n, dtype=torch.int32),
+                           inv_t=1.0 / torch.where(temp > 0, temp, torch.ones(n)),
+                           log_min_p=torch.full((n,), float("-inf")))
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_point_mass_acceptance_from_the_samplers_draws_equals_rejection_sampling(greedy):
     """verify's point-mass path (the plain sampler's draws at every position, then
@@ -143,19 +160,13 @@ def test_point_mass_acceptance_from_the_samplers_draws_equals_rejection_sampling
     import torch
 
     from slipstream.runner.speculative import _accept_draws
-    from slipstream.sampling.sampler import SamplerFlags, SamplingTensors, processed_logits, sample
+    from slipstream.sampling.sampler import SamplerFlags, processed_logits, sample
     from slipstream.spec.rejection import rejection_sample
     R, k, V = 6, 4, 50
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(R * (k + 1), V, generator=g) * 3
-    n = R * (k + 1)
-    temp = torch.full((n,), 0.0 if greedy else 0.9)
-    t = SamplingTensors(temperature=temp, top_k=torch.full((n,), 0 if greedy else 10, dtype=torch.int32),
-                        top_p=torch.ones(n), min_p=torch.zeros(n), seed=torch.arange(n, dtype=torch.int64) // (k + 1),
-                        token_index=(torch.arange(n) % (k + 1) + 7).to(torch.int32),
-                        repetition_penalty=torch.ones(n), presence_penalty=torch.zeros(n),
-                        frequency_penalty=torch.zeros(n), state_row=torch.zeros(n, dtype=torch.int32),
-                        inv_t=1.0 / torch.where(temp > 0, temp, torch.ones(n)), log_min_p=torch.full((n,), float("-inf")))
+    t = _verify_rows_tensors(R, k, 0.0 if greedy else 0.9, 0 if greedy else 10, first_index=7)
+    temp = t.temperature
     flags = SamplerFlags(use_top_k_top_p=not greedy, use_penalties=False, num_logprobs=0)
     drawn = sample(logits, t, flags).tokens.view(R, k + 1)
     drafts = drawn[:, :k].clone().to(torch.int32)
@@ -179,18 +190,12 @@ def test_synthetic_acceptance_from_the_draws_equals_it_from_the_target(greedy):
     import torch
 
     from slipstream.runner.speculative import _synthetic_acceptance, _synthetic_from_draws
-    from slipstream.sampling.sampler import SamplerFlags, SamplingTensors, processed_logits, sample
+    from slipstream.sampling.sampler import SamplerFlags, processed_logits, sample
     R, k, V = 6, 4, 50
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(R * (k + 1), V, generator=g) * 3
-    n = R * (k + 1)
-    temp = torch.full((n,), 0.0 if greedy else 0.9)
-    t = SamplingTensors(temperature=temp, top_k=torch.zeros(n, dtype=torch.int32), top_p=torch.ones(n),
-                        min_p=torch.zeros(n), seed=torch.arange(n, dtype=torch.int64) // (k + 1),
-                        token_index=(torch.arange(n) % (k + 1) + 11).to(torch.int32),
-                        repetition_penalty=torch.ones(n), presence_penalty=torch.zeros(n),
-                        frequency_penalty=torch.zeros(n), state_row=torch.zeros(n, dtype=torch.int32),
-                        inv_t=1.0 / torch.where(temp > 0, temp, torch.ones(n)), log_min_p=torch.full((n,), float("-inf")))
+    t = _verify_rows_tensors(R, k, 0.0 if greedy else 0.9, 0, first_index=11)
+    temp = t.temperature
     flags = SamplerFlags(use_top_k_top_p=False, use_penalties=False, num_logprobs=0)
     drawn = sample(logits, t, flags).tokens.view(R, k + 1)
     drafts = torch.randint(0, V, (R, k), generator=g, dtype=torch.int32)
