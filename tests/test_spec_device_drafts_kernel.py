@@ -1,6 +1,6 @@
 """Device drafting's two Triton kernels (ops/triton_device_drafts.py, under TRITON_INTERPRET=1
-on the CPU) against the torch reference (`runner.spec_device.shift_and_draft_ref`): on random
-steps of mixed rows (verifying rows of k + 1 tokens, plain decode rows, a prompt chunk; rows
+on the CPU) against the torch reference (`runner.spec_device.shift_and_draft_ref`), with n-gram
+drafts and with a device drafter's buffered ones: on random steps of mixed rows (verifying rows of k + 1 tokens, plain decode rows, a prompt chunk; rows
 shifted by the previous step's emitted counts or not; carried first tokens; slot-mapping
 entries that store nothing), every input they correct, the token history and the drafts are
 equal exactly, and so are the drafts and counts written into the padded step's verify inputs;
@@ -75,14 +75,33 @@ def _clone(d):
     return SimpleNamespace(**{name: t.clone() for name, t in vars(d).items()})
 
 
+def _buffered_drafter(d, prev_tokens, emitted, hist, inp, T, bs, k, seed):
+    """A device drafter (runner/device_drafter.py's buffers) whose rows hold random drafts,
+    made for the verifying row's position (about 60% of rows) or for another one."""
+    from slipstream.runner.device_drafter import DeviceDrafter
+    drafter = DeviceDrafter(hist.shape[0], hist.shape[1], bs, torch.device(DEVICE), k, 5)
+    g = torch.Generator().manual_seed(seed)
+    drafter.drafts.copy_(torch.randint(0, 5, drafter.drafts.shape, generator=g))
+    probe = _clone(d)  # where the shift puts each verifying row's first input
+    shift_and_draft_ref(probe, prev_tokens, hist.clone(), inp, emitted, T, bs, k, 1, 1)
+    p0 = probe.positions.long().index_select(0, inp.first_token)
+    made_here = torch.rand(p0.shape, generator=g).to(DEVICE) < 0.6
+    drafter.next_pos.index_copy_(0, inp.verify_table_rows, torch.where(made_here, p0 + 1, p0 + 3))
+    return drafter
+
+
 @pytest.mark.parametrize("k, min_n, max_n", [(1, 1, 1), (3, 1, 3), (4, 2, 4), (2, 2, 2), (5, 1, 4)])
 @pytest.mark.parametrize("synthetic", [False, True])
-def test_the_kernels_equal_the_torch_reference(k, min_n, max_n, synthetic):
+@pytest.mark.parametrize("buffered", [False, True])
+def test_the_kernels_equal_the_torch_reference(k, min_n, max_n, synthetic, buffered):
+    """n-gram drafts, or (`buffered`) a device drafter's buffered drafts."""
     drafted = verified = 0
     for seed in range(16):
         d, prev_tokens, emitted, hist, inp, T, bs = _step(seed * 7 + k, k)
+        drafter = _buffered_drafter(d, prev_tokens, emitted, hist, inp, T, bs, k, seed) if buffered else None
         d_ref, h_ref = _clone(d), hist.clone()
-        want = shift_and_draft_ref(d_ref, prev_tokens, h_ref, inp, emitted, T, bs, k, min_n, max_n, synthetic)
+        want = shift_and_draft_ref(d_ref, prev_tokens, h_ref, inp, emitted, T, bs, k, min_n, max_n, synthetic,
+                                   drafter)
         # the padded step's static verify inputs: each verifying row's drafts, then its count, at its row
         R = inp.first_token.shape[0]
         dst = torch.randint(0, 9, (8, k + 2), dtype=torch.int32, device=DEVICE)
@@ -92,6 +111,7 @@ def test_the_kernels_equal_the_torch_reference(k, min_n, max_n, synthetic):
                                      d.carry_idx, d.token_index, d.query_start_loc, prev_tokens, emitted, hist,
                                      inp.shift_src, inp.sample_seq, inp.table_rows, inp.first_token,
                                      inp.verify_table_rows, bs, k, min_n, max_n, synthetic, into=(dst, rows),
+                                     buffered=None if drafter is None else (drafter.drafts, drafter.next_pos),
                                      block=4, ngram_block=8)
         dst_ref[:, :k].index_copy_(0, rows, want[0].to(torch.int32))
         dst_ref[:, k].index_copy_(0, rows, want[1].to(torch.int32))
@@ -143,6 +163,41 @@ def test_an_async_ngram_engine_on_the_kernels_equals_plain_decoding(tiny_model, 
         assert llm.engine.stats()["spec_num_accepted_tokens"] > 0
 
 
+@pytest.mark.slow  # two engines under the interpreter
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's run on the CPU; a GPU's engine takes "
+                    "the kernels itself (tests/test_gpu_spec_drafters.py)")
+def test_an_async_eagle3_engine_on_the_kernels_equals_plain_decoding(tiny_model, tmp_path, monkeypatch):
+    """A device drafter's drafts placed by the kernels (an EAGLE-3 random head, async): the
+    greedy tokens of decoding without speculation, the kernels run with the buffered drafts."""
+    import json
+
+    from test_spec_eagle3_engine import _head_config
+
+    from slipstream import LLM, SamplingParams
+    from slipstream.ops import triton_device_drafts
+    from slipstream.runner import spec_device
+
+    calls = []
+    kernel = triton_device_drafts.shift_and_draft_triton
+
+    def spy(*a, **kw):
+        calls.append(kw.get("buffered", a[22] if len(a) > 22 else None) is not None)
+        return kernel(*a, **kw)
+
+    monkeypatch.setattr(spec_device, "triton_drafting", lambda d: True)
+    monkeypatch.setattr(triton_device_drafts, "shift_and_draft_triton", spy)
+    folder, _ = tiny_model("llama")
+    head = tmp_path / "head.json"
+    head.write_text(json.dumps(_head_config(200, 2)))
+    eagle = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}
+    prompts = [[5, 6, 7, 8, 9, 10] * 3, [40, 41, 42] * 5, [100, 101, 102, 103]]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in LLM(folder, device="cpu", max_model_len=256).generate(prompts, params)]
+    llm = LLM(folder, device="cpu", max_model_len=256, speculative_config=eagle, async_scheduling=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
+    assert len(calls) >= 5 and all(calls), calls
+
+
 def compile_for_hopper() -> None:
     """Both kernels as `shift_and_draft_triton` launches them, compiled for sm_90 (the
     interpreter runs what a compiler may refuse: loop-carried scalars, runtime loop bounds)."""
@@ -153,13 +208,18 @@ def compile_for_hopper() -> None:
 
     import slipstream.ops.triton_device_drafts as m
     launches: list = []
-    d, prev_tokens, emitted, hist, inp, _, bs = _step(3, 4)
+    d, prev_tokens, emitted, hist, inp, T, bs = _step(3, 4)
     with recorded_launches(m, ["_shift_kernel", "_ngram_kernel"], launches):
         m.shift_and_draft_triton(d.positions, d.seq_lens, d.slot_mapping, d.block_table, d.input_ids, d.carry_idx,
                                  d.token_index, d.query_start_loc, prev_tokens, emitted, hist, inp.shift_src,
                                  inp.sample_seq, inp.table_rows, inp.first_token, inp.verify_table_rows, bs, 4, 2, 4,
                                  into=(torch.zeros(8, 6, dtype=torch.int32), torch.arange(inp.first_token.shape[0])))
-    assert len(launches) == 2
+        drafter = _buffered_drafter(d, prev_tokens, emitted, hist, inp, T, bs, 4, 3)
+        m.shift_and_draft_triton(d.positions, d.seq_lens, d.slot_mapping, d.block_table, d.input_ids, d.carry_idx,
+                                 d.token_index, d.query_start_loc, prev_tokens, emitted, hist, inp.shift_src,
+                                 inp.sample_seq, inp.table_rows, inp.first_token, inp.verify_table_rows, bs, 4, 2, 4,
+                                 buffered=(drafter.drafts, drafter.next_pos))
+    assert len(launches) == 4
     ty = {torch.int32: "*i32", torch.int64: "*i64"}
     for fn, args, kw in launches:
         kw = dict(kw, USE_PDL=True)
@@ -183,7 +243,7 @@ def test_the_kernels_compile_for_hopper():
     from helpers import run_hopper_compile
     out = run_hopper_compile(__file__)
     assert [ln for ln in out.splitlines() if ln.startswith("compiled")] == \
-        ["compiled _shift_kernel", "compiled _ngram_kernel"], out
+        ["compiled _shift_kernel", "compiled _ngram_kernel"] * 2, out
 
 
 if __name__ == "__main__":

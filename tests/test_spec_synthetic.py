@@ -80,14 +80,14 @@ def test_a_fractional_acceptance_holds_its_mean_over_a_long_row(a):
     different seeds, 300 steps each."""
     import torch
 
-    from slipstream.runner.speculative import _synthetic_accepted
+    from slipstream.runner.acceptance import synthetic_accepted
     k, rows, steps = 4, 64, 300
     seed = torch.arange(rows, dtype=torch.int64) * 7919 + 17
     pos = torch.zeros(rows, dtype=torch.int64)
     total = torch.zeros(rows, dtype=torch.int64)
     num_drafts = torch.full((rows,), k, dtype=torch.int32)
     for _ in range(steps):
-        accepted = _synthetic_accepted(num_drafts, seed, pos, a)
+        accepted = synthetic_accepted(num_drafts, seed, pos, a)
         pos += accepted + 1
         total += accepted
     assert abs(total.sum().item() / (rows * steps) - a) < 0.02

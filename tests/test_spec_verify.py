@@ -155,11 +155,11 @@ def _verify_rows_tensors(R: int, k: int, temperature: float, top_k: int, first_i
 @pytest.mark.parametrize("greedy", [True, False])
 def test_point_mass_acceptance_from_the_samplers_draws_equals_rejection_sampling(greedy):
     """verify's point-mass path (the plain sampler's draws at every position, then
-    `_accept_draws`) emits what spec.rejection.rejection_sample emits from the processed
+    `accept_draws`) emits what spec.rejection.rejection_sample emits from the processed
     distribution, row for row, with drafts matching the draws for a while then not."""
     import torch
 
-    from slipstream.runner.speculative import _accept_draws
+    from slipstream.runner.acceptance import accept_draws
     from slipstream.sampling.sampler import SamplerFlags, processed_logits, sample
     from slipstream.spec.rejection import rejection_sample
     R, k, V = 6, 4, 50
@@ -174,7 +174,7 @@ def test_point_mass_acceptance_from_the_samplers_draws_equals_rejection_sampling
         if r < k:
             drafts[r, r] = (drafts[r, r] + 1) % V
     num_drafts = torch.tensor([4, 4, 3, 2, 4, 0], dtype=torch.int32)
-    out, num = _accept_draws(drawn, drafts, num_drafts)
+    out, num = accept_draws(drawn, drafts, num_drafts)
     want_out, want_num = rejection_sample(processed_logits(logits, t, flags).view(R, k + 1, V), drafts, num_drafts,
                                           None, temp.view(R, k + 1)[:, 0] == 0, seed=t.seed.view(R, k + 1)[:, 0],
                                           token_index=t.token_index.view(R, k + 1)[:, 0])
@@ -189,7 +189,7 @@ def test_synthetic_acceptance_from_the_draws_equals_it_from_the_target(greedy):
     drafts, then the same draw at the next position."""
     import torch
 
-    from slipstream.runner.speculative import _synthetic_acceptance, _synthetic_from_draws
+    from slipstream.runner.acceptance import synthetic_from_draws, synthetic_from_target
     from slipstream.sampling.sampler import SamplerFlags, processed_logits, sample
     R, k, V = 6, 4, 50
     g = torch.Generator().manual_seed(1)
@@ -202,8 +202,8 @@ def test_synthetic_acceptance_from_the_draws_equals_it_from_the_target(greedy):
     num_drafts = torch.tensor([4, 4, 3, 2, 4, 0], dtype=torch.int32)
     seed, index = t.seed.view(R, k + 1)[:, 0], t.token_index.view(R, k + 1)[:, 0]
     for a in (0, 1, 2.5, 4):
-        out, num = _synthetic_from_draws(drawn, drafts, num_drafts, seed, index, a)
-        want_out, want_num = _synthetic_acceptance(processed_logits(logits, t, flags).view(R, k + 1, V), drafts,
+        out, num = synthetic_from_draws(drawn, drafts, num_drafts, seed, index, a)
+        want_out, want_num = synthetic_from_target(processed_logits(logits, t, flags).view(R, k + 1, V), drafts,
                                                    num_drafts, temp.view(R, k + 1)[:, 0] == 0, seed, index, a)
         assert torch.equal(out, want_out) and torch.equal(num, want_num), a
         assert num.tolist()[-1] == 1 and num.max().item() <= min(a, 4) + 1.5

@@ -226,10 +226,13 @@ class Eagle3Head(nn.Module):
         ids = draft_ids.long()
         return ids + self.d2t[ids]
 
-    def target_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """Logits over the target vocabulary [T, V_target]: -inf for a target id with no draft
-        id, so softmax gives the draft distribution q in the target's ids."""
-        logits = self.compute_logits(normed)
+    def spread_to_target(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [T, V_draft] -> [T, V_target]: -inf for a target id with no
+        draft id, so softmax gives the draft distribution q in the target's ids."""
         out = logits.new_full((logits.shape[0], self.config.vocab_size), float("-inf"))
         targets = torch.arange(self.config.draft_vocab_size, device=logits.device) + self.d2t
         return out.index_copy_(1, targets, logits)
+
+    def target_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Logits over the target vocabulary [T, V_target] (`spread_to_target`)."""
+        return self.spread_to_target(self.compute_logits(normed))

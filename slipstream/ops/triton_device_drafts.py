@@ -12,8 +12,9 @@ Python: at batch 1 on a small model that is most of a speculative step.  Here:
 - `_ngram_kernel`, a program per verifying row: the prompt-lookup rule of
   `spec.ngram.propose_ngram_device` over the row's history up to its first input (the
   longest n-gram suffix that occurs before, its earliest occurrence), in one pass over
-  the history in blocks; the k drafts (0 past the found ones) into the row's input ids
-  after its first input, into the history after it, and out.
+  the history in blocks, or a device drafter's buffered drafts for the row (k when they
+  were made for its position, else none); the k drafts (0 past the found ones) into the
+  row's input ids after its first input, into the history after it, and out.
 
 The second kernel reads what the first wrote (the first input at its position): they run
 in this order on one stream.
@@ -72,34 +73,40 @@ def _shift_kernel(pos_ptr, seq_lens_ptr, slot_map_ptr, block_table_ptr, bt_strid
 
 @triton.jit(do_not_specialize=["L"])
 def _ngram_kernel(pos_ptr, ids_ptr, hist_ptr, hist_stride, first_ptr, vrows_ptr, drafts_ptr, num_ptr, L,
-                  dst_ptr, dst_stride, dst_rows_ptr,
+                  dst_ptr, dst_stride, dst_rows_ptr, buf_drafts_ptr, buf_next_pos_ptr,
                   K: tl.constexpr, KP: tl.constexpr, MIN_N: tl.constexpr, MAX_N: tl.constexpr,
-                  SYNTHETIC: tl.constexpr, HAS_DST: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+                  SYNTHETIC: tl.constexpr, HAS_DST: tl.constexpr, BUFFERED: tl.constexpr, BLOCK: tl.constexpr,
+                  USE_PDL: tl.constexpr):
     pdl_start(USE_PDL)
     r = tl.program_id(0)
     first = tl.load(first_ptr + r)
     last = tl.load(pos_ptr + first)  # the row's first input: the last token of its history
-    hist_row = hist_ptr + tl.load(vrows_ptr + r).to(tl.int64) * hist_stride
-    best = 0
-    best_end = 0
-    for off in range(0, last, BLOCK):
-        e = off + tl.arange(0, BLOCK)
-        valid = e < last  # an occurrence ends before the last token
-        run = valid
-        match = tl.zeros([BLOCK], dtype=tl.int32)
-        for i in tl.static_range(MAX_N):  # tokens e - i against the suffix's last - i
-            target = tl.load(hist_row + tl.maximum(last - i, 0))
-            h = tl.load(hist_row + e - i, mask=valid & (e >= i), other=0)
-            run = run & (h == target) & (e >= i) & (last >= i)
-            match += run.to(tl.int32)
-        top = tl.max(match, axis=0)
-        at = tl.min(tl.where(valid & (match == top), e, 2147483647), axis=0)
-        better = top > best  # the earliest end of the longest n-gram: an equal later one loses
-        best_end = tl.where(better, at, best_end)
-        best = tl.where(better, top, best)
-    num = tl.where(best >= MIN_N, tl.minimum(last - best_end, K), 0)
+    vrow = tl.load(vrows_ptr + r).to(tl.int64)
+    hist_row = hist_ptr + vrow * hist_stride
     j = tl.arange(0, KP)
-    drafts = tl.load(hist_row + tl.minimum(best_end + 1 + j, L - 1), mask=j < num, other=0)
+    if BUFFERED:  # a device drafter's drafts, made for this position or not (then none count)
+        num = tl.where(tl.load(buf_next_pos_ptr + vrow) == last + 1, K, 0)
+        drafts = tl.load(buf_drafts_ptr + vrow * K + j, mask=j < K, other=0)
+    else:
+        best = 0
+        best_end = 0
+        for off in range(0, last, BLOCK):
+            e = off + tl.arange(0, BLOCK)
+            valid = e < last  # an occurrence ends before the last token
+            run = valid
+            match = tl.zeros([BLOCK], dtype=tl.int32)
+            for i in tl.static_range(MAX_N):  # tokens e - i against the suffix's last - i
+                target = tl.load(hist_row + tl.maximum(last - i, 0))
+                h = tl.load(hist_row + e - i, mask=valid & (e >= i), other=0)
+                run = run & (h == target) & (e >= i) & (last >= i)
+                match += run.to(tl.int32)
+            top = tl.max(match, axis=0)
+            at = tl.min(tl.where(valid & (match == top), e, 2147483647), axis=0)
+            better = top > best  # the earliest end of the longest n-gram: an equal later one loses
+            best_end = tl.where(better, at, best_end)
+            best = tl.where(better, top, best)
+        num = tl.where(best >= MIN_N, tl.minimum(last - best_end, K), 0)
+        drafts = tl.load(hist_row + tl.minimum(best_end + 1 + j, L - 1), mask=j < num, other=0)
     if SYNTHETIC:  # (bench only) k drafts a row: the first input repeated past the found ones
         drafts = tl.where(j < num, drafts, tl.load(ids_ptr + first))
         num = num * 0 + K
@@ -121,13 +128,16 @@ def shift_and_draft_triton(positions: torch.Tensor, seq_lens: torch.Tensor, slot
                            sample_seq: torch.Tensor, table_rows: torch.Tensor, first_token: torch.Tensor,
                            verify_table_rows: torch.Tensor, block_size: int, k: int, min_n: int, max_n: int,
                            synthetic: bool = False, into: tuple[torch.Tensor, torch.Tensor] | None = None,
+                           buffered: tuple[torch.Tensor, torch.Tensor] | None = None,
                            block: int = 64, ngram_block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """In place on the step's int32 device inputs (B sequence rows: `shift_src`, `table_rows`;
     S sampling rows: `sample_seq`; R verifying rows: `first_token`, `verify_table_rows`) and
     the int32 [rows, L] `history`, as `shift_and_draft_ref`; returns the verifying rows'
     drafts int32 [R, k] and counts int32 [R].  `into` (int32 [rows, >= k + 1], int64 [R]):
     row into[1][r] of into[0] also gets verifying row r's drafts, then its count (the padded
-    step's static verify inputs).  `block`, `ngram_block`: the tokens a loop
+    step's static verify inputs).  `buffered` (int32 [rows, k], int64 [rows]: a device
+    drafter's drafts and the position each row's were made for, runner/device_drafter.py):
+    the verifying rows take those instead of n-gram ones.  `block`, `ngram_block`: the tokens a loop
     iteration takes (tests make them small, so that rows and histories span several)."""
     B, S, R = shift_src.shape[0], sample_seq.shape[0], first_token.shape[0]
     L = history.shape[1]
@@ -142,8 +152,10 @@ def shift_and_draft_triton(positions: torch.Tensor, seq_lens: torch.Tensor, slot
                                     table_rows, B, S, L, block_size, BLOCK=block, **pdl)
     if R:
         dst, dst_rows = into if into is not None else (num, first_token)  # (unused without `into`)
+        buf_drafts, buf_next_pos = buffered if buffered is not None else (num, first_token)  # (likewise)
+        assert buffered is None or buf_drafts.is_contiguous() and buf_drafts.shape[1] == k
         _ngram_kernel[(R,)](positions, input_ids, history, history.stride(0), first_token, verify_table_rows,
-                            drafts, num, L, dst, dst.stride(0), dst_rows, K=k, KP=triton.next_power_of_2(k),
-                            MIN_N=min_n, MAX_N=max_n, SYNTHETIC=synthetic, HAS_DST=into is not None,
-                            BLOCK=ngram_block, **pdl)
+                            drafts, num, L, dst, dst.stride(0), dst_rows, buf_drafts, buf_next_pos,
+                            K=k, KP=triton.next_power_of_2(k), MIN_N=min_n, MAX_N=max_n, SYNTHETIC=synthetic,
+                            HAS_DST=into is not None, BUFFERED=buffered is not None, BLOCK=ngram_block, **pdl)
     return drafts, num

@@ -145,13 +145,22 @@ class DeviceDrafter:
         return nullcontext()
 
     def extend(self, slot, shape, out, num_emitted, inp: DraftStepInputs, aux, src: torch.Tensor):
-        """Run the drafter over the step's tokens; return (logits [S, V] of draft 0, the state
-        `feed` carries)."""
+        """Run the drafter over the step's tokens; return (logits [S, V_drafter] of draft 0,
+        over the drafter's own vocabulary, the state `feed` carries)."""
         raise NotImplementedError
 
     def feed(self, tokens: torch.Tensor, positions: torch.Tensor, state, meta: AttentionMetadata):
-        """One decode-shaped forward of the drafted tokens: (logits [S, V] of the next draft, state)."""
+        """One decode-shaped forward of the drafted tokens: (logits [S, V_drafter] of the next
+        draft, state)."""
         raise NotImplementedError
+
+    def target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target's ids of drafter-vocabulary ids (a draft model shares the target's)."""
+        return ids
+
+    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Drafter-vocabulary logits as logits over the target's vocabulary [S, V]."""
+        return logits
 
     @torch.inference_mode()
     def after_step(self, slot, shape, out: torch.Tensor, num_emitted: torch.Tensor, inp: DraftStepInputs,
@@ -177,11 +186,12 @@ class DeviceDrafter:
         sampled = None if shape.greedy else _draw_inputs(d, S, num_emitted)
         probs = None if shape.greedy else torch.zeros(S, k, self.vocab_size, dtype=torch.float32, device=dev)
         for i in range(k):
-            if sampled is None:
-                tok = logits.argmax(dim=-1).to(torch.int32)
+            if sampled is None:  # (the argmax over the drafter's vocabulary, one id mapped)
+                tok = self.target_ids(logits.argmax(dim=-1)).to(torch.int32)
             else:
                 greedy, scale, seed, token_index = sampled
-                tok, probs[:, i] = sample_drafts(logits.float() / scale, greedy, seed, token_index + i)
+                tok, probs[:, i] = sample_drafts(self.target_logits(logits).float() / scale, greedy, seed,
+                                                 token_index + i)
             drafts[:, i] = tok
             if i == k - 1:
                 break

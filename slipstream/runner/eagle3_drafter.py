@@ -15,7 +15,9 @@ At the end of a step (after sampling and verification), on the compute stream:
    autoregressively, feeding each draft back with its own pre-norm output as the next
    hidden state (the EAGLE-3 recipe), one decode-shaped head step per draft, all rows
    batched.  q is the head's distribution mapped into the target's vocabulary (`d2t`; the
-   target ids outside the draft vocabulary get 0).
+   target ids outside the draft vocabulary get 0); an all-greedy step takes the argmax over
+   the draft vocabulary and maps that one id (`d2t` is increasing in the published heads, so
+   ties break as over the target's ids).
 """
 from __future__ import annotations
 
@@ -79,8 +81,14 @@ class Eagle3Drafter(DeviceDrafter):
                          shape.max_query_len, shape.max_seq_len)
         head = self.head
         normed, pre = head(nxt[:T], positions, head.combine_hidden_states(aux.aux()), meta, self.kv_cache)
-        return head.target_logits(normed.index_select(0, src)), pre.index_select(0, src)
+        return head.compute_logits(normed.index_select(0, src)), pre.index_select(0, src)
 
     def feed(self, tokens, positions, state, meta):
         normed, pre = self.head(tokens, positions, state, meta, self.kv_cache)
-        return self.head.target_logits(normed), pre
+        return self.head.compute_logits(normed), pre
+
+    def target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.draft_to_target(ids)
+
+    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.head.spread_to_target(logits)

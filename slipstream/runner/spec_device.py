@@ -102,21 +102,22 @@ def prepare_device_drafts(runner, slot, shape, spec, inp: DeviceDraftInputs, pre
     tokens over, write the history, draft. Returns the verifying rows' drafts int32 [R, k]
     and their counts int32 [R] (also placed in the step's input ids, and with `into`, an
     int32 [rows, k + 2] buffer and the verifying rows' rows of it, in row into[1][r]: its
-    drafts, then their count).  On CUDA without a device drafter: two Triton kernels
-    (ops/triton_device_drafts.py), not the reference's hundred small launches."""
+    drafts, then their count).  On CUDA: two Triton kernels (ops/triton_device_drafts.py), not
+    the reference's fifty to a hundred small launches."""
     d = slot.dev
     h = history(runner)
     h.reset(spec.history_resets)
     prev_tokens = runner.slots[1 - slot.index].dev.tokens
     drafter = getattr(runner, "drafter", None)
     synthetic = spec.bench_synthetic_accept is not None
-    if drafter is None and triton_drafting(d):
+    if triton_drafting(d):
         from slipstream.ops.triton_device_drafts import shift_and_draft_triton
         return shift_and_draft_triton(d.positions, d.seq_lens, d.slot_mapping, d.block_table, d.input_ids,
                                       d.carry_idx, d.token_index, d.query_start_loc, prev_tokens, prev_num_emitted,
                                       h.tokens, inp.shift_src, inp.sample_seq, inp.table_rows, inp.first_token,
                                       inp.verify_table_rows, runner.block_size, spec.k, spec.min_n, spec.max_n,
-                                      synthetic, into)
+                                      synthetic, into,
+                                      None if drafter is None else (drafter.drafts, drafter.next_pos))
     drafts, num = shift_and_draft_ref(d, prev_tokens, h.tokens, inp, prev_num_emitted, shape.num_tokens,
                                       runner.block_size, spec.k, spec.min_n, spec.max_n, synthetic, drafter)
     if into is not None:

@@ -17,7 +17,7 @@ causal mask.  After the forward pass:
    `spec.rejection.rejection_sample` accepts a prefix of the drafts and draws the token
    after it (greedy rows: the drafts equal to the argmax); point-mass drafts without
    penalties skip the distribution: the sampler draws every position itself and a draft is
-   accepted iff it is the draw (`_accept_draws`, the same rule);
+   accepted iff it is the draw (runner/acceptance.py, the same rule);
 3. the slot's `tokens` row of a drafting row becomes its last emitted token (the penalty
    counts take its emitted tokens instead of step 1's draw), and the emitted tokens
    [S, k + 1], their counts [S] and, when asked, their logprobs are copied out beside the
@@ -38,6 +38,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from slipstream.runner.acceptance import emit_point_mass, synthetic_from_target, write_emitted
 from slipstream.runner.inputs import fill_inputs
 from slipstream.runner.slots import MAX_LOGPROBS
 from slipstream.runner.spec_device import DeviceDraftInputs, prepare_device_drafts, to_device
@@ -291,71 +292,6 @@ def _stack_probs(probs: list, k: int, streams) -> torch.Tensor:
     return out
 
 
-#: the hash lane of the synthetic acceptance's picks (outside every vocabulary and apart from
-#: the acceptance uniforms' lane, spec/rejection.py)
-SYNTHETIC_LANE = 0xFFFFFFFE
-
-
-def _synthetic_accepted(num_drafts: torch.Tensor, seed: torch.Tensor, token_index: torch.Tensor,
-                        a: float) -> torch.Tensor:
-    """`slipstream bench --spec-synthetic-accept A` only: how many drafts each row accepts,
-    min(A, drafted) whatever the target says, so a step's cost can be measured at a chosen
-    tokens-per-step with random weights.  A fractional A (2.5: the 3.5 tokens a step of
-    published EAGLE-3 figures) accepts floor(A) + 1 on that fraction of a row's steps, picked
-    by a counter-based hash of the row's seed and position (deterministic, the same in a
-    graph, and independent of the steps' lengths, which themselves follow the picks)."""
-    from slipstream.sampling.noise import bits, row_keys
-    whole = int(a)
-    accepted = num_drafts.long().clamp(max=whole)
-    if a > whole:
-        k1, k2 = row_keys(seed.long(), token_index.long())
-        u = ((bits(torch.full_like(k1, SYNTHETIC_LANE), k1, k2) >> 8).double() + 0.5) / 16777216.0
-        accepted = torch.minimum(num_drafts.long(), accepted + (u < a - whole).long())
-    return accepted
-
-
-def _emit(drafts: torch.Tensor, accepted: torch.Tensor, token: torch.Tensor):
-    """A row's emitted tokens [R, k + 1]: its first `accepted` drafts, then `token`, then -1;
-    and their counts."""
-    K1 = drafts.shape[1] + 1
-    out = torch.cat([drafts.long(), torch.zeros_like(drafts[:, :1]).long()], dim=1)
-    out = out.scatter(1, accepted[:, None], token.long()[:, None])
-    pos = torch.arange(K1, device=drafts.device)[None, :]
-    return torch.where(pos <= accepted[:, None], out, torch.full_like(out, -1)), accepted + 1
-
-
-def _synthetic_acceptance(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
-                          greedy: torch.Tensor, seed: torch.Tensor, token_index: torch.Tensor, a: float):
-    """The synthetic outcome (`_synthetic_accepted`) from the processed target [R, k + 1, V]:
-    the accepted drafts, then the target's own draw at the next position (the emitted tokens
-    are not the model's)."""
-    from slipstream.spec.rejection import draw_tokens
-    R, K1, V = target.shape
-    accepted = _synthetic_accepted(num_drafts, seed, token_index, a)
-    at = target.gather(1, accepted[:, None, None].expand(R, 1, V)).squeeze(1)
-    return _emit(drafts, accepted, draw_tokens(at.float(), greedy, seed, token_index.long() + accepted))
-
-
-def _synthetic_from_draws(drawn: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
-                          seed: torch.Tensor, token_index: torch.Tensor, a: float):
-    """The same outcome from the plain sampler's draws at every position [R, k + 1] (the
-    point-mass path's): the draw at the next position is already made."""
-    accepted = _synthetic_accepted(num_drafts, seed, token_index, a)
-    return _emit(drafts, accepted, drawn.long().gather(1, accepted[:, None]).squeeze(1))
-
-
-def _accept_draws(drawn: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor):
-    """Point-mass acceptance from the target's draws [R, k + 1] at every position: the
-    drafts equal to the draws before them, then the draw after them (rejection_sample's rule
-    for draft_probs None); the emitted tokens (-1 after them) and their counts."""
-    R, K1 = drawn.shape
-    pos = torch.arange(K1, device=drawn.device)
-    match = (drawn[:, :K1 - 1].long() == drafts.long()) & (pos[None, :K1 - 1] < num_drafts.long()[:, None])
-    accepted = match.to(torch.int32).cumprod(dim=1).sum(dim=1)
-    out = torch.where(pos[None, :] <= accepted[:, None], drawn.to(torch.int32), torch.full_like(drawn, -1, dtype=torch.int32))
-    return out, accepted + 1
-
-
 def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int, rows: torch.Tensor,
            positions: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
            draft_probs: torch.Tensor | None = None, synthetic_accept: float | None = None,
@@ -363,52 +299,52 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     """Rejection-sample the drafting rows (`rows`, sampling-row indices) and write every
     sampling row's emitted tokens into `bufs` (a row without drafts: the token it drew).
     `draft_probs` [R, k, V]: a sampling drafter's q (None: point-mass drafts);
-    `synthetic_accept`: the bench's synthetic acceptance (`_synthetic_accepted`);
+    `synthetic_accept`: the bench's synthetic acceptance (runner/acceptance.py);
     `logits`: the model's logits at `positions`, when the caller has them."""
     from slipstream.spec.rejection import rejection_sample
 
     d = slot.dev
     R, K1 = drafts.shape[0], drafts.shape[1] + 1
-    bufs.tokens[:S].fill_(-1)
-    bufs.tokens[:S, 0].copy_(d.tokens[:S])
-    bufs.num_emitted[:S].fill_(1)
-    bufs.drafted[:S].zero_()
+    every_row = R == S  # (rows is then 0..S-1, sorted: every row's outputs are written below)
+    if not every_row:
+        bufs.tokens[:S].fill_(-1)
+        bufs.tokens[:S, 0].copy_(d.tokens[:S])
+        bufs.num_emitted[:S].fill_(1)
+        bufs.drafted[:S].zero_()
     if R == 0:  # (device drafting: a step that only shifts rows)
         return
     if logits is None:
         logits = runner.model.compute_logits(hidden.index_select(0, positions))
-    cols = {c.name: getattr(d, c.name)[:S].index_select(0, rows).repeat_interleave(K1) for c in ALL_COLUMNS}
+
+    def per_position(column: torch.Tensor) -> torch.Tensor:  # [S] -> [R * K1]
+        return (column[:S] if every_row else column[:S].index_select(0, rows)).repeat_interleave(K1)
+
+    cols = {c.name: per_position(getattr(d, c.name)) for c in ALL_COLUMNS}
     token_index = (d.token_index[:S].index_select(0, rows)[:, None]
                    + torch.arange(K1, device=rows.device, dtype=torch.int32)[None, :]).reshape(-1)
     state_rows = d.state_row[:S].index_select(0, rows)
     t = SamplingTensors(token_index=token_index, state_row=state_rows.repeat_interleave(K1), **cols)
     state = runner.penalties
-    if shape.flags.use_penalties:
-        state = _penalty_state_per_position(runner.penalties, state_rows.long(), d.tokens[:S].index_select(0, rows),
-                                            drafts, num_drafts)
-        t.state_row = torch.arange(R * K1, dtype=torch.int32, device=rows.device)
+    outputs = (bufs.tokens[:S], bufs.num_emitted[:S], bufs.drafted[:S], d.tokens[:S])
     if draft_probs is None and not shape.flags.use_penalties:
         # point-mass drafts: the acceptance compares each draft with the target's own draw at
         # its position (spec/rejection.py), which the plain sampler makes here directly from
         # the logits (no processed distribution: a few vocabulary-wide passes less)
         drawn = sample(logits, t, replace(shape.flags, num_logprobs=0), state).tokens.view(R, K1)
-        out, num = _accept_draws(drawn, drafts, num_drafts)
-        if synthetic_accept is not None:  # (the acceptance's own work stays in the step)
-            out, num = _synthetic_from_draws(drawn, drafts, num_drafts, cols["seed"].view(R, K1)[:, 0],
-                                             token_index.view(R, K1)[:, 0], synthetic_accept)
+        emit_point_mass(drawn, drafts, num_drafts, rows, d.seed[:S], d.token_index[:S], synthetic_accept, *outputs)
+        out = bufs.tokens[:S] if every_row else bufs.tokens[:S].index_select(0, rows)
     else:
+        if shape.flags.use_penalties:
+            state = _penalty_state_per_position(runner.penalties, state_rows.long(), d.tokens[:S].index_select(0, rows),
+                                                drafts, num_drafts)
+            t.state_row = torch.arange(R * K1, dtype=torch.int32, device=rows.device)
         target = processed_logits(logits, t, shape.flags, state).view(R, K1, -1)
         greedy = cols["temperature"].view(R, K1)[:, 0] < GREEDY_EPS
-        out, num = rejection_sample(target, drafts, num_drafts, draft_probs, greedy,
-                                    seed=cols["seed"].view(R, K1)[:, 0],
-                                    token_index=token_index.view(R, K1)[:, 0])
+        seed, index0 = cols["seed"].view(R, K1)[:, 0], token_index.view(R, K1)[:, 0]
+        out, num = rejection_sample(target, drafts, num_drafts, draft_probs, greedy, seed=seed, token_index=index0)
         if synthetic_accept is not None:
-            out, num = _synthetic_acceptance(target, drafts, num_drafts, greedy, cols["seed"].view(R, K1)[:, 0],
-                                             token_index.view(R, K1)[:, 0], synthetic_accept)
-    out, num = out.to(torch.int32), num.to(torch.int32)
-    bufs.tokens[:S].index_copy_(0, rows, out)
-    bufs.num_emitted[:S].index_copy_(0, rows, num)
-    bufs.drafted[:S].index_copy_(0, rows, num_drafts.to(torch.int32))
+            out, num = synthetic_from_target(target, drafts, num_drafts, greedy, seed, index0, synthetic_accept)
+        write_emitted(out, num, num_drafts, rows, *outputs)
     if shape.flags.use_penalties:  # the emitted tokens count from the next step on
         V = runner.penalties.vocab_size
         flat = state_rows.long()[:, None] * V + out.clamp(min=0).long()
@@ -420,4 +356,3 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
         top, top_ids = lp.topk(n, dim=-1)
         bufs.logprobs[:S, :, :1 + n].index_copy_(0, rows, torch.cat([chosen, top], dim=1).view(R, K1, 1 + n))
         bufs.logprob_ids[:S, :, :n].index_copy_(0, rows, top_ids.to(torch.int32).view(R, K1, n))
-    d.tokens[:S].index_copy_(0, rows, out.gather(1, (num.long() - 1)[:, None]).squeeze(1))
