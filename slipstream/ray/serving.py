@@ -23,7 +23,10 @@ from slipstream.sampling.params import SamplingParams
 
 PING_INTERVAL_S = 1.0
 TOKENIZE_OFF_LOOP_CHARS = 1024  # (AsyncLLM's: a longer text is tokenized on a worker thread)
-PING_TIMEOUT_S = 10.0
+# a killed actor fails its ping at once; the timeout only decides when a live but silent one is
+# dead: long enough for a loaded host (two replicas starting beside a test run on 2 cores stall
+# a healthy one's answer past 10 s)
+PING_TIMEOUT_S = 30.0
 _encoder = msgspec.msgpack.Encoder()
 _output_decoder = msgspec.msgpack.Decoder(RequestOutput)
 
