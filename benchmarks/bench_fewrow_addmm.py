@@ -20,13 +20,15 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+sys.path.insert(0, os.path.dirname(__file__))
+
+from bench_fewrow_splitk import weight_copies  # noqa: E402
+
 from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
 
-# (name, N out, K in): the 8B layer's two residual products, and the head-sized 4096 x 4096 again
-# with a wider K for contrast
+# (name, N out, K in): the 8B layer's two residual products, and qkv's shape as one for contrast
 SHAPES = [("o_proj", 4096, 4096), ("down", 4096, 14336), ("qkv_as_add", 6144, 4096)]
-L2_BYTES = 64 << 20  # more than an H100's or H200's L2
 
 
 def bench(rows: list[int], device: str, scale: int) -> list[dict]:
@@ -35,8 +37,7 @@ def bench(rows: list[int], device: str, scale: int) -> list[dict]:
     for name, N, K in SHAPES:
         N, K = N // scale, K // scale
         nbytes = N * K * 2
-        copies = max(1, -(-L2_BYTES // nbytes)) if device == "cuda" else 1
-        ws = [torch.randn(N, K, device=device, dtype=dt) * 0.02 for _ in range(copies)]
+        ws = weight_copies(N, K, device, dt)
         for M in rows:
             x = torch.randn(M, K, device=device, dtype=dt)
             res = torch.randn(M, N, device=device, dtype=dt)

@@ -52,14 +52,19 @@ def has_out_dtype(device: torch.device) -> bool:
         return False
 
 
+def weight_copies(N: int, K: int, device: str, dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
+    """Random [N, K] weights, as many copies as leave L2 when a timed graph rotates over them."""
+    copies = max(1, -(-L2_BYTES // (N * K * dtype.itemsize))) if device == "cuda" else 1
+    return [torch.randn(N, K, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
+
+
 def bench(rows: list[int], splits: list[int], device: str, scale: int) -> list[dict]:
     out = []
     dt = torch.bfloat16
     for name, N, K in SHAPES:
         N, K = N // scale, K // scale
         nbytes = N * K * 2
-        copies = max(1, -(-L2_BYTES // nbytes)) if device == "cuda" else 1
-        ws = [torch.randn(N, K, device=device, dtype=dt) * 0.02 for _ in range(copies)]
+        ws = weight_copies(N, K, device, dt)
         for M in rows:
             x = torch.randn(M, K, device=device, dtype=dt)
             ref = torch.nn.functional.linear(x, ws[0])

@@ -111,10 +111,8 @@ def test_an_ngram_engine_on_the_kernel_equals_plain_decoding(tiny_model, monkeyp
 def compile_for_hopper() -> None:
     """The kernel as `emit_point_mass_triton` launches it (fractional synthetic: every branch),
     compiled for sm_90."""
-    import triton
+    from helpers import compile_pdl_launches_for_hopper
     from test_attention_kernels import recorded_launches
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     import slipstream.ops.triton_acceptance as m
     launches: list = []
@@ -122,20 +120,7 @@ def compile_for_hopper() -> None:
     with recorded_launches(m, ["_point_mass_kernel"], launches):
         m.emit_point_mass_triton(*inputs, (2, 1 << 23), *outputs)
     assert len(launches) == 1
-    ty = {torch.int32: "*i32", torch.int64: "*i64"}
-    for fn, args, kw in launches:
-        kw = dict(kw, USE_PDL=True)
-        kw.pop("launch_pdl", None)
-        values = dict(zip([n for n in fn.arg_names if n not in kw], args), **kw)
-        constexpr = {p.name for p in fn.params if p.is_constexpr}
-        sig = {n: "constexpr" if n in constexpr else ty[v.dtype] if isinstance(v, torch.Tensor) else "i32"
-               for n, v in values.items()}
-        consts = {n: v for n, v in values.items() if n in constexpr}
-        sig = {n: sig[n] for n in fn.arg_names}
-        compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4, "launch_pdl": True})
-        assert "griddepcontrol.wait" in compiled.asm["ptx"]
-        print("compiled", fn.__name__)
+    compile_pdl_launches_for_hopper(launches)
 
 
 @pytest.mark.subprocess

@@ -201,10 +201,8 @@ def test_an_async_eagle3_engine_on_the_kernels_equals_plain_decoding(tiny_model,
 def compile_for_hopper() -> None:
     """Both kernels as `shift_and_draft_triton` launches them, compiled for sm_90 (the
     interpreter runs what a compiler may refuse: loop-carried scalars, runtime loop bounds)."""
-    import triton
+    from helpers import compile_pdl_launches_for_hopper
     from test_attention_kernels import recorded_launches
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     import slipstream.ops.triton_device_drafts as m
     launches: list = []
@@ -220,20 +218,7 @@ def compile_for_hopper() -> None:
                                  inp.sample_seq, inp.table_rows, inp.first_token, inp.verify_table_rows, bs, 4, 2, 4,
                                  buffered=(drafter.drafts, drafter.next_pos))
     assert len(launches) == 4
-    ty = {torch.int32: "*i32", torch.int64: "*i64"}
-    for fn, args, kw in launches:
-        kw = dict(kw, USE_PDL=True)
-        kw.pop("launch_pdl", None)
-        values = dict(zip([n for n in fn.arg_names if n not in kw], args), **kw)
-        constexpr = {p.name for p in fn.params if p.is_constexpr}
-        sig = {n: "constexpr" if n in constexpr else ty[v.dtype] if isinstance(v, torch.Tensor) else "i32"
-               for n, v in values.items()}
-        consts = {n: v for n, v in values.items() if n in constexpr}
-        sig = {n: sig[n] for n in fn.arg_names}
-        k = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": 4, "launch_pdl": True})
-        assert "griddepcontrol.wait" in k.asm["ptx"]
-        print("compiled", fn.__name__)
+    compile_pdl_launches_for_hopper(launches)
 
 
 @pytest.mark.subprocess
