@@ -135,6 +135,20 @@ def test_bench_fewrow_splitk_splits_the_product_and_reports(tmp_path, capsys):
     assert "o_proj" in capsys.readouterr().out
 
 
+def test_bench_fewrow_addmm_times_each_form_and_reports(tmp_path, capsys):
+    """benchmarks/bench_fewrow_addmm.py on the CPU (tiny shapes): every product gets a row per
+    row count with each form's time and its ratio to addmm (the forms' results are checked
+    against a float reference inside)."""
+    import json
+
+    import bench_fewrow_addmm as probe
+    assert probe.main(["--device", "cpu", "--rows", "1", "4", "--out", str(tmp_path)]) == 0
+    res = json.load(open(tmp_path / "bench_fewrow_addmm.json"))
+    assert [(r["product"], r["rows"]) for r in res["rows"]] == [(n, m) for n, _, _ in probe.SHAPES for m in (1, 4)]
+    assert all(r[f"{f}_us"] > 0 for r in res["rows"] for f in ("addmm", "mm_add", "mm"))
+    assert "o_proj" in capsys.readouterr().out
+
+
 def _verify_rows_tensors(R: int, k: int, temperature: float, top_k: int, first_index: int):
     """The sampling tensors of R verifying rows' k + 1 positions each: row r's seed r, output
     indices first_index.. along the row, no penalties or other cuts."""

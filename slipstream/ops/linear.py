@@ -25,16 +25,6 @@ import torch.nn.functional as F
 GEMV_ENABLED = os.environ.get("SLIPSTREAM_GEMV", "1") != "0"
 
 
-def _mm_add_bound() -> tuple[int, int]:
-    """(A/B while measured) `SLIPSTREAM_FEWROW_MM_ADD=ROWS:K`: a residual product of at most
-    ROWS rows and K inputs takes torch.mm then an add instead of addmm with beta = 1."""
-    rows, _, k = os.environ.get("SLIPSTREAM_FEWROW_MM_ADD", "0:0").partition(":")
-    return int(rows), int(k or 0)
-
-
-MM_ADD_ROWS, MM_ADD_K = _mm_add_bound()
-
-
 def _small_batch(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if not (GEMV_ENABLED and x.is_cuda):
         return False
@@ -64,10 +54,7 @@ def linear_add_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     if _small_batch(x, weight) and out.is_contiguous():
         from slipstream.ops.triton_gemv import gemv
         return gemv(x, weight, bias, residual=out, out=out)
-    if x.shape[0] <= MM_ADD_ROWS and weight.shape[1] <= MM_ADD_K:
-        out.add_(torch.mm(x, weight.t()))
-    else:
-        out.addmm_(x, weight.t())
+    out.addmm_(x, weight.t())
     if bias is not None:
         out.add_(bias)
     return out
