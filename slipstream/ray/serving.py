@@ -24,8 +24,8 @@ from slipstream.sampling.params import SamplingParams
 PING_INTERVAL_S = 1.0
 TOKENIZE_OFF_LOOP_CHARS = 1024  # (AsyncLLM's: a longer text is tokenized on a worker thread)
 # a killed actor fails its ping at once; the timeout only decides when a live but silent one is
-# dead: long enough for a loaded host (two replicas starting beside a test run on 2 cores stall
-# a healthy one's answer past 10 s)
+# dead, and a loaded host's slow answer must not count as a death (under a parallel test run on
+# 2 cores a replica that was not killed was restarted too with 10 s)
 PING_TIMEOUT_S = 30.0
 _encoder = msgspec.msgpack.Encoder()
 _output_decoder = msgspec.msgpack.Decoder(RequestOutput)
