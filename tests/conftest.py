@@ -41,15 +41,9 @@ def pytest_collection_modifyitems(config, items):
 def _ray_modules_last(items) -> None:
     """The modules that use `ray_cluster` run last, one after another (in their own order),
     so that the one cluster serves them all and idles during no other test (an idle Ray
-    cluster took ~7% of a core on the 2-core CI machine).  Under pytest-xdist they and the
-    other `ray` tests share one worker (`--dist loadgroup`, scripts/test.sh): their replica
-    tests find and kill actor processes by name machine-wide, which must not find another
-    worker's."""
+    cluster took ~7% of a core on the 2-core CI machine)."""
     ray_modules = {item.path for item in items if "ray_cluster" in getattr(item, "fixturenames", ())}
     items.sort(key=lambda item: item.path in ray_modules)  # stable: the order is kept otherwise
-    for item in items:
-        if item.path in ray_modules or "ray" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 # parametrizations of a test the quick tier keeps unless quick_sample says: one (the second
