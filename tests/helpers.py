@@ -339,25 +339,13 @@ def run_hopper_compile(test_file: str, timeout: float = 600) -> str:
 
 
 def compile_pdl_launches_for_hopper(launches) -> None:
-    """Compile each recorded Triton launch (`test_attention_kernels.recorded_launches`: the
-    kernel, its positional and keyword arguments) for sm_90 with PDL on, tensors as pointers of
-    their dtype and other values as i32; check each waits on the grid dependency and print
-    "compiled <kernel>" (what `run_hopper_compile`'s callers read)."""
-    import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    ty = {torch.int32: "*i32", torch.int64: "*i64"}
+    """Compile each recorded Triton launch (`test_attention_kernels.recorded_launches`) for
+    sm_90 as the launcher would (`test_attention_kernels.compile_launch_for_hopper`, PDL on);
+    check each waits on the grid dependency and print "compiled <kernel>" (what
+    `run_hopper_compile`'s callers read)."""
+    from test_attention_kernels import compile_launch_for_hopper
     for fn, args, kw in launches:
-        kw = dict(kw, USE_PDL=True)
-        kw.pop("launch_pdl", None)
-        values = dict(zip([n for n in fn.arg_names if n not in kw], args), **kw)
-        constexpr = {p.name for p in fn.params if p.is_constexpr}
-        sig = {n: "constexpr" if n in constexpr else ty[v.dtype] if isinstance(v, torch.Tensor) else "i32"
-               for n, v in values.items()}
-        consts = {n: v for n, v in values.items() if n in constexpr}
-        compiled = triton.compile(ASTSource(fn, {n: sig[n] for n in fn.arg_names}, consts),
-                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": True})
+        compiled, _, _ = compile_launch_for_hopper(fn, args, kw)
         assert "griddepcontrol.wait" in compiled.asm["ptx"]
         print("compiled", fn.__name__)
 

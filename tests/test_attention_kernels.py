@@ -629,7 +629,8 @@ def compile_launch_for_hopper(fn, args, kw):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.float8_e4m3fn: "*fp8e4nv"}
+    ty = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64",
+          torch.float8_e4m3fn: "*fp8e4nv"}
     kw = dict(kw, UPCAST=False) if "UPCAST" in kw else dict(kw)
     kw.pop("launch_pdl", None)
     if "USE_PDL" in kw:
