@@ -113,8 +113,9 @@ def emit_point_mass(drawn: torch.Tensor, drafts: torch.Tensor, num_drafts: torch
                                None if synthetic is None else (int(synthetic), synthetic_threshold(synthetic)),
                                tokens, num_emitted, drafted, slot_tokens)
         return
-    out, num = accept_draws(drawn, drafts, num_drafts)
-    if synthetic is not None:  # (the acceptance's own work stays in the step)
+    if synthetic is None:
+        out, num = accept_draws(drawn, drafts, num_drafts)
+    else:
         out, num = synthetic_from_draws(drawn, drafts, num_drafts, seed.index_select(0, rows),
                                         token_index.index_select(0, rows), synthetic)
     write_emitted(out, num, num_drafts, rows, tokens, num_emitted, drafted, slot_tokens)

@@ -316,13 +316,13 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
     if logits is None:
         logits = runner.model.compute_logits(hidden.index_select(0, positions))
 
-    def per_position(column: torch.Tensor) -> torch.Tensor:  # [S] -> [R * K1]
-        return (column[:S] if every_row else column[:S].index_select(0, rows)).repeat_interleave(K1)
+    def of_rows(column: torch.Tensor) -> torch.Tensor:  # a sampling-row column [S] -> [R]
+        return column[:S] if every_row else column[:S].index_select(0, rows)
 
-    cols = {c.name: per_position(getattr(d, c.name)) for c in ALL_COLUMNS}
-    token_index = (d.token_index[:S].index_select(0, rows)[:, None]
+    cols = {c.name: of_rows(getattr(d, c.name)).repeat_interleave(K1) for c in ALL_COLUMNS}
+    token_index = (of_rows(d.token_index)[:, None]
                    + torch.arange(K1, device=rows.device, dtype=torch.int32)[None, :]).reshape(-1)
-    state_rows = d.state_row[:S].index_select(0, rows)
+    state_rows = of_rows(d.state_row)
     t = SamplingTensors(token_index=token_index, state_row=state_rows.repeat_interleave(K1), **cols)
     state = runner.penalties
     outputs = (bufs.tokens[:S], bufs.num_emitted[:S], bufs.drafted[:S], d.tokens[:S])
@@ -332,11 +332,11 @@ def verify(runner, slot, shape, hidden: torch.Tensor, bufs: SpecBuffers, S: int,
         # the logits (no processed distribution: a few vocabulary-wide passes less)
         drawn = sample(logits, t, replace(shape.flags, num_logprobs=0), state).tokens.view(R, K1)
         emit_point_mass(drawn, drafts, num_drafts, rows, d.seed[:S], d.token_index[:S], synthetic_accept, *outputs)
-        out = bufs.tokens[:S] if every_row else bufs.tokens[:S].index_select(0, rows)
+        out = of_rows(bufs.tokens) if shape.flags.num_logprobs else None  # (read back for the logprobs)
     else:
         if shape.flags.use_penalties:
-            state = _penalty_state_per_position(runner.penalties, state_rows.long(), d.tokens[:S].index_select(0, rows),
-                                                drafts, num_drafts)
+            state = _penalty_state_per_position(runner.penalties, state_rows.long(), of_rows(d.tokens), drafts,
+                                                num_drafts)
             t.state_row = torch.arange(R * K1, dtype=torch.int32, device=rows.device)
         target = processed_logits(logits, t, shape.flags, state).view(R, K1, -1)
         greedy = cols["temperature"].view(R, K1)[:, 0] < GREEDY_EPS
