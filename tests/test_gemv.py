@@ -189,15 +189,15 @@ def test_streaming_kernel_every_form_at_one_row(dtype, cfg):
 
 
 # the few-row form at interpreter sizes: one warp (256-wide K chunks), 8 columns a program
-ROWS = GemvConfig(stream_weight_bytes=0, rows_warps=1, rows_stages=2)
+ROWS = GemvConfig(stream_weight_bytes=0, stream_max_rows=8, rows_warps=1, rows_stages=2)
 
 
 @pytest.mark.quick_sample(2)
-@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("m", [2, 3, 4, 5, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_streaming_kernel_every_form_at_few_rows(dtype, m):
     # K = 600: two full 256-wide chunks and a masked tail; N = 37, a ragged last block; m = 3
-    # pads to 4 (a row past M reads zeros and stores nothing)
+    # and 5 pad to 4 and 8 (a row past M reads zeros and stores nothing)
     from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref
     assert rows_block_k(ROWS) == 256
     w, x, b, r = _data(m, 37, 600, dtype, seed=5)

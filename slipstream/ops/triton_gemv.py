@@ -167,12 +167,12 @@ def _gemv_stream_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, N, eps, stride_wn,
 
 
 @triton.jit
-def _row_term(acc, sq, w, x_ptr, row, M, offs, kmask, K: tl.constexpr, SILU_MUL: tl.constexpr):
+def _row_term(acc, sq, w, x_ptr, row, M, stride_xm, offs, kmask, K: tl.constexpr, SILU_MUL: tl.constexpr):
     """One input row's part of a weight chunk (fp32 w [BLOCK_N, BLOCK_K / 8, 8]): each
-    thread's 8 adjacent products summed into its fp32 sums [BLOCK_N, BLOCK_K / 8], and the
-    row's squares (a folded norm's); a row past M reads zeros (the mask is a tensor: the
-    interpreter takes no scalar one)."""
-    xf = _stream_input(x_ptr, offs, kmask & (offs * 0 + row < M), K, SILU_MUL)
+    thread's 8 adjacent products summed into the row's fp32 sums [BLOCK_N, BLOCK_K / 8], and
+    its squares into [BLOCK_K / 8] (a folded norm's); a row past M reads zeros (the mask is
+    a tensor: the interpreter takes no scalar one)."""
+    xf = _stream_input(x_ptr + row * stride_xm, offs, kmask & (offs * 0 + row < M), K, SILU_MUL)
     # the 8 products one after another into the sums (a chain of FMAs; tl.sum's tree would
     # take a multiply, an FMA and an add for every two): halve the in-thread axis 3 times
     wa, wb = tl.split(tl.reshape(w, [w.shape[0], w.shape[1], 4, 2]))
@@ -182,7 +182,7 @@ def _row_term(acc, sq, w, x_ptr, row, M, offs, kmask, K: tl.constexpr, SILU_MUL:
     x0, x1 = tl.split(tl.reshape(xa, [xf.shape[0], 2, 2]))
     x2, x3 = tl.split(tl.reshape(xb, [xf.shape[0], 2, 2]))
     acc = _pair_fma(_pair_fma(_pair_fma(_pair_fma(acc, w0, x0), w1, x1), w2, x2), w3, x3)
-    return acc, sq + xf * xf
+    return acc, sq + tl.sum(xf * xf, axis=1)
 
 
 @triton.jit
@@ -194,13 +194,22 @@ def _pair_fma(acc, w, x):
 
 
 @triton.jit
+def _two_rows(acc_a, sq_a, acc_b, sq_b, w, x_ptr, row, M, stride_xm, offs, kmask,
+              K: tl.constexpr, SILU_MUL: tl.constexpr):
+    """Rows `row` and `row` + 1's parts of a weight chunk (`_row_term`)."""
+    acc_a, sq_a = _row_term(acc_a, sq_a, w, x_ptr, row, M, stride_xm, offs, kmask, K, SILU_MUL)
+    acc_b, sq_b = _row_term(acc_b, sq_b, w, x_ptr, row + 1, M, stride_xm, offs, kmask, K, SILU_MUL)
+    return acc_a, sq_a, acc_b, sq_b
+
+
+@triton.jit
 def _row_out(acc, sq, row, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
              K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr):
     """One row's outputs from its sums: the folded norm's rstd, the bias, the residual, one
-    rounding (as `_gemv_stream_kernel`'s epilogue)."""
+    rounding (as `_gemv_stream_kernel`'s epilogue); nothing for a row past M."""
     y = tl.sum(acc, axis=1)
     if ROW_SCALE:
-        y = y * tl.rsqrt(tl.sum(tl.sum(sq, axis=1), axis=0) / K + eps)
+        y = y * tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)
     omask = nmask & (offs_n * 0 + row < M)
@@ -210,17 +219,27 @@ def _row_out(acc, sq, row, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_
 
 
 @triton.jit
+def _two_rows_out(acc_a, sq_a, acc_b, sq_b, row, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm,
+                  stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                  ROW_SCALE: tl.constexpr):
+    _row_out(acc_a, sq_a, row, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
+             K, HAS_BIAS, HAS_RES, ROW_SCALE)
+    _row_out(acc_b, sq_b, row + 1, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
+             K, HAS_BIAS, HAS_RES, ROW_SCALE)
+
+
+@triton.jit
 def _gemv_stream_rows_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, eps,
                              stride_xm, stride_wn, stride_rm, stride_om,
                              K: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr,
                              SILU_MUL: tl.constexpr, USE_PDL: tl.constexpr):
-    """2 to 4 rows (M_PAD 2 or 4), a large weight: `_gemv_stream_kernel`'s stream with each
-    weight chunk, [BLOCK_N, BLOCK_K / 8, 8] (a thread's 8 adjacent weights of a column in one
-    16-byte load), multiplied into every row's own sums. A thread first sums its 8 products,
-    so a row's sums are BLOCK_N x BLOCK_K / 8 and the rows fit in registers; the weight is
-    read once whatever the row count, the rows come from L1/L2."""
+    """2 to 8 rows (M_PAD 2, 4 or 8), a large weight: `_gemv_stream_kernel`'s stream with
+    each weight chunk, [BLOCK_N, BLOCK_K / 8, 8] (a thread's 8 adjacent weights of a column in
+    one 16-byte load), multiplied into every row's own sums, two rows at a time. A thread
+    first sums its 8 products, so a row's sums are BLOCK_N x BLOCK_K / 8 and the rows fit in
+    registers; the weight is read once whatever the row count, the rows come from L1/L2."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
@@ -229,31 +248,35 @@ def _gemv_stream_rows_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, eps,
     kmask = offs_k < K
     w = tl.load(w_rows, mask=nmask[:, None, None] & kmask[None, :, :], other=0.0).to(tl.float32)
     pdl_start(USE_PDL)
-    zero = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
-    zsq = tl.zeros([BLOCK_K // 8, 8], dtype=tl.float32)
-    acc0, sq0 = _row_term(zero, zsq, w, x_ptr, 0, M, offs_k, kmask, K, SILU_MUL)
-    acc1, sq1 = _row_term(zero, zsq, w, x_ptr + stride_xm, 1, M, offs_k, kmask, K, SILU_MUL)
-    acc2, sq2, acc3, sq3 = zero, zsq, zero, zsq
+    a0 = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+    s0 = tl.zeros([BLOCK_K // 8], dtype=tl.float32)
+    a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
+    s1, s2, s3, s4, s5, s6, s7 = s0, s0, s0, s0, s0, s0, s0
+    a0, s0, a1, s1 = _two_rows(a0, s0, a1, s1, w, x_ptr, 0, M, stride_xm, offs_k, kmask, K, SILU_MUL)
     if M_PAD > 2:
-        acc2, sq2 = _row_term(zero, zsq, w, x_ptr + 2 * stride_xm, 2, M, offs_k, kmask, K, SILU_MUL)
-        acc3, sq3 = _row_term(zero, zsq, w, x_ptr + 3 * stride_xm, 3, M, offs_k, kmask, K, SILU_MUL)
+        a2, s2, a3, s3 = _two_rows(a2, s2, a3, s3, w, x_ptr, 2, M, stride_xm, offs_k, kmask, K, SILU_MUL)
+    if M_PAD > 4:
+        a4, s4, a5, s5 = _two_rows(a4, s4, a5, s5, w, x_ptr, 4, M, stride_xm, offs_k, kmask, K, SILU_MUL)
+        a6, s6, a7, s7 = _two_rows(a6, s6, a7, s7, w, x_ptr, 6, M, stride_xm, offs_k, kmask, K, SILU_MUL)
     for k in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         kmask = (offs_k + k) < K
         w = tl.load(w_rows + k, mask=nmask[:, None, None] & kmask[None, :, :], other=0.0).to(tl.float32)
-        acc0, sq0 = _row_term(acc0, sq0, w, x_ptr, 0, M, offs_k + k, kmask, K, SILU_MUL)
-        acc1, sq1 = _row_term(acc1, sq1, w, x_ptr + stride_xm, 1, M, offs_k + k, kmask, K, SILU_MUL)
+        a0, s0, a1, s1 = _two_rows(a0, s0, a1, s1, w, x_ptr, 0, M, stride_xm, offs_k + k, kmask, K, SILU_MUL)
         if M_PAD > 2:
-            acc2, sq2 = _row_term(acc2, sq2, w, x_ptr + 2 * stride_xm, 2, M, offs_k + k, kmask, K, SILU_MUL)
-            acc3, sq3 = _row_term(acc3, sq3, w, x_ptr + 3 * stride_xm, 3, M, offs_k + k, kmask, K, SILU_MUL)
-    _row_out(acc0, sq0, 0, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-             K, HAS_BIAS, HAS_RES, ROW_SCALE)
-    _row_out(acc1, sq1, 1, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-             K, HAS_BIAS, HAS_RES, ROW_SCALE)
+            a2, s2, a3, s3 = _two_rows(a2, s2, a3, s3, w, x_ptr, 2, M, stride_xm, offs_k + k, kmask, K, SILU_MUL)
+        if M_PAD > 4:
+            a4, s4, a5, s5 = _two_rows(a4, s4, a5, s5, w, x_ptr, 4, M, stride_xm, offs_k + k, kmask, K, SILU_MUL)
+            a6, s6, a7, s7 = _two_rows(a6, s6, a7, s7, w, x_ptr, 6, M, stride_xm, offs_k + k, kmask, K, SILU_MUL)
+    _two_rows_out(a0, s0, a1, s1, 0, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
+                  K, HAS_BIAS, HAS_RES, ROW_SCALE)
     if M_PAD > 2:
-        _row_out(acc2, sq2, 2, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-                 K, HAS_BIAS, HAS_RES, ROW_SCALE)
-        _row_out(acc3, sq3, 3, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-                 K, HAS_BIAS, HAS_RES, ROW_SCALE)
+        _two_rows_out(a2, s2, a3, s3, 2, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
+                      K, HAS_BIAS, HAS_RES, ROW_SCALE)
+    if M_PAD > 4:
+        _two_rows_out(a4, s4, a5, s5, 4, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
+                      K, HAS_BIAS, HAS_RES, ROW_SCALE)
+        _two_rows_out(a6, s6, a7, s7, 6, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
+                      K, HAS_BIAS, HAS_RES, ROW_SCALE)
 
 
 def stream_columns(n: int, weight_bytes: int, sms: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> int:
