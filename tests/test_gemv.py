@@ -9,8 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slipstream.ops.triton_gemv import (GemvConfig, choose_block_n, fuses_silu_mul, gemv, gemv_applies, rows_block_k,
-                                        stream_columns, streams)
+from slipstream.ops.triton_gemv import GemvConfig, choose_block_n, gemv, gemv_applies, stream_columns, streams
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY = GemvConfig(tile_elems=2048)  # K = 200 (padded to 256): 1-8 columns a program
@@ -99,18 +98,12 @@ def test_which_products_take_the_gemv():
     assert gemv_applies(torch.empty(8, 1024), w, GemvConfig(max_rows=8))
     assert not gemv_applies(torch.empty(0, 1024), w)
     o_8b = torch.empty(4096, 4096, dtype=torch.bfloat16)  # 32 MiB: the streaming kernel
-    assert gemv_applies(torch.empty(1, 4096), o_8b)
-    # 2-4 rows (speculative verification at batch 1) take the few-row form, 5 cuBLAS
-    assert gemv_applies(torch.empty(4, 4096), o_8b) and not gemv_applies(torch.empty(5, 4096), o_8b)
-    assert not gemv_applies(torch.empty(2, 4096), o_8b, GemvConfig(stream_max_rows=1))
+    assert gemv_applies(torch.empty(1, 4096), o_8b) and not gemv_applies(torch.empty(2, 4096), o_8b)
     assert not gemv_applies(torch.empty(1, 4096), o_8b, GemvConfig(max_weight_bytes=16 << 20))
     assert not gemv_applies(torch.empty(1, 32768), torch.empty(16, 32768))  # K past the tile kernel's max_k
     assert gemv_applies(torch.empty(1, 32768), torch.empty(512, 32768, dtype=torch.bfloat16))  # streamed: any K
     # the streaming kernel from 16 MiB: Qwen3-30B-A3B's o_proj (2048 x 4096) streams, 12 MiB does not
-    assert streams(1, 16 << 20) and not streams(1, 12 << 20) and not streams(2, 12 << 20)
-    assert streams(2, 64 << 20) and streams(4, 64 << 20) and not streams(5, 64 << 20)
-    # SiLU·mul inside the product at one row; at more, its own kernel first
-    assert fuses_silu_mul(1) and not fuses_silu_mul(2) and fuses_silu_mul(4, GemvConfig(rows_silu_mul=True))
+    assert streams(1, 16 << 20) and not streams(1, 12 << 20) and not streams(2, 64 << 20)
     # the 8B shape on 132 SMs: o and down (256 programs of 16) fit at once, qkv, gate_up and the
     # lm_head take 8 columns; below stream_wide_bytes 4
     mib = 1 << 20
@@ -186,61 +179,3 @@ def test_streaming_kernel_every_form_at_one_row(dtype, cfg):
     out = gemv(gate_up, w, residual=r, out=r, silu_mul=True, cfg=cfg)
     assert out.data_ptr() == r.data_ptr()
     torch.testing.assert_close(r.float(), expect, atol=tol, rtol=tol)
-
-
-# the few-row form at interpreter sizes: one warp (256-wide K chunks), 8 columns a program
-ROWS = GemvConfig(stream_weight_bytes=0, stream_max_rows=8, rows_warps=1, rows_stages=2)
-
-
-@pytest.mark.quick_sample(2)
-@pytest.mark.parametrize("m", [2, 3, 4, 5, 8])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_streaming_kernel_every_form_at_few_rows(dtype, m):
-    # K = 600: two full 256-wide chunks and a masked tail; N = 37, a ragged last block; m = 3
-    # and 5 pad to 4 and 8 (a row past M reads zeros and stores nothing)
-    from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref
-    assert rows_block_k(ROWS) == 256
-    w, x, b, r = _data(m, 37, 600, dtype, seed=5)
-    x = x * 7.0
-    tol = 1e-5 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(gemv(x, w, b, cfg=ROWS).float(), F.linear(x.float(), w.float(), b.float()),
-                               atol=tol, rtol=tol)
-    torch.testing.assert_close(gemv(x, w, b, row_scale_eps=1e-5, cfg=ROWS).float(),
-                               scale_rows_ref(F.linear(x.float(), w.float()), x.float(), 1e-5, b.float()),
-                               atol=tol, rtol=tol)
-    out = torch.full((m + 1, 37), 5.0, dtype=dtype, device=DEVICE)  # a row past m must stay as it is
-    expect = out[:m].float() + F.linear(x.float(), w.float())
-    gemv(x, w, residual=out[:m], out=out[:m], cfg=ROWS)
-    torch.testing.assert_close(out[:m].float(), expect, atol=tol, rtol=tol)
-    assert (out[m] == 5.0).all()
-    gate_up = torch.randn(m, 1200, generator=torch.Generator().manual_seed(6)).to(dtype).to(DEVICE)
-    expect = r.float() + F.linear(silu_and_mul_ref(gate_up).float(), w.float())
-    gemv(gate_up, w, residual=r, out=r, silu_mul=True, cfg=ROWS)
-    torch.testing.assert_close(r.float(), expect, atol=tol, rtol=tol)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [2, 3, 4, 5])
-def test_few_rows_of_a_large_weight_through_the_linear_layers(rows):
-    """The 8B shape's o (32 MiB) and down (112 MiB) products as the layer makes them at k + 1
-    rows: 2-4 take the few-row streaming kernel (`norm_linear` finishes the product, down's
-    SiLU·mul its own kernel first), 5 cuBLAS; every form matches the fp32 reference."""
-    from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref
-    from slipstream.ops.linear import linear_add_, norm_linear, silu_mul_linear_add_
-    w, x, b, r = _data(rows, 4096, 4096, torch.bfloat16, seed=7)
-    assert gemv_applies(x, w) == (rows <= 4)
-    h = r.clone()
-    linear_add_(h, x, w)
-    torch.testing.assert_close(h.float(), r.float() + F.linear(x.float(), w.float()), atol=3e-2, rtol=2e-2)
-    y, finished = norm_linear(x * 5.0, w, b, 1e-6)
-    assert finished == (rows <= 4)
-    if not finished:
-        y = scale_rows_ref(y, x * 5.0, 1e-6, b)
-    expect = scale_rows_ref(F.linear((x * 5.0).float(), w.float()), (x * 5.0).float(), 1e-6, b.float())
-    torch.testing.assert_close(y.float(), expect, atol=3e-2, rtol=2e-2)
-    wd, _, _, rd = _data(rows, 4096, 14336, torch.bfloat16, seed=8)
-    gate_up = torch.randn(rows, 2 * 14336, device=DEVICE).to(torch.bfloat16)
-    out = rd.clone()
-    silu_mul_linear_add_(out, gate_up, wd)
-    expect = rd.float() + F.linear(silu_and_mul_ref(gate_up).float(), wd.float())
-    torch.testing.assert_close(out.float(), expect, atol=5e-2, rtol=2e-2)

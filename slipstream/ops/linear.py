@@ -86,8 +86,7 @@ def silu_mul_linear_add_(out: torch.Tensor, gate_up: torch.Tensor, weight: torch
     gate_up already finished (hidden None) it is one GEMV that computes SiLU·mul from its
     input; else SiLU·mul's own kernel, then `linear_add_`."""
     if hidden is None and not batch_invariant and _small_batch(gate_up, weight) and out.is_contiguous():
-        from slipstream.ops.triton_gemv import fuses_silu_mul, gemv
-        if fuses_silu_mul(gate_up.numel() // gate_up.shape[-1]):
-            return gemv(gate_up, weight, residual=out, out=out, silu_mul=True)
+        from slipstream.ops.triton_gemv import gemv
+        return gemv(gate_up, weight, residual=out, out=out, silu_mul=True)
     from slipstream.ops.fused import silu_and_mul
     return linear_add_(out, silu_and_mul(gate_up, hidden=hidden, eps=eps), weight, None, batch_invariant)

@@ -71,16 +71,6 @@ class GemvConfig:
     # stages")
     stream_stages: int = 4
     stream_warps: int = 4
-    # 2 to this many rows of a weight over stream_weight_bytes take the streaming kernel's
-    # few-row form (`_gemv_stream_rows_kernel`: speculative verification's k + 1 rows at batch
-    # 1); more rows, or 1 here, leave them to cuBLAS
-    stream_max_rows: int = int(os.environ.get("SLIPSTREAM_GEMV_STREAM_ROWS", "4"))
-    rows_block_n: int = 8
-    # SiLU·mul inside the few-row kernel (down's input): every program recomputes it for each
-    # row (~8 SASS instructions a weight byte at 4 rows against o's ~3.9), else its own kernel
-    rows_silu_mul: bool = os.environ.get("SLIPSTREAM_GEMV_ROWS_SILU", "0") == "1"
-    rows_stages: int = 3
-    rows_warps: int = 4
 
 
 DEFAULT_GEMV_CONFIG = GemvConfig()
@@ -166,119 +156,6 @@ def _gemv_stream_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, N, eps, stride_wn,
     tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
-@triton.jit
-def _row_term(acc, sq, w, x_ptr, row, M, stride_xm, offs, kmask, K: tl.constexpr, SILU_MUL: tl.constexpr):
-    """One input row's part of a weight chunk (fp32 w [BLOCK_N, BLOCK_K / 8, 8]): each
-    thread's 8 adjacent products summed into the row's fp32 sums [BLOCK_N, BLOCK_K / 8], and
-    its squares into [BLOCK_K / 8] (a folded norm's); a row past M reads zeros (the mask is
-    a tensor: the interpreter takes no scalar one)."""
-    xf = _stream_input(x_ptr + row * stride_xm, offs, kmask & (offs * 0 + row < M), K, SILU_MUL)
-    # the 8 products one after another into the sums (a chain of FMAs; tl.sum's tree would
-    # take a multiply, an FMA and an add for every two): halve the in-thread axis 3 times
-    wa, wb = tl.split(tl.reshape(w, [w.shape[0], w.shape[1], 4, 2]))
-    xa, xb = tl.split(tl.reshape(xf, [xf.shape[0], 4, 2]))
-    w0, w1 = tl.split(tl.reshape(wa, [w.shape[0], w.shape[1], 2, 2]))
-    w2, w3 = tl.split(tl.reshape(wb, [w.shape[0], w.shape[1], 2, 2]))
-    x0, x1 = tl.split(tl.reshape(xa, [xf.shape[0], 2, 2]))
-    x2, x3 = tl.split(tl.reshape(xb, [xf.shape[0], 2, 2]))
-    acc = _pair_fma(_pair_fma(_pair_fma(_pair_fma(acc, w0, x0), w1, x1), w2, x2), w3, x3)
-    return acc, sq + tl.sum(xf * xf, axis=1)
-
-
-@triton.jit
-def _pair_fma(acc, w, x):
-    """acc + w[..., 0] * x[..., 0] + w[..., 1] * x[..., 1], one product at a time."""
-    wl, wh = tl.split(w)
-    xl, xh = tl.split(x)
-    return acc + wl * xl[None, :] + wh * xh[None, :]
-
-
-@triton.jit
-def _two_rows(acc_a, sq_a, acc_b, sq_b, w, x_ptr, row, M, stride_xm, offs, kmask,
-              K: tl.constexpr, SILU_MUL: tl.constexpr):
-    """Rows `row` and `row` + 1's parts of a weight chunk (`_row_term`)."""
-    acc_a, sq_a = _row_term(acc_a, sq_a, w, x_ptr, row, M, stride_xm, offs, kmask, K, SILU_MUL)
-    acc_b, sq_b = _row_term(acc_b, sq_b, w, x_ptr, row + 1, M, stride_xm, offs, kmask, K, SILU_MUL)
-    return acc_a, sq_a, acc_b, sq_b
-
-
-@triton.jit
-def _row_out(acc, sq, row, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-             K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr):
-    """One row's outputs from its sums: the folded norm's rstd, the bias, the residual, one
-    rounding (as `_gemv_stream_kernel`'s epilogue); nothing for a row past M."""
-    y = tl.sum(acc, axis=1)
-    if ROW_SCALE:
-        y = y * tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)
-    omask = nmask & (offs_n * 0 + row < M)
-    if HAS_RES:
-        y += tl.load(r_ptr + row * stride_rm + offs_n, mask=omask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=omask)
-
-
-@triton.jit
-def _two_rows_out(acc_a, sq_a, acc_b, sq_b, row, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm,
-                  stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                  ROW_SCALE: tl.constexpr):
-    _row_out(acc_a, sq_a, row, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-             K, HAS_BIAS, HAS_RES, ROW_SCALE)
-    _row_out(acc_b, sq_b, row + 1, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-             K, HAS_BIAS, HAS_RES, ROW_SCALE)
-
-
-@triton.jit
-def _gemv_stream_rows_kernel(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, eps,
-                             stride_xm, stride_wn, stride_rm, stride_om,
-                             K: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                             HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr,
-                             SILU_MUL: tl.constexpr, USE_PDL: tl.constexpr):
-    """2 to 8 rows (M_PAD 2, 4 or 8), a large weight: `_gemv_stream_kernel`'s stream with
-    each weight chunk, [BLOCK_N, BLOCK_K / 8, 8] (a thread's 8 adjacent weights of a column in
-    one 16-byte load), multiplied into every row's own sums, two rows at a time. A thread
-    first sums its 8 products, so a row's sums are BLOCK_N x BLOCK_K / 8 and the rows fit in
-    registers; the weight is read once whatever the row count, the rows come from L1/L2."""
-    pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
-    nmask = offs_n < N
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * stride_wn + offs_k[None, :, :]
-    kmask = offs_k < K
-    w = tl.load(w_rows, mask=nmask[:, None, None] & kmask[None, :, :], other=0.0).to(tl.float32)
-    pdl_start(USE_PDL)
-    a0 = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
-    s0 = tl.zeros([BLOCK_K // 8], dtype=tl.float32)
-    a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
-    s1, s2, s3, s4, s5, s6, s7 = s0, s0, s0, s0, s0, s0, s0
-    a0, s0, a1, s1 = _two_rows(a0, s0, a1, s1, w, x_ptr, 0, M, stride_xm, offs_k, kmask, K, SILU_MUL)
-    if M_PAD > 2:
-        a2, s2, a3, s3 = _two_rows(a2, s2, a3, s3, w, x_ptr, 2, M, stride_xm, offs_k, kmask, K, SILU_MUL)
-    if M_PAD > 4:
-        a4, s4, a5, s5 = _two_rows(a4, s4, a5, s5, w, x_ptr, 4, M, stride_xm, offs_k, kmask, K, SILU_MUL)
-        a6, s6, a7, s7 = _two_rows(a6, s6, a7, s7, w, x_ptr, 6, M, stride_xm, offs_k, kmask, K, SILU_MUL)
-    for k in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
-        kmask = (offs_k + k) < K
-        w = tl.load(w_rows + k, mask=nmask[:, None, None] & kmask[None, :, :], other=0.0).to(tl.float32)
-        a0, s0, a1, s1 = _two_rows(a0, s0, a1, s1, w, x_ptr, 0, M, stride_xm, offs_k + k, kmask, K, SILU_MUL)
-        if M_PAD > 2:
-            a2, s2, a3, s3 = _two_rows(a2, s2, a3, s3, w, x_ptr, 2, M, stride_xm, offs_k + k, kmask, K, SILU_MUL)
-        if M_PAD > 4:
-            a4, s4, a5, s5 = _two_rows(a4, s4, a5, s5, w, x_ptr, 4, M, stride_xm, offs_k + k, kmask, K, SILU_MUL)
-            a6, s6, a7, s7 = _two_rows(a6, s6, a7, s7, w, x_ptr, 6, M, stride_xm, offs_k + k, kmask, K, SILU_MUL)
-    _two_rows_out(a0, s0, a1, s1, 0, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-                  K, HAS_BIAS, HAS_RES, ROW_SCALE)
-    if M_PAD > 2:
-        _two_rows_out(a2, s2, a3, s3, 2, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-                      K, HAS_BIAS, HAS_RES, ROW_SCALE)
-    if M_PAD > 4:
-        _two_rows_out(a4, s4, a5, s5, 4, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-                      K, HAS_BIAS, HAS_RES, ROW_SCALE)
-        _two_rows_out(a6, s6, a7, s7, 6, M, offs_n, nmask, b_ptr, r_ptr, out_ptr, eps, stride_rm, stride_om,
-                      K, HAS_BIAS, HAS_RES, ROW_SCALE)
-
-
 def stream_columns(n: int, weight_bytes: int, sms: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> int:
     """Output columns a program of the streaming kernel, for a weight of `n` output columns.
     Every program re-reads the input row (twice for silu_mul) from L2, 1 / BLOCK_N of its
@@ -298,27 +175,14 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor, cfg: GemvConfig = DEFAUL
     """Whether `gemv` takes this product (else cuBLAS): few rows, a small weight."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     wbytes = weight.numel() * weight.element_size()
-    # the streaming kernels take any K (a loop over it); the whole tile at most max_k
-    return (rows > 0 and (streams(rows, wbytes, cfg) or (rows <= cfg.max_rows and weight.shape[1] <= cfg.max_k))
+    # the streaming kernel takes any K (a loop over it); the whole tile at most max_k
+    return (0 < rows <= cfg.max_rows and (streams(rows, wbytes, cfg) or weight.shape[1] <= cfg.max_k)
             and weight.stride(1) == 1 and wbytes <= cfg.max_weight_bytes)
 
 
 def streams(rows: int, weight_bytes: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> bool:
-    """Whether the product takes a streaming kernel (one row, or the few-row form) rather than
-    the whole tile."""
-    return weight_bytes > cfg.stream_weight_bytes and (rows == 1 or rows <= cfg.stream_max_rows)
-
-
-def fuses_silu_mul(rows: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> bool:
-    """Whether `gemv(silu_mul=True)` is the way to take SiLU·mul into this product's input."""
-    return rows == 1 or cfg.rows_silu_mul
-
-
-def rows_block_k(cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> int:
-    """The few-row streaming kernel's K chunk: 8 weights a thread, its 32 lanes and every warp
-    side by side along K, so that the input rows' chunk is laid out as the weights' columns
-    are (no exchange through shared memory)."""
-    return 8 * 32 * cfg.rows_warps
+    """Whether the product takes the streaming kernel rather than the whole tile."""
+    return rows == 1 and weight_bytes > cfg.stream_weight_bytes
 
 
 def choose_block_n(n: int, sms: int, cfg: GemvConfig = DEFAULT_GEMV_CONFIG) -> int:
@@ -357,33 +221,27 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     out2 = out.view(-1, n)
     res2 = residual.view(-1, n) if residual is not None else out2
     wbytes = weight.numel() * weight.element_size()
-    b = bias if bias is not None else weight
-    forms = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                 ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul, **pdl_launch(x.device))
-    eps = float(row_scale_eps or 0.0)
     if streams(m, wbytes, cfg):
         block_n = stream_columns(n, wbytes, sm_count(x.device), cfg)
-        grid = (triton.cdiv(n, block_n),)
-        if m == 1:
-            _gemv_stream_kernel[grid](x2, weight, b, res2, out2, n, eps, weight.stride(0), K=k, BLOCK_N=block_n,
-                                      BLOCK_K=cfg.stream_block_k, STAGES=cfg.stream_stages,
-                                      num_warps=cfg.stream_warps, **forms)
-            return out
-        m_pad = triton.next_power_of_2(m)
-        grid = (triton.cdiv(n, cfg.rows_block_n),)
-        _gemv_stream_rows_kernel[grid](x2, weight, b, res2, out2, m, n, eps,
-                                       x2.stride(0), weight.stride(0), res2.stride(0), out2.stride(0),
-                                       K=k, M_PAD=m_pad, BLOCK_N=cfg.rows_block_n, BLOCK_K=rows_block_k(cfg),
-                                       STAGES=cfg.rows_stages, num_warps=cfg.rows_warps, **forms)
+        _gemv_stream_kernel[(triton.cdiv(n, block_n),)](
+            x2, weight, bias if bias is not None else weight, res2, out2, n, float(row_scale_eps or 0.0),
+            weight.stride(0), K=k, BLOCK_N=block_n, BLOCK_K=cfg.stream_block_k,
+            STAGES=cfg.stream_stages, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+            ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul, num_warps=cfg.stream_warps,
+            **pdl_launch(x.device))
         return out
     m_pad = triton.next_power_of_2(max(m, 1))
     k_pad = triton.next_power_of_2(k)
     fits = _pow2_at_most(max(cfg.tile_elems // (m_pad * k_pad), 1))  # columns whose weights fit in registers
     block_n = min(choose_block_n(n, sm_count(x.device), cfg), fits)
-    _gemv_kernel[(triton.cdiv(n, block_n),)](x2, weight, b, res2, out2, m, n, eps,
-                                             x2.stride(0), weight.stride(0), res2.stride(0), out2.stride(0),
-                                             K=k, K_PAD=k_pad, M_PAD=m_pad, BLOCK_N=block_n,
-                                             num_warps=cfg.num_warps, **forms)
+    grid = (triton.cdiv(n, block_n),)
+    _gemv_kernel[grid](x2, weight, bias if bias is not None else weight, res2, out2, m, n,
+                       float(row_scale_eps or 0.0),
+                       x2.stride(0), weight.stride(0), res2.stride(0), out2.stride(0),
+                       K=k, K_PAD=k_pad, M_PAD=m_pad, BLOCK_N=block_n,
+                       HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                       ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul, num_warps=cfg.num_warps,
+                       **pdl_launch(x.device))
     return out
 
 
