@@ -243,6 +243,19 @@ def test_latency_workloads_are_the_first_requests_of_their_parents(name, parent,
     assert w.num_output_tokens == sum(q.max_tokens for q in p.params[:n])
 
 
+def test_warm_up_runs_a_speculative_latency_workload_to_its_full_length():
+    # its verify and drafting graphs (one a decode split count) are captured at first use:
+    # warmed up at full length, the timed run replays them as plain decoding's graphs are
+    from slipstream.bench.run import warm_up_tokens
+    from slipstream.bench.workloads import get_workload
+    bs1, bs8, small = get_workload("seed-8b-bs1"), get_workload("seed-8b-bs8"), get_workload("small-256")
+    assert warm_up_tokens(bs1, speculative=True) == [1024] and warm_up_tokens(bs1, speculative=False) == [2]
+    assert warm_up_tokens(bs8, speculative=True) == [1024] * 8
+    assert warm_up_tokens(small, speculative=True) == [2] * 256  # a throughput workload: 2 tokens
+    json = get_workload("small-256-json")
+    assert warm_up_tokens(json, speculative=False) == [2 + i for i in range(len(json.params))]
+
+
 def test_run_result_ms_per_step_adds_a_column_and_a_json_key():
     from slipstream.bench.throughput import RunResult, result_dict
     r = RunResult("w", "sync", wall_s=1.5, output_tokens=100, tokens_per_s=66.7, steps=60, gpu_active=None,

@@ -64,18 +64,29 @@ def bench_engine(a, workload, engine_options: dict) -> tuple[EngineCore, float]:
     return engine, init_s
 
 
+def warm_up_tokens(workload, speculative: bool) -> list[int]:
+    """New tokens a request of `workload` runs in the warm-up (`warm_up`)."""
+    if speculative and workload.latency:
+        return [p.max_tokens for p in workload.params]
+    if any(p.structured_outputs is not None for p in workload.params):
+        return [2 + i for i in range(len(workload.params))]
+    return [2] * len(workload.params)
+
+
 def warm_up(engine, workload) -> None:
     """Every prompt of `workload`, 2 tokens each, so the timed runs meet the same prefill batch
     shapes with their kernels compiled and cuBLAS plans chosen (otherwise the first mode run
     pays for it).
-    A constrained workload's decode graphs (runner/split_graphs.py) are captured at a shape's
-    first constrained use: its warm-up requests end one step apart, so the batch shrinks
-    through every decode size and the timed runs replay graphs, as a server does once it has
-    run a while, rather than capturing them."""
-    constrained = any(p.structured_outputs is not None for p in workload.params)
-    for i, (prompt, p) in enumerate(zip(workload.prompts, workload.params)):
+    Graphs captured at a shape's first use are met in the warm-up too, so the timed runs replay
+    them, as a server does once it has run a while, and as plain decoding's graphs (captured
+    at start) are: a constrained workload's decode graphs (runner/split_graphs.py) by warm-up
+    requests that end one step apart (the batch shrinks through every decode size); a
+    speculative latency workload's verify and drafting graphs (runner/verify_graphs.py, one a
+    decode split count among others) by its requests run to their full length."""
+    speculative = engine.config.speculative_config is not None
+    for i, (prompt, p, n) in enumerate(zip(workload.prompts, workload.params, warm_up_tokens(workload, speculative))):
         add_prompt(engine, f"warm-up-{i}", prompt,  # (a grammar compiles here, once)
-                   SamplingParams(max_tokens=2 + i if constrained else 2, temperature=p.temperature,
+                   SamplingParams(max_tokens=n, temperature=p.temperature,
                                   ignore_eos=True, structured_outputs=p.structured_outputs))
     run_until_done(engine)
 
