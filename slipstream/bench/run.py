@@ -74,9 +74,9 @@ def warm_up_tokens(workload, speculative: bool) -> list[int]:
 
 
 def warm_up(engine, workload) -> None:
-    """Every prompt of `workload`, 2 tokens each, so the timed runs meet the same prefill batch
-    shapes with their kernels compiled and cuBLAS plans chosen (otherwise the first mode run
-    pays for it).
+    """Every prompt of `workload`, 2 tokens each unless `warm_up_tokens` says more, so the
+    timed runs meet the same prefill batch shapes with their kernels compiled and cuBLAS plans
+    chosen (otherwise the first mode run pays for it).
     Graphs captured at a shape's first use are met in the warm-up too, so the timed runs replay
     them, as a server does once it has run a while, and as plain decoding's graphs (captured
     at start) are: a constrained workload's decode graphs (runner/split_graphs.py) by warm-up
