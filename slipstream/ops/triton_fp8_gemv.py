@@ -41,6 +41,7 @@ from slipstream.ops.triton_fp8_gemv_mma import fp8_gemv_mma
 from slipstream.ops.triton_fused import silu_mul
 from slipstream.ops.triton_gemv import stream_columns
 from slipstream.quant.fp8 import Fp8Weight
+from slipstream.utils.overrides import config_from_env
 
 
 @dataclass(frozen=True)
@@ -48,13 +49,13 @@ class Fp8GemvConfig:
     """Which kernel and tiles the FP8 GEMV takes; every field can be overridden from
     benchmarks/bench_fp8_gemv.py --variants (the lead's sweep picks the defaults)."""
     # M up to this takes the GEMV (ops/fp8_linear.py), more rows the FP8 GEMMs; 0: never
-    max_rows: int = int(os.environ.get("SLIPSTREAM_FP8_GEMV_ROWS", "16"))
+    max_rows: int = 16
     # 1: one row takes the FMA kernel, more rows the MMA kernel; 0: the MMA kernel always (the
-    # FMA kernel takes one row only; SLIPSTREAM_FP8_GEMV_FMA_ROWS=1 for A/B runs); by its
+    # FMA kernel takes one row only); by its
     # loop's SASS on sm_90 the MMA kernel issues 1.2 instructions a weight byte at one row
     # against the FMA kernel's 3.6-4.6; fma_rows_silu: the same for the down product's
     # SiLU·mul input (None: fma_rows)
-    fma_rows: int = int(os.environ.get("SLIPSTREAM_FP8_GEMV_FMA_ROWS", "0"))
+    fma_rows: int = 0
     fma_rows_silu: int | None = None
     # the FMA kernel: the bf16 streaming kernel's tuned shape (ops/triton_gemv.py: 1,024-wide
     # chunks, 8 or 16 columns for the 8B shape) in the same bytes: the same chunk width (the
@@ -79,7 +80,10 @@ class Fp8GemvConfig:
     mma_prefetch_k: int = 0
 
 
-DEFAULT_FP8_GEMV_CONFIG = Fp8GemvConfig()
+# the defaults with SLIPSTREAM_FP8_GEMV_CONFIG's "field=value,..." changes (A/B runs in the
+# engine, e.g. "mma_prefetch_k=1024" or "max_rows=8")
+DEFAULT_FP8_GEMV_CONFIG = config_from_env(Fp8GemvConfig, "SLIPSTREAM_FP8_GEMV_CONFIG",
+                                          os.environ.get("SLIPSTREAM_FP8_GEMV_CONFIG"))
 
 
 @triton.jit

@@ -42,7 +42,7 @@ import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_fused import silu_mul
-from slipstream.utils.overrides import parse_overrides
+from slipstream.utils.overrides import config_from_env
 
 
 @dataclass(frozen=True)
@@ -65,16 +65,9 @@ class SmallMoEConfig:
             raise ValueError(f"SmallMoEConfig.num_stages must be at least 1, got {self.num_stages}")
 
 
-def config_from_env(text: str | None) -> SmallMoEConfig:
-    """The default tiles with `text`'s "field=value,..." changes (`SLIPSTREAM_MOE_SMALL_CONFIG`
-    in the environment, for A/B runs of tiles in the engine)."""
-    try:
-        return SmallMoEConfig(**parse_overrides(SmallMoEConfig, text or ""))
-    except ValueError as e:
-        raise ValueError(f"SLIPSTREAM_MOE_SMALL_CONFIG: {e}") from None
-
-
-DEFAULT_SMALL_CONFIG = config_from_env(os.environ.get("SLIPSTREAM_MOE_SMALL_CONFIG"))
+# the default tiles with SLIPSTREAM_MOE_SMALL_CONFIG's "field=value,..." changes (A/B runs)
+DEFAULT_SMALL_CONFIG = config_from_env(SmallMoEConfig, "SLIPSTREAM_MOE_SMALL_CONFIG",
+                                       os.environ.get("SLIPSTREAM_MOE_SMALL_CONFIG"))
 
 
 @triton.jit

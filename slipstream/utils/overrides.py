@@ -23,3 +23,13 @@ def parse_variant(spec: str, cls: type) -> tuple[str, Any]:
     """'name:field=int,...' -> (name, cls(**overrides)), a benchmark's named variant."""
     name, _, body = spec.partition(":")
     return name, cls(**parse_overrides(cls, body))
+
+
+def config_from_env(cls: type, var: str, text: str | None) -> Any:
+    """`cls`'s defaults with `text`'s "field=value,..." changes, the value of environment
+    variable `var` (a tuning switch for A/B runs in the engine); a bad item is a one-line
+    ValueError naming the variable."""
+    try:
+        return cls(**parse_overrides(cls, text or ""))
+    except ValueError as e:
+        raise ValueError(f"{var}: {e}") from None
