@@ -163,6 +163,54 @@ def test_linear_add_takes_the_routed_kernel_with_its_residual(monkeypatch):
     _close(r, expect)
 
 
+@pytest.mark.parametrize("group", [None, 16])
+@pytest.mark.parametrize("with_hidden", [False, True])
+def test_silu_mul_inside_the_quantization_has_silu_and_mul_then_its_bits(group, with_hidden):
+    """`SiluMulRows`: SiLU·mul (rows scaled by rstd(hidden)) computed inside the per-token
+    quantization gives the codes and scales of `silu_and_mul` followed by the quantization
+    (the engine's two kernels before), and against the reference's cast of silu_and_mul_ref."""
+    from slipstream.ops.fused import silu_and_mul, silu_and_mul_ref
+    from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
+    from slipstream.quant.fp8 import quantize_per_token
+    gate_up = _x(7, 2 * 80, seed=11)
+    hidden = _x(7, 48, seed=12) * 7 if with_hidden else None  # far from unit RMS
+    q, s = quantize_rows(SiluMulRows(gate_up, hidden, 1e-5), None, group)
+    assert q.shape == (7, 80) and s.shape == (7, 1 if group is None else 5)
+    act = silu_and_mul(gate_up, hidden=hidden, eps=1e-5)
+    q2, s2 = quantize_rows(act, None, group)
+    assert torch.equal(s, s2) and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
+    qr, sr = quantize_per_token(silu_and_mul_ref(gate_up, hidden, 1e-5).float(), group)
+    assert (q.view(torch.uint8) != qr.view(torch.uint8)).float().mean() < 0.01  # exp's last bits aside
+    torch.testing.assert_close(s, sr, rtol=2 ** -7, atol=0)
+
+
+@pytest.mark.parametrize("kernel,block", [("skinny", None), ("skinny", (16, 32)), ("triton", None)])
+def test_routed_kernels_take_a_silu_mul_input_with_the_same_bits(kernel, block):
+    """fp8_product on `SiluMulRows` (the down product at more than the GEMV's rows) equals the
+    product of silu_and_mul's output, residual in place included."""
+    from slipstream.ops.fused import silu_and_mul
+    from slipstream.ops.triton_fp8_quant import SiluMulRows
+    w = _weight(48, 96, block, False)
+    gate_up, hidden = _x(20, 192, seed=13), _x(20, 64, seed=14)
+    r1, r2 = _x(20, 48, seed=15), _x(20, 48, seed=15)
+    assert fp8_product(SiluMulRows(gate_up, hidden, 1e-6), w, None, kernel, residual=r1, out=r1) is r1
+    fp8_product(silu_and_mul(gate_up, hidden=hidden, eps=1e-6), w, None, kernel, residual=r2, out=r2)
+    assert torch.equal(r1, r2)
+
+
+def test_fp8_down_product_takes_silu_mul_rows_past_the_gemv():
+    """`fp8_silu_mul_linear_add_` above the GEMV's rows: r + silu_and_mul(gate_up, hidden) W^T
+    (on the CPU the reference path, on CUDA the fused quantization and the routed kernel)."""
+    from slipstream.ops.fp8_linear import fp8_silu_mul_linear_add_
+    from slipstream.ops.fused import silu_and_mul_ref
+    w = _weight(48, 96, None, False)
+    gate_up, hidden, r = _x(24, 192, seed=16), _x(24, 64, seed=17), _x(24, 48, seed=18)
+    act = silu_and_mul_ref(gate_up, hidden, 1e-6)
+    expect = r.float() + fp8_linear_ref(act.float(), w, quantize_input=DEVICE == "cuda")
+    assert fp8_silu_mul_linear_add_(r, gate_up, w, hidden=hidden, eps=1e-6) is r
+    _close(r, expect)
+
+
 @pytest.mark.parametrize("m,k", [(5, 72), (3, 5000)])
 def test_per_tensor_quantization_equals_the_reference_bit_for_bit(m, k):
     """One scale for all rows (a loud row sets it); K past one 2048-wide chunk, partly. Normal
@@ -206,6 +254,21 @@ def test_gpu_skinny_at_8b_sizes(n, k, m, block):
     expect = r.float() + ref
     fp8_gemm_skinny(x, w, residual=r, out=r)
     _close(r, expect)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [17, 64, 300])
+def test_gpu_down_product_with_silu_mul_in_the_quantization_at_8b_sizes(m):
+    """The 8B down product through `fp8_silu_mul_linear_add_` (the fused quantization, the
+    routed kernel) against silu_and_mul then `fp8_linear_add_`: the same bits."""
+    from slipstream.ops.fp8_linear import fp8_silu_mul_linear_add_
+    from slipstream.ops.fused import silu_and_mul
+    w = _weight(4096, 14336, None, False)
+    gate_up, hidden = _x(m, 2 * 14336, seed=19), _x(m, 4096, seed=20)
+    r1, r2 = _x(m, 4096, seed=21), _x(m, 4096, seed=21)
+    fp8_silu_mul_linear_add_(r1, gate_up, w, hidden=hidden, eps=1e-5)
+    fp8_linear_add_(r2, silu_and_mul(gate_up, hidden=hidden, eps=1e-5), w)
+    assert torch.equal(r1, r2)
 
 
 @pytest.mark.gpu

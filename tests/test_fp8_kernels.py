@@ -173,7 +173,8 @@ def test_gpu_fp8_products_replay_in_a_cuda_graph(block):
 
 def compile_fp8_for_hopper() -> int:
     """Compile each FP8 kernel for sm_90 as the host code launches it at the 8B shape (bf16
-    activations): the row quantization (per token, per 128-column group), the GEMV (per
+    activations): the row quantization (per token, per 128-column group, SiLU·mul's input with
+    its row scale), the GEMV (per
     channel with the folded norm, block scales into the residual, SiLU·mul input) and the
     GEMM (per channel, 128x128 blocks, each after its input's quantization). Returns the
     number of launches compiled."""
@@ -195,6 +196,7 @@ def compile_fp8_for_hopper() -> int:
         x, h = torch.zeros(64, 14336, dtype=bf), torch.zeros(1, 4096, dtype=bf)
         tq.quantize_rows(x, torch.ones(14336))
         tq.quantize_rows(x, None, 128)
+        tq.quantize_rows(tq.SiluMulRows(torch.zeros(64, 2 * 14336, dtype=bf), torch.zeros(64, 4096, dtype=bf), 1e-5))
         fma = tv.Fp8GemvConfig(fma_rows=1)  # the FMA kernel (tests/test_fp8_gemv.py compiles the MMA one)
         tv.fp8_gemv(h, weight(6144, 4096, None), row_scale_eps=1e-5, cfg=fma)
         tv.fp8_gemv(h, weight(4096, 4096, (128, 128), False), residual=h, out=h, cfg=fma)
@@ -207,8 +209,9 @@ def compile_fp8_for_hopper() -> int:
         ptx = compile_launch_for_hopper(fn, args, kw)[0].asm["ptx"]
         if fn.__name__ == "_quant_rows_kernel":
             # IEEE division, as the reference's: the approximate one moved scales and codes by a
-            # bit against torch's cast on an H100
-            assert "div.rn.f32" in ptx and "div.full" not in ptx and "div.approx" not in ptx
+            # bit against torch's cast on an H100 (SiLU's own division is silu_and_mul's)
+            assert "div.rn.f32" in ptx
+            assert kw["SILU_MUL"] or ("div.full" not in ptx and "div.approx" not in ptx)
         print("compiled", fn.__name__)
     return len(launches)
 
@@ -219,7 +222,7 @@ def compile_fp8_for_hopper() -> int:
 def test_fp8_kernels_compile_for_hopper():
     from helpers import run_hopper_compile
     out = run_hopper_compile(__file__)
-    assert out.count("compiled") == 9, out
+    assert out.count("compiled") == 10, out
 
 
 if __name__ == "__main__":

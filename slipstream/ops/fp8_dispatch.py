@@ -29,11 +29,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from slipstream.ops.triton_fp8_gemm import parse_tile_name
 from slipstream.quant.fp8 import Fp8Weight
+
+if TYPE_CHECKING:
+    from slipstream.ops.triton_fp8_quant import SiluMulRows
 
 KERNELS = ("scaled_mm", "scaled_mm_fast", "skinny", "triton", "scaled_mm_block")
 CHANNEL_KERNELS = ("scaled_mm", "scaled_mm_fast", "skinny", "triton")
@@ -96,7 +100,7 @@ def parse_dispatch(text: str, base: Fp8Dispatch = Fp8Dispatch()) -> Fp8Dispatch:
 DISPATCH = parse_dispatch(os.environ.get("SLIPSTREAM_FP8_ROUTES", ""))
 
 
-def scaled_mm_rowwise(x: torch.Tensor, w: Fp8Weight, fast_accum: bool = False) -> torch.Tensor:
+def scaled_mm_rowwise(x: torch.Tensor | SiluMulRows, w: Fp8Weight, fast_accum: bool = False) -> torch.Tensor:
     """x quantized per token, then `torch._scaled_mm` with row-wise scales, in x's dtype."""
     from slipstream.ops.triton_fp8_quant import quantize_rows
     q, s = quantize_rows(x, w.gamma)
@@ -104,7 +108,7 @@ def scaled_mm_rowwise(x: torch.Tensor, w: Fp8Weight, fast_accum: bool = False) -
                             use_fast_accum=fast_accum)
 
 
-def scaled_mm_blockwise(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+def scaled_mm_blockwise(x: torch.Tensor | SiluMulRows, w: Fp8Weight) -> torch.Tensor:
     """x quantized per token and 128-column group, then torch's block-scaled `_scaled_mm`:
     the input's scales [M, K/128] M-major, the weight's [K/128, N/128] K-major (the layouts
     cuBLASLt reads; the weight's [N/128, K/128] row-major transposed is already that)."""
@@ -120,9 +124,10 @@ def adds_residual(kernel: str) -> bool:
     return kernel in RESIDUAL_KERNELS or parse_tile_name(kernel) is not None
 
 
-def fp8_product(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, kernel: str,
+def fp8_product(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Tensor | None, kernel: str,
                 residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias) by `kernel`; with a residual (only `RESIDUAL_KERNELS`) the
+    """x [M, K] @ W^T (+ bias) by `kernel` (x may be a `SiluMulRows`, quantized with its SiLU·mul
+    in one pass); with a residual (only `RESIDUAL_KERNELS`) the
     product is added to it in the epilogue, into `out`."""
     if kernel == "skinny":
         from slipstream.ops.triton_fp8_gemm_skinny import fp8_gemm_skinny

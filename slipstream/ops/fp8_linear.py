@@ -109,10 +109,19 @@ def fp8_norm_linear(h: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, ep
 def fp8_silu_mul_linear_add_(out: torch.Tensor, gate_up: torch.Tensor, w: Fp8Weight,
                              hidden: torch.Tensor | None = None, eps: float = 1e-6,
                              batch_invariant: bool = False) -> torch.Tensor:
-    """out += silu_and_mul(gate_up, hidden, eps) W^T, in place (SiLU·mul inside the GEMV at 1-16
-    rows with gate_up finished)."""
+    """out += silu_and_mul(gate_up, hidden, eps) W^T, in place: SiLU·mul inside the GEMV at 1-16
+    rows with gate_up finished, else inside the input's per-token quantization."""
     if hidden is None and _gemv_applies(gate_up, batch_invariant) and out.is_contiguous():
         from slipstream.ops.triton_fp8_gemv import fp8_gemv
         return fp8_gemv(gate_up, w, residual=out, out=out, silu_mul=True)
+    if gate_up.is_cuda and gate_up.dim() == 2 and out.dim() == 2 and out.stride(1) == 1:
+        # SiLU·mul inside the input's quantization (ops/triton_fp8_quant.py): the same bits
+        from slipstream.ops.fp8_dispatch import DISPATCH, adds_residual, fp8_product
+        from slipstream.ops.triton_fp8_quant import SiluMulRows
+        rows = SiluMulRows(gate_up, hidden, eps)
+        kernel = "triton" if batch_invariant else DISPATCH.kernel_for(rows.shape[0], w.block is not None)
+        if adds_residual(kernel):
+            return fp8_product(rows, w, None, kernel, residual=out, out=out)
+        return out.add_(fp8_product(rows, w, None, kernel))
     from slipstream.ops.fused import silu_and_mul
     return fp8_linear_add_(out, silu_and_mul(gate_up, hidden=hidden, eps=eps), w, None, batch_invariant)

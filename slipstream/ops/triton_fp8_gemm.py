@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.triton_fp8_quant import quantize_rows
+from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
 from slipstream.quant.fp8 import Fp8Weight
 
 
@@ -134,7 +134,7 @@ def _fp8_gemm_tile(pid, a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, M, N,
              acc.to(c_ptr.dtype.element_ty), mask=omask)
 
 
-def fp8_gemm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
+def fp8_gemm(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Tensor | None = None,
              cfg: Fp8GemmConfig = DEFAULT_FP8_GEMM_CONFIG, residual: torch.Tensor | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (times w.gamma) @ W^T (+ bias) (+ residual [M, N]) into `out` (new if None; it

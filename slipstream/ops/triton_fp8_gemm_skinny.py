@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
-from slipstream.ops.triton_fp8_quant import quantize_rows
+from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
 from slipstream.quant.fp8 import Fp8Weight
 
 
@@ -148,7 +148,7 @@ def _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm,
     tl.store(c_ptr + rows * stride_cm + offs_n[:, None], acc.to(c_ptr.dtype.element_ty), mask=omask)
 
 
-def fp8_gemm_skinny(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
+def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Tensor | None = None,
                     cfg: Fp8SkinnyConfig | None = None, residual: torch.Tensor | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (times w.gamma) @ W^T (+ bias) (+ residual [M, N]) into `out` (new if None; it
