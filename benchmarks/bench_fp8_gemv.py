@@ -73,8 +73,8 @@ SHAPES_TINY_LAYER = {**SHAPES_TINY, "o": (32, 96, "residual"), "gate_up": (64, 1
 DEFAULT_VARIANTS = [
     "fma:fma_rows=1", "fma-n16:fma_rows=1,block_n=16",
     "mma-n64:mma_block_n=64", "mma-n256:mma_block_n=256,mma_stages=2", "mma-k128:mma_block_k=128",
-    "mma-k512:mma_block_k=512,mma_stages=2", "mma-s2:mma_stages=2", "mma-s3:mma_stages=3", "mma-s4:mma_stages=4",
-    "mma-w8:mma_warps=8,mma_block_k=512", "mma-split1:mma_split_k=1", "mma-split2:mma_split_k=2",
+    "mma-k256:mma_block_k=256,mma_stages=3", "mma-s2:mma_stages=2", "mma-s3:mma_stages=3", "mma-s4:mma_stages=4",
+    "mma-w8:mma_warps=8", "mma-split1:mma_split_k=1", "mma-split2:mma_split_k=2",
     "mma-split4:mma_split_k=4", "mma-split8:mma_split_k=8", "mma-pad8:mma_min_m_pad=8",
     "mma-pf1024:mma_prefetch_k=1024", "mma-pf4096:mma_prefetch_k=4096",
 ]
@@ -106,9 +106,10 @@ def launched(cfg: Fp8GemvConfig, n: int, k: int, m: int, sms: int) -> tuple:
     configs with the same key run the same kernel, so only the first is timed."""
     if m <= min(cfg.fma_rows, 1):
         return ("fma", cfg.block_n, cfg.block_k, cfg.stages, cfg.num_warps)
-    sh = mma_shape(n, k, cfg.mma_block_n, cfg.mma_block_k, cfg.mma_warps, None, cfg.mma_split_k, sms)
+    block_k, stages = cfg.mma_tiles(m)
+    sh = mma_shape(n, k, cfg.mma_block_n, block_k, cfg.mma_warps, None, cfg.mma_split_k, sms)
     m_pad = max(triton.next_power_of_2(m), cfg.mma_min_m_pad)
-    return ("mma", sh, cfg.mma_stages or (3 if m <= 8 else 2), cfg.mma_warps, m_pad, cfg.mma_prefetch_k)
+    return ("mma", sh, stages, cfg.mma_warps, m_pad, cfg.mma_prefetch_k)
 
 
 def make_weights(n: int, k: int, copies: int, dev, gen) -> list[tuple[torch.Tensor, Fp8Weight]]:

@@ -123,6 +123,9 @@ def test_dispatch_routes_by_rows_and_layout():
     only_block = parse_dispatch("block=triton")
     assert only_block.channel == Fp8Dispatch().channel and only_block.block == (Fp8Route(ANY_ROWS, "triton"),)
     assert parse_dispatch("") == Fp8Dispatch() and isinstance(DISPATCH, Fp8Dispatch)
+    # the defaults, per channel: the skinny kernel up to 64 rows, then fast-accumulating _scaled_mm
+    assert [Fp8Dispatch().kernel_for(m, False) for m in (17, 64, 65, 16384)] == \
+        ["skinny", "skinny", "scaled_mm_fast", "scaled_mm_fast"]
 
 
 @pytest.mark.parametrize("text,words", [
@@ -163,19 +166,20 @@ def test_linear_add_takes_the_routed_kernel_with_its_residual(monkeypatch):
     _close(r, expect)
 
 
-@pytest.mark.parametrize("group", [None, 16])
+@pytest.mark.parametrize("group,inter", [(None, 80), (16, 80), (None, 17000)])  # 17000: two passes
 @pytest.mark.parametrize("with_hidden", [False, True])
-def test_silu_mul_inside_the_quantization_has_silu_and_mul_then_its_bits(group, with_hidden):
+def test_silu_mul_inside_the_quantization_has_silu_and_mul_then_its_bits(group, with_hidden, inter):
     """`SiluMulRows`: SiLU·mul (rows scaled by rstd(hidden)) computed inside the per-token
     quantization gives the codes and scales of `silu_and_mul` followed by the quantization
     (the engine's two kernels before), and against the reference's cast of silu_and_mul_ref."""
     from slipstream.ops.fused import silu_and_mul, silu_and_mul_ref
     from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
     from slipstream.quant.fp8 import quantize_per_token
-    gate_up = _x(7, 2 * 80, seed=11)
-    hidden = _x(7, 48, seed=12) * 7 if with_hidden else None  # far from unit RMS
+    m = 7 if inter < 1000 else 2
+    gate_up = _x(m, 2 * inter, seed=11)
+    hidden = _x(m, 48, seed=12) * 7 if with_hidden else None  # far from unit RMS
     q, s = quantize_rows(SiluMulRows(gate_up, hidden, 1e-5), None, group)
-    assert q.shape == (7, 80) and s.shape == (7, 1 if group is None else 5)
+    assert q.shape == (m, inter) and s.shape == (m, 1 if group is None else -(-inter // 16))
     act = silu_and_mul(gate_up, hidden=hidden, eps=1e-5)
     q2, s2 = quantize_rows(act, None, group)
     assert torch.equal(s, s2) and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))

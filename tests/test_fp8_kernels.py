@@ -34,8 +34,9 @@ def _x(m: int, k: int, seed: int = 1, dtype=torch.bfloat16) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("group", [None, 16])
-def test_row_quantization_equals_the_reference_bit_for_bit(group):
-    x, gamma = _x(5, 72), torch.rand(72).to(DEVICE) + 0.5
+@pytest.mark.parametrize("m,k", [(5, 72), (2, 20000)])  # one pass from registers; two passes (k > 16384)
+def test_row_quantization_equals_the_reference_bit_for_bit(group, m, k):
+    x, gamma = _x(m, k), torch.rand(k).to(DEVICE) + 0.5
     q, s = quantize_rows(x, gamma, group)
     qr, sr = quantize_per_token(x.float() * gamma, group)
     assert torch.equal(s, sr)

@@ -3,9 +3,10 @@
 
 The table is per weight layout (per-tensor / per-channel, 128x128 blocks): routes sorted by
 `up_to_rows`, the first that holds the batch's rows wins, the last one takes any count. The
-defaults are to follow `benchmarks/bench_fp8_gemm.py` (gpu_run.sh stage `fp8-gemm`: the
-fastest kernel at each row count, activation quantization included, printed as a routes
-string); until that has run on a GPU the skinny kernel's routes are unmeasured.
+defaults follow `benchmarks/bench_fp8_gemm.py` and `bench_fp8_skinny.py` on an H100 (the
+fastest kernel at each row count, activation quantization included): per channel the skinny
+kernel up to 64 rows, then `_scaled_mm` with fast accumulation (the 8B layer's four products
+at 8-16 K rows 1.66-1.70x bf16's TFLOP/s, fp32 accumulation 1.48-1.55x; docs/fp8.md).
 `SLIPSTREAM_FP8_ROUTES` overrides them (A/B runs), e.g.
 
     SLIPSTREAM_FP8_ROUTES="channel=skinny:64,scaled_mm/block=skinny:256,triton"
@@ -55,7 +56,7 @@ class Fp8Route:
 
 @dataclass(frozen=True)
 class Fp8Dispatch:
-    channel: tuple[Fp8Route, ...] = (Fp8Route(64, "skinny"), Fp8Route(ANY_ROWS, "scaled_mm"))
+    channel: tuple[Fp8Route, ...] = (Fp8Route(64, "skinny"), Fp8Route(ANY_ROWS, "scaled_mm_fast"))
     block: tuple[Fp8Route, ...] = (Fp8Route(256, "skinny"), Fp8Route(ANY_ROWS, "triton"))
 
     def kernel_for(self, rows: int, block: bool) -> str:

@@ -68,8 +68,8 @@ class Fp8GemvConfig:
     # block weights: slices of the block's width whatever mma_block_k says), stages, warps,
     # slices of K (split-K; None: `mma_split`, enough programs for every SM)
     mma_block_n: int | None = None  # None: `mma_columns`
-    mma_block_k: int = 256
-    mma_stages: int | None = None  # None: 3 up to 8 rows, 2 above (3 spill registers at 16)
+    mma_block_k: int | None = None  # None: `mma_tiles`
+    mma_stages: int | None = None  # None: `mma_tiles`
     mma_warps: int = 4
     mma_split_k: int | None = None
     # rows are padded to a power of two, at least this (the dot's narrow side is 2 x that:
@@ -78,6 +78,14 @@ class Fp8GemvConfig:
     # FP8 weight columns a program asks into L2 before its PDL wait, past its first K tile (a
     # multiple of 128; 0: none): the stream goes on during the input's range pass
     mma_prefetch_k: int = 0
+
+    def mma_tiles(self, rows: int) -> tuple[int, int]:
+        """(K tile, stages) of the MMA kernel at `rows` input rows. Defaults: 512-wide K tiles
+        at one row, 256 above (the H100 sweep: the 8B layer's four one-row products 107 us
+        against 114, its 4-row products faster at 256 or less); stages 3 for 256-wide tiles
+        up to 8 rows, else 2 (3 spill registers at 16 rows)."""
+        block_k = self.mma_block_k or (512 if rows == 1 else 256)
+        return block_k, self.mma_stages or (3 if block_k <= 256 and rows <= 8 else 2)
 
 
 # the defaults with SLIPSTREAM_FP8_GEMV_CONFIG's "field=value,..." changes (A/B runs in the
@@ -173,9 +181,9 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
     res2 = residual.view(m, n) if residual is not None else out2
     fma_rows = cfg.fma_rows if not silu_mul or cfg.fma_rows_silu is None else cfg.fma_rows_silu
     if m > min(fma_rows, 1):
-        stages = cfg.mma_stages or (3 if m <= 8 else 2)
+        block_k, stages = cfg.mma_tiles(m)
         fp8_gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
-                     silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=cfg.mma_block_k, stages=stages,
+                     silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=block_k, stages=stages,
                      num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sm_count(x.device),
                      min_m_pad=cfg.mma_min_m_pad, prefetch_k=cfg.mma_prefetch_k)
         return out

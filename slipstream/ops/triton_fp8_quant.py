@@ -26,6 +26,9 @@ from slipstream.ops.triton_fused import row_block, row_rstd, silu_mul
 from slipstream.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 
+ONE_PASS_MAX = 16384
+
+
 @dataclass(frozen=True)
 class SiluMulRows:
     """The input silu(gate) * up of [gate | up] rows `gate_up` [M, 2I] (each row scaled by
@@ -98,38 +101,52 @@ def _round_mantissa3(x):
 
 
 @triton.jit
+def _quantize_chunk(x, scale, FMAX: tl.constexpr):
+    """x / scale rounded once to e4m3's grid and saturated, in fp32 (IEEE division, div_rn:
+    Triton's `/` on float32 is the GPU's approximate division, whose last bit can flip a code
+    against the reference's cast)."""
+    x = tl.math.div_rn(x, scale + tl.zeros(x.shape, tl.float32))
+    return tl.minimum(tl.maximum(_round_mantissa3(x), -FMAX), FMAX)
+
+
+@triton.jit
 def _quant_rows_kernel(x_ptr, g_ptr, h_ptr, q_ptr, s_ptr, K, stride_xm, stride_hm, stride_qm, stride_sm, eps,
                        GROUP: tl.constexpr, BLOCK: tl.constexpr, HAS_GAMMA: tl.constexpr,
                        SILU_MUL: tl.constexpr, N_HIDDEN: tl.constexpr, BLOCK_HID: tl.constexpr,
                        FMAX: tl.constexpr, SMIN: tl.constexpr, USE_PDL: tl.constexpr):
-    """Program (row, group): the group's amax in a first pass over its BLOCK-wide chunks,
-    then the quantized values in a second (the row is in L2 by then). N_HIDDEN > 0: the row
-    scale rstd(hidden row) of SiLU·mul's input."""
+    """Program (row, group). A group that fits one BLOCK is loaded once and quantized from
+    registers (one trip to memory: at decode sizes the kernel is latency, not bytes); a wider
+    one takes its amax in a first pass over BLOCK-wide chunks and the values in a second (the
+    row is in L2 by then). N_HIDDEN > 0: the row scale rstd(hidden row) of SiLU·mul's input."""
     pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     lo = g * GROUP
     offs = tl.arange(0, BLOCK)
     x_row = x_ptr + row * stride_xm
+    q_row = q_ptr + row * stride_qm
     r = 1.0
     if N_HIDDEN > 0:
         r = row_rstd(h_ptr + row * stride_hm, eps, N_HIDDEN, BLOCK_HID)
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    for k in tl.range(0, GROUP, BLOCK):
-        idx = lo + k + offs
-        mask = (idx < K) & (k + offs < GROUP)
-        amax = tl.maximum(amax, tl.abs(_load_scaled(x_row, g_ptr, idx, mask, K, r, HAS_GAMMA, SILU_MUL,
-                                                    N_HIDDEN > 0)))
-    # IEEE divisions (div_rn): Triton's `/` on float32 is the GPU's approximate division,
-    # whose last bit can move a scale or flip a code against the reference's cast
-    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), tl.full([], FMAX, tl.float32)), SMIN)
-    for k in tl.range(0, GROUP, BLOCK):
-        idx = lo + k + offs
-        mask = (idx < K) & (k + offs < GROUP)
+    if BLOCK >= GROUP:
+        idx = lo + offs
+        mask = (idx < K) & (offs < GROUP)
         x = _load_scaled(x_row, g_ptr, idx, mask, K, r, HAS_GAMMA, SILU_MUL, N_HIDDEN > 0)
-        x = tl.math.div_rn(x, scale + tl.zeros([BLOCK], tl.float32))
-        x = tl.minimum(tl.maximum(_round_mantissa3(x), -FMAX), FMAX)
-        tl.store(q_ptr + row * stride_qm + idx, x.to(q_ptr.dtype.element_ty), mask=mask)
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), tl.full([], FMAX, tl.float32)), SMIN)
+        tl.store(q_row + idx, _quantize_chunk(x, scale, FMAX).to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for k in tl.range(0, GROUP, BLOCK):
+            idx = lo + k + offs
+            mask = (idx < K) & (k + offs < GROUP)
+            amax = tl.maximum(amax, tl.abs(_load_scaled(x_row, g_ptr, idx, mask, K, r, HAS_GAMMA, SILU_MUL,
+                                                        N_HIDDEN > 0)))
+        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), tl.full([], FMAX, tl.float32)), SMIN)
+        for k in tl.range(0, GROUP, BLOCK):
+            idx = lo + k + offs
+            mask = (idx < K) & (k + offs < GROUP)
+            x = _load_scaled(x_row, g_ptr, idx, mask, K, r, HAS_GAMMA, SILU_MUL, N_HIDDEN > 0)
+            tl.store(q_row + idx, _quantize_chunk(x, scale, FMAX).to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * stride_sm + g, scale)
 
 
@@ -153,11 +170,14 @@ def quantize_rows(x: torch.Tensor | SiluMulRows, gamma: torch.Tensor | None = No
     s = torch.empty((m, groups), dtype=torch.float32, device=x.device)
     if m == 0:
         return q, s
-    block = min(triton.next_power_of_2(g), 2048)
+    # one pass up to ONE_PASS_MAX columns a group (at most 32 values a thread), two above
+    block = triton.next_power_of_2(g)
+    block = block if block <= ONE_PASS_MAX else 2048
+    num_warps = max(4, min(16, block // 1024))
     n_hidden = hidden.shape[1] if hidden is not None else 0
     _quant_rows_kernel[(m, groups)](
         x, gamma if gamma is not None else x, hidden if hidden is not None else x, q, s, k, x.stride(0),
         hidden.stride(0) if hidden is not None else 0, q.stride(0), s.stride(0), float(eps),
         GROUP=g, BLOCK=block, HAS_GAMMA=gamma is not None, SILU_MUL=silu, N_HIDDEN=n_hidden,
-        BLOCK_HID=row_block(n_hidden), FMAX=FP8_MAX, SMIN=MIN_SCALE, num_warps=4, **pdl_launch(x.device))
+        BLOCK_HID=row_block(n_hidden), FMAX=FP8_MAX, SMIN=MIN_SCALE, num_warps=num_warps, **pdl_launch(x.device))
     return q, s
