@@ -23,7 +23,7 @@ should take ~2-3 minutes on an H100 host's 16 cores instead of ~10 (an estimate)
 first checked against the weight-only reference on one copy (a failure is printed and the
 sweep goes on; `--variants` adds
 `Fp8GemvConfig` overrides: fma_rows, block_n, block_k, stages, num_warps, mma_block_n,
-mma_block_k, mma_stages, mma_warps, mma_split_k, mma_min_m_pad, mma_prefetch_k; the FMA
+mma_block_k, mma_stages, mma_warps, mma_split_k, mma_min_m_pad; the FMA
 kernel takes one row only, so its variants equal the default above one row).
 GB/s counts the bytes the product reads of its weight (FP8 values, scales, gamma; bf16: the
 weight); `x floor` is the time over the FP8 weight's floor for every implementation (bf16's
@@ -76,7 +76,6 @@ DEFAULT_VARIANTS = [
     "mma-k256:mma_block_k=256,mma_stages=3", "mma-s2:mma_stages=2", "mma-s3:mma_stages=3", "mma-s4:mma_stages=4",
     "mma-w8:mma_warps=8", "mma-split1:mma_split_k=1", "mma-split2:mma_split_k=2",
     "mma-split4:mma_split_k=4", "mma-split8:mma_split_k=8", "mma-pad8:mma_min_m_pad=8",
-    "mma-pf1024:mma_prefetch_k=1024", "mma-pf4096:mma_prefetch_k=4096",
 ]
 LAYER = ("qkv", "o", "gate_up", "down")
 L2_BYTES = 50 << 20
@@ -109,7 +108,7 @@ def launched(cfg: Fp8GemvConfig, n: int, k: int, m: int, sms: int) -> tuple:
     block_k, stages = cfg.mma_tiles(m)
     sh = mma_shape(n, k, cfg.mma_block_n, block_k, cfg.mma_warps, None, cfg.mma_split_k, sms)
     m_pad = max(triton.next_power_of_2(m), cfg.mma_min_m_pad)
-    return ("mma", sh, stages, cfg.mma_warps, m_pad, cfg.mma_prefetch_k)
+    return ("mma", sh, stages, cfg.mma_warps, m_pad)
 
 
 def make_weights(n: int, k: int, copies: int, dev, gen) -> list[tuple[torch.Tensor, Fp8Weight]]:

@@ -2,7 +2,7 @@
 # Builds the git-ignored folders that benchmarks/gpu_run.sh carries to the lent GPU machine,
 # whose Python 3.12 has torch, transformers, triton and their dependencies but not the
 # server's libraries or gguf:
-#   .whl           the wheels of gguf, the server and the client, with their dependencies
+#   .whl           the wheels of gguf, the server, its tool-call parsers and the client, with their dependencies
 #                  (fastapi >= 0.165 needs opentelemetry-api and annotated-doc), less the
 #                  packages the machine already has (installing those with --target would
 #                  shadow its own numpy, requests, ...)
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 rm -rf .whl && mkdir .whl
 python -m pip download -q -d .whl --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform any gguf fastapi starlette uvicorn httptools pydantic pyzmq msgspec openai
+  --platform any gguf fastapi starlette uvicorn httptools pydantic pyzmq msgspec openai partial-json-parser
 # xgrammar and llguidance (structured outputs) without their dependencies (llguidance 1.9 is
 # built for glibc 2.31): the machine has
 # torch, triton and transformers; only xgrammar's FFI runtime is missing

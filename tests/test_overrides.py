@@ -19,8 +19,8 @@ def test_overrides_and_variants_of_a_config():
     assert (name, cfg) == ("w2", SmallMoEConfig(num_warps=2))
     assert config_from_env(SmallMoEConfig, "V", "down_block_n=4") == SmallMoEConfig(down_block_n=4)
     assert config_from_env(SmallMoEConfig, "V", None) == SmallMoEConfig()
-    assert config_from_env(Fp8GemvConfig, "V", "mma_prefetch_k=1024, max_rows=8") == Fp8GemvConfig(
-        mma_prefetch_k=1024, max_rows=8)
+    assert config_from_env(Fp8GemvConfig, "V", "mma_block_k=128, max_rows=8") == Fp8GemvConfig(
+        mma_block_k=128, max_rows=8)
 
 
 @pytest.mark.parametrize("text", ["x=4", "num_warps", "num_warps=two"])
@@ -33,12 +33,12 @@ def test_a_bad_override_is_one_line_naming_it(text):
 def test_the_fp8_gemv_config_comes_from_the_environment():
     """SLIPSTREAM_FP8_GEMV_CONFIG sets the engine's FP8 GEMV config (read at import): a fresh
     interpreter sees the change, a bad value fails with its one-line error."""
-    code = "from slipstream.ops.triton_fp8_gemv import DEFAULT_FP8_GEMV_CONFIG as c; print(c.mma_prefetch_k, c.max_rows)"
+    code = "from slipstream.ops.triton_fp8_gemv import DEFAULT_FP8_GEMV_CONFIG as c; print(c.mma_block_k, c.max_rows)"
 
     def run(value: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               env={**os.environ, "SLIPSTREAM_FP8_GEMV_CONFIG": value})
 
-    assert run("mma_prefetch_k=1024,max_rows=8").stdout.split() == ["1024", "8"]
-    bad = run("mma_prefetch=1")
-    assert bad.returncode != 0 and "SLIPSTREAM_FP8_GEMV_CONFIG: 'mma_prefetch=1' is not FIELD=INT" in bad.stderr
+    assert run("mma_block_k=128,max_rows=8").stdout.split() == ["128", "8"]
+    bad = run("mma_block=1")
+    assert bad.returncode != 0 and "SLIPSTREAM_FP8_GEMV_CONFIG: 'mma_block=1' is not FIELD=INT" in bad.stderr

@@ -75,9 +75,6 @@ class Fp8GemvConfig:
     # rows are padded to a power of two, at least this (the dot's narrow side is 2 x that:
     # hi and lo; 8 pads every row count to one MMA width in the kernel itself)
     mma_min_m_pad: int = 1
-    # FP8 weight columns a program asks into L2 before its PDL wait, past its first K tile (a
-    # multiple of 128; 0: none): the stream goes on during the input's range pass
-    mma_prefetch_k: int = 0
 
     def mma_tiles(self, rows: int) -> tuple[int, int]:
         """(K tile, stages) of the MMA kernel at `rows` input rows. Defaults: 512-wide K tiles
@@ -89,7 +86,7 @@ class Fp8GemvConfig:
 
 
 # the defaults with SLIPSTREAM_FP8_GEMV_CONFIG's "field=value,..." changes (A/B runs in the
-# engine, e.g. "mma_prefetch_k=1024" or "max_rows=8")
+# engine, e.g. "mma_block_k=256" or "max_rows=8")
 DEFAULT_FP8_GEMV_CONFIG = config_from_env(Fp8GemvConfig, "SLIPSTREAM_FP8_GEMV_CONFIG",
                                           os.environ.get("SLIPSTREAM_FP8_GEMV_CONFIG"))
 
@@ -185,7 +182,7 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
         fp8_gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
                      silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=block_k, stages=stages,
                      num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sm_count(x.device),
-                     min_m_pad=cfg.mma_min_m_pad, prefetch_k=cfg.mma_prefetch_k)
+                     min_m_pad=cfg.mma_min_m_pad)
         return out
     qw = w.qweight
     # columns a program as the bf16 kernel picks them for this shape: each program re-reads

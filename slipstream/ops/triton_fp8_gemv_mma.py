@@ -40,9 +40,8 @@ and runs the epilogue; it resets the ticket for the next launch (CUDA-graph safe
 
 The epilogues are the bf16 GEMV's: rstd of each input row (`row_scale_eps`, from x itself,
 before gamma), SiLU·mul of [gate | up] as the input, the bias and the residual in fp32 before
-the one rounding. The first weight tile loads before the PDL wait (no kernel writes weights),
-and with `prefetch_k` the next weight columns are asked into L2 there too (off by default); the
-workspace and ticket are touched only after it, so a launch never overlaps the previous
+the one rounding. The first weight tile loads before the PDL wait (no kernel writes weights);
+the workspace and ticket are touched only after it, so a launch never overlaps the previous
 one's use of them. The reference is `ops.fp8_linear.fp8_linear_ref`.
 """
 from __future__ import annotations
@@ -62,7 +61,6 @@ from slipstream.ops.triton_f16_split import (
     row_scales,
     split_f16,
 )
-from slipstream.ops.triton_fp8_gemm_skinny import _prefetch_l2
 from slipstream.ops.triton_fused import silu_mul
 from slipstream.quant.fp8 import Fp8Weight
 
@@ -131,7 +129,7 @@ def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_p
                          BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
                          HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
                          USE_PDL: tl.constexpr, PRE_K: tl.constexpr = 16, PRE_GROUPS: tl.constexpr = 1,
-                         PRE_UNROLL: tl.constexpr = 1, PREFETCH_K: tl.constexpr = 0):
+                         PRE_UNROLL: tl.constexpr = 1):
     BLOCK_K: tl.constexpr = WARPS * K_SLICE
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -144,12 +142,6 @@ def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_p
     k0 = split * k_per_split
     k_end = tl.minimum(k0 + k_per_split, K)
     w0 = _weight_tile(w_ptrs + k0, nmask, (kk + k0) < K, EVEN_K, EVEN_N)
-    if PREFETCH_K > 0:  # the next PREFETCH_K columns (one byte each) of the program's rows
-        # asked into L2 before the wait, so that the stream goes on while the previous kernel
-        # ends and the input's range pass runs (weights are written by no kernel of a step)
-        lines = k0 + BLOCK_K + tl.arange(0, PREFETCH_K // 128) * 128
-        _prefetch_l2(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + lines[None, :],
-                     nmask[:, None] & (lines < k_end)[None, :], w_ptr)
     pdl_start(USE_PDL)
     # hi and lo of every row, scaled by a power of two from the row's largest value
     scale, inverse = row_scales(row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K, PRE_K,
@@ -285,18 +277,16 @@ def _workspace(device: torch.device, n: int, row_blocks: int, split: int, m_pad:
 def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2: torch.Tensor,
                  out2: torch.Tensor, *, has_res: bool, row_scale_eps: float | None, silu_mul: bool,
                  block_n: int | None, block_k: int, stages: int, num_warps: int, split: int | None,
-                 sms: int, min_m_pad: int = 1, prefetch_k: int = 0) -> None:
+                 sms: int, min_m_pad: int = 1) -> None:
     """Launch over x2 [M, K or 2K] (M <= 16, unit stride along K) into out2 [M, N]. block_n:
     None: `mma_columns`; block_k: the K tile (num_warps slices); block weights take slices of
     their block's width. split: slices of K (None: `mma_split`). The rows are padded to a power
     of two, at least min_m_pad (Triton pads a narrow dot's side to the MMA's 8 itself: the
-    input's work, loads, SiLU and splits, is then the real rows' only). prefetch_k: weight
-    columns a program asks into L2 before its PDL wait (a multiple of 128; 0: none; no PDL, no
-    prefetch)."""
+    input's work, loads, SiLU and splits, is then the real rows' only)."""
     m_pad = max(triton.next_power_of_2(x2.shape[0]), min_m_pad, _NARROW_FLOOR[0])
     try:
         _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
-                num_warps, split, sms, prefetch_k)
+                num_warps, split, sms)
     except CompilationError:
         if m_pad >= 8:
             raise
@@ -305,7 +295,7 @@ def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2
         _NARROW_FLOOR[0] = 8
         logger.warning("fp8_gemv: this Triton refuses dots of %d columns; rows are padded to 8", 2 * m_pad)
         _launch(x2, w, bias, res2, out2, 8, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
-                num_warps, split, sms, prefetch_k)
+                num_warps, split, sms)
 
 
 _NARROW_FLOOR = [1]  # the least row padding this Triton compiles (8 once a narrower dot failed)
@@ -336,7 +326,7 @@ def mma_shape(n: int, k: int, block_n: int | None, block_k: int, num_warps: int,
 
 
 def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
-            num_warps, split, sms, prefetch_k=0) -> None:
+            num_warps, split, sms) -> None:
     qw, scale, gamma, block = w.qweight, w.scale, w.gamma, w.block
     m = x2.shape[0]
     n, k = qw.shape
@@ -344,7 +334,6 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
     tile = num_warps * sh.k_slice
     ws = _workspace(x2.device, n, sh.row_blocks, sh.split, m_pad) if sh.split > 1 else (out2, out2, out2)
     pdl = pdl_launch(x2.device)
-    assert prefetch_k % 128 == 0, prefetch_k
     pre_k, pre_groups, pre_unroll = prepass_steps(m_pad, sh.k_per_split, silu_mul)
     _fp8_gemv_mma_kernel[(sh.row_blocks, sh.split)](
         x2, qw, scale, gamma if gamma is not None else scale, bias if bias is not None else scale,
@@ -354,5 +343,5 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
         EVEN_K=k % sh.k_per_split == 0 and sh.k_per_split % tile == 0, EVEN_N=n % sh.block_n == 0,
         BN_S=block[0] if block else 1, BLOCK_SCALES=block is not None, HAS_GAMMA=gamma is not None,
         HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
-        PRE_K=pre_k, PRE_GROUPS=pre_groups, PRE_UNROLL=pre_unroll, PREFETCH_K=prefetch_k if pdl["USE_PDL"] else 0,
+        PRE_K=pre_k, PRE_GROUPS=pre_groups, PRE_UNROLL=pre_unroll,
         num_warps=num_warps, **pdl)
