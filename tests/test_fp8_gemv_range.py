@@ -24,7 +24,7 @@ import triton.language as tl
 
 from slipstream.ops.fp8_linear import fp8_linear_ref
 from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref
-from slipstream.ops.triton_f16_split import slice_scales, split_f16
+from slipstream.ops.triton_f16_split import row_amax, row_scales, split_f16
 from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny
 from slipstream.ops.triton_fp8_gemv import Fp8GemvConfig, fp8_gemv
@@ -105,10 +105,12 @@ def test_mma_gemv_norm_and_residual_epilogues_with_extreme_rows():
 
 
 def test_mma_gemv_silu_mul_input_with_extreme_rows():
-    """down: silu(gate) * up as the input, each slice's range taken from its values. Every row
-    is held to its own size: rows with positive gates, tiny ones (the 1e-12 row), and a row
-    whose every gate is -30 (silu ~ -3e-12: a bound of |silu| without the exponential would
-    put it 1e10 below its range)."""
+    """down: silu(gate) * up as the input, each row's range taken from the bound
+    B = max(min(|g|, max(g, 0.28)) |up|) (no exponential). Rows with positive gates or tiny
+    ones (the 1e-12 row) are held to their own size; a row whose every gate is -30
+    (silu ~ -3e-12, B ~ 0.28 max |up|) is held to
+    2^-25 B sum |w| absolutely (its parts fall below f16's normal range relative to B), far
+    below the rounding of the residual that down adds into."""
     w = _weight(48, 80)
     gate_up = _extreme_rows(160)
     gate_up[0, :80] = -30.0
@@ -118,12 +120,24 @@ def test_mma_gemv_silu_mul_input_with_extreme_rows():
     wabs = w.dequantized(torch.float32).abs()
     # the input is rounded to bf16 in both, from sigmoids computed apart: an ulp of each value
     extra = ROUNDING * (a.abs() @ wabs.T)
-    _close_rows(out, expect, extra)
+    gate, up = gate_up.float()[:, :80], gate_up.float()[:, 80:]
+    b = (torch.minimum(gate.abs(), gate.clamp(min=0.28)) * up.abs()).amax(dim=1, keepdim=True)
+    _close_rows(out[1:], expect[1:], extra[1:])
+    _close_rows(out[:1], expect[:1], extra[:1] + 2 ** -25 * b[:1] * wabs.sum(dim=1))
+    assert b[0].item() > 1e10 * a[0].abs().max().item()  # the case is the bound's loosest
 
 
-def test_mma_gemv_ranges_over_many_tiles():
-    """16 rows of [gate | up] 2 x 640 wide, K unsplit: 10 K tiles, each warp slice with its own
-    range, the largest values in the last tile."""
+def test_the_range_pass_steps_and_groups():
+    """A step reads ~2,048 values (1,024 of [gate | up]); up to 8 unrolled steps a group."""
+    from slipstream.ops.triton_f16_split import prepass_steps
+    assert prepass_steps(1, 1024, False) == (1024, 1, 1)  # qkv at one row, split 4: one step
+    assert prepass_steps(16, 1792, True) == (64, 4, 8)  # down at 16 rows, split 8: 28 steps (4 masked)
+    assert prepass_steps(16, 7168, True) == (64, 14, 8)  # a 70B down: 112 steps, 14 groups
+
+
+def test_mma_gemv_range_pass_over_several_groups():
+    """16 rows of [gate | up] 2 x 640 wide, K unsplit: 10 steps of 64 columns, two groups of 8
+    (the second partly past the row), the largest values in the last step."""
     w = _weight(48, 640)
     gate_up = _extreme_rows(1280)[torch.arange(16) % 6].contiguous()
     gate_up[::3, 639] = 3e4  # a gate in the last step
@@ -147,10 +161,9 @@ def test_fma_gemv_keeps_each_rows_range():
 def _split_kernel(x_ptr, hi_ptr, lo_ptr, inv_ptr, K: tl.constexpr, M_PAD: tl.constexpr, BLOCK_K: tl.constexpr):
     offs_m = tl.arange(0, M_PAD)
     offs_k = tl.arange(0, BLOCK_K)
+    mmask = offs_m < M_PAD
+    scale, inverse = row_scales(row_amax(x_ptr, x_ptr, offs_m, mmask, 0, K, K, K, 16, 2, K // 32, False, False))
     v = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :]).to(tl.float32)
-    scale, inverse = slice_scales(tl.reshape(tl.trans(v), (1, BLOCK_K, M_PAD)))  # [1, M_PAD]
-    scale = tl.reshape(scale, (M_PAD,))
-    inverse = tl.reshape(inverse, (M_PAD,))
     hi, lo = split_f16(v, scale[:, None])
     tl.store(hi_ptr + offs_m[:, None] * K + offs_k[None, :], hi)
     tl.store(lo_ptr + offs_m[:, None] * K + offs_k[None, :], lo)

@@ -16,24 +16,59 @@ parts are normal f16 down to 2^-14, that is down to amax x 2^-27 in the row's un
 values and remainders, were the tensor cores to flush them, would cost at most amax x 2^-26
 each (two parts), far below the bf16 output's rounding.
 
-Each program scales per (row, warp slice of a K tile): `slice_scales` takes the largest
-magnitude of the slice's values, computed in registers from the tile the product loads
-anyway, so no pass over the input comes before the first product (an earlier form read the
-row's range in a pass after the PDL wait: one trip to L2 before each program's first MMA),
-and each slice keeps 22 bits relative to its own largest value, not the row's. `row_scales`
-turns amax into the scale and its inverse by exponent arithmetic; `split_f16` makes the
-parts. The reference is plain fp32 (tests/test_fp8_gemv_range.py).
+`row_amax` reads the rows once before the product: the largest |x * gamma| of the columns a
+program multiplies (split-K slices each take their own), or for a SiLU·mul input the bound
+|silu(g) x up| <= min(|g|, max(g, 0.28)) x |up| (silu(g) <= g above zero, and below zero
+|silu(g)| <= |g| / 2 and <= 0.2785), no exponential. The bound is within a factor of two of
+the truth for any row with one gate above 0.28 or all gates near zero; a row whose gates
+are all far below zero (silu(-30) ~ -3e-12 against the bound's 0.28) is then kept to 2^-26
+of the bound absolutely, far below the rounding of the residual that the down product adds
+into. `row_scales` turns amax into the scale and its inverse by exponent arithmetic;
+`split_f16` makes the parts. The reference is plain fp32 (tests/test_fp8_gemv_range.py).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+# silu's minimum is -0.2785 (at g = -1.278): |silu(g)| <= 0.28 below zero
+SILU_NEG_BOUND = tl.constexpr(0.28)
+
+
 @triton.jit
-def slice_scales(v):
-    """(scale, inverse) [A, C] of v [A, B, C] fp32: powers of two from each (a, c)'s largest
-    |v| over B (a warp's K slice of a row), `row_scales` of it."""
-    return row_scales(tl.max(tl.abs(v), axis=1))
+def row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K: tl.constexpr, CHUNK: tl.constexpr,
+             GROUPS: tl.constexpr, UNROLL: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
+    """[M_PAD] fp32: each row's largest |x * gamma| over columns k0 .. k_end of x [M, K] (x is
+    [gate | up] of width 2K when SILU_MUL: the bound min(|g|, max(g, 0.28)) x |up| instead); 0 for
+    masked rows. GROUPS x UNROLL steps of CHUNK columns (covering k_end - k0), all rows at once,
+    each group's steps unrolled: their loads are independent, so they are in flight together
+    and a group costs about one trip to L2, not one a step (up to 8 steps a group bounds the
+    code for long rows)."""
+    offs_k = tl.arange(0, CHUNK)
+    amax = tl.zeros([offs_m.shape[0], CHUNK], tl.float32)
+    for g in range(GROUPS):
+        for i in tl.static_range(UNROLL):
+            amax = _amax_step(x_ptr, g_ptr, offs_m, mmask, k0 + (g * UNROLL + i) * CHUNK + offs_k, k_end,
+                              stride_xm, amax, K, SILU_MUL, HAS_GAMMA)
+    return tl.max(amax, axis=1)
+
+
+@triton.jit
+def _amax_step(x_ptr, g_ptr, offs_m, mmask, kk, k_end, stride_xm, amax, K: tl.constexpr, SILU_MUL: tl.constexpr,
+               HAS_GAMMA: tl.constexpr):
+    """amax after columns kk (those before k_end) of every row."""
+    kmask = kk < k_end
+    mask = mmask[:, None] & kmask[None, :]
+    ptrs = x_ptr + offs_m[:, None] * stride_xm + kk[None, :]
+    a = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    if SILU_MUL:
+        a = tl.minimum(tl.abs(a), tl.maximum(a, SILU_NEG_BOUND))
+        a = a * tl.abs(tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32))
+    else:
+        a = tl.abs(a)
+    if HAS_GAMMA:
+        a = a * tl.abs(tl.load(g_ptr + kk, mask=kmask, other=0.0))[None, :]
+    return tl.maximum(amax, a)
 
 
 @triton.jit
@@ -55,3 +90,14 @@ def split_f16(v, scale):
     hi = u.to(tl.float16)
     lo = (u - hi.to(tl.float32)).to(tl.float16)
     return hi, lo
+
+
+def prepass_steps(m_pad: int, k_per_split: int, silu_mul: bool) -> tuple[int, int, int]:
+    """(columns a step, groups, steps a group) of `row_amax` over a program's k_per_split
+    columns: ~2,048 values a step (1,024 for [gate | up], two loads a value), 16 per thread at
+    4 warps; up to 8 steps a group."""
+    per_step = (1024 if silu_mul else 2048) // m_pad
+    chunk = max(16, min(per_step, triton.next_power_of_2(k_per_split)))
+    steps = triton.cdiv(k_per_split, chunk)
+    unroll = min(steps, 8)
+    return chunk, triton.cdiv(steps, unroll), unroll

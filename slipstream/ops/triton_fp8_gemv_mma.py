@@ -19,16 +19,16 @@ the MMA's 8 itself), so the input's work (loads, SiLU, the f16 split) is the rea
 loop issues 1.2 SASS instructions a weight byte at one input row (128 weight rows a program,
 sm_90), 1.5 at 4, 1.9 at 8, 2.9 at 16, against 1.85 for the bf16 GEMV's two-byte weights.
 
-The input in f16 (ops/triton_f16_split.py): each warp's slice of a K tile, v = x * gamma
-(silu(gate) * up for SiLU·mul) of every row, is multiplied by the power of two that brings
-the slice's largest |v| of that row into [2^13, 2^14), from the values in registers, and
-split into hi = f16(v') and lo = f16(v' - hi), the B operand's first and second M_PAD
-columns; the slice's dot is multiplied by the inverse powers before it is added. A value
-keeps 22 significant bits (a bf16 input's 8 exactly) over bf16's whole range, no part
-overflows, and nothing of weight reaches the tensor cores as an f16 subnormal (below 2^-27
-of its slice's largest): rows of 1e-12 and spikes of 1e9 are multiplied as accurately as
-O(1) ones, far inside e4m3's own 2^-4 (docs/fp8.md, "Small-batch GEMV"), with no pass over
-the input before the weight stream's loop.
+The input in f16 (ops/triton_f16_split.py): after the PDL wait a program reads its columns of
+the input rows once for each row's largest |x * gamma| (a bound of it for SiLU·mul), and
+multiplies the row by the power of two that brings it into [2^13, 2^14); v is then split
+into hi = f16(v') and lo = f16(v' - hi), the B operand's first and second M_PAD columns, and
+the slice's sum is (acc_hi + acc_lo) / the power of two. A value keeps 22 significant bits
+(a bf16 input's 8 exactly) over bf16's whole range, no part overflows, and nothing of
+weight reaches the tensor cores as an f16 subnormal (below 2^-27 of the row's largest):
+rows of 1e-12 and spikes of 1e9 are multiplied as accurately as O(1) ones, far inside
+e4m3's own 2^-4 (docs/fp8.md, "Small-batch GEMV"). The read costs a pass over the input's
+columns (from L2) before the weight stream's loop.
 
 Scales: per channel (per tensor held per channel) multiply the finished sum; 128 x 128
 blocks: each slice is one block's width (K_SLICE = 128), its dot starts from zero and is
@@ -56,7 +56,9 @@ from triton.compiler.errors import CompilationError
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_f16_split import (
-    slice_scales,
+    prepass_steps,
+    row_amax,
+    row_scales,
     split_f16,
 )
 from slipstream.ops.triton_fused import silu_mul
@@ -67,12 +69,11 @@ logger = logging.getLogger(__name__)
 
 @triton.jit
 def _input_tile(x_ptr, g_ptr, offs_m, kk, mmask, kmask, stride_xm, K: tl.constexpr, M_PAD: tl.constexpr,
-                SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
+                SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr, scale):
     """The B operand of one K tile, kk [WARPS, K_SLICE] its columns of K: [WARPS, K_SLICE,
-    2 x M_PAD] f16, hi of each row of x * gamma * scale (the power of two of the row's values
-    in the warp's slice) then lo of each (ops/triton_f16_split.py); the inverse scales
-    [WARPS, 2 x M_PAD] laid out as the B operand's columns; and x^2 (fp32, [WARPS, K_SLICE,
-    M_PAD]) for the row scale. x is silu(gate) * up rounded to the input dtype when SILU_MUL."""
+    2 x M_PAD] f16, hi of each row of x * gamma * scale (the row's power of two, [M_PAD]) then
+    lo of each (ops/triton_f16_split.py); and x^2 (fp32, [WARPS, K_SLICE, M_PAD]) for the row
+    scale. x is silu(gate) * up rounded to the input dtype when SILU_MUL."""
     ptrs = x_ptr + offs_m[None, None, :] * stride_xm + kk[:, :, None]
     mask = kmask[:, :, None] & mmask[None, None, :]
     x = tl.load(ptrs, mask=mask, other=0.0)
@@ -82,16 +83,14 @@ def _input_tile(x_ptr, g_ptr, offs_m, kk, mmask, kmask, stride_xm, K: tl.constex
     v = xf
     if HAS_GAMMA:
         v = xf * tl.load(g_ptr + kk, mask=kmask, other=0.0)[:, :, None]
-    scale, inverse = slice_scales(v)  # [WARPS, M_PAD]
-    hi, lo = split_f16(v, scale[:, None, :])
+    hi, lo = split_f16(v, scale[None, None, :])
     b = tl.reshape(tl.permute(tl.join(hi, lo), (0, 1, 3, 2)), (hi.shape[0], hi.shape[1], 2 * M_PAD))
-    inv = tl.reshape(tl.permute(tl.join(inverse, inverse), (0, 2, 1)), (hi.shape[0], 2 * M_PAD))
-    return b, inv, xf * xf
+    return b, xf * xf
 
 
 @triton.jit
 def _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm, stride_sn,
-          w_pre, PRELOADED: tl.constexpr, K: tl.constexpr, K_SLICE: tl.constexpr, M_PAD: tl.constexpr,
+          w_pre, scale, PRELOADED: tl.constexpr, K: tl.constexpr, K_SLICE: tl.constexpr, M_PAD: tl.constexpr,
           EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, BN_S: tl.constexpr,
           BLOCK_SCALES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_GAMMA: tl.constexpr):
     """acc [WARPS, BLOCK_N, 2 M_PAD] and sq after the K tile at k."""
@@ -100,16 +99,16 @@ def _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mm
         w = w_pre
     else:
         w = _weight_tile(w_ptrs + k, nmask, kmask, EVEN_K, EVEN_N)
-    b, inv, x2 = _input_tile(x_ptr, g_ptr, offs_m, kk + k, mmask, kmask, stride_xm, K, M_PAD, SILU_MUL,
-                             HAS_GAMMA)
+    b, x2 = _input_tile(x_ptr, g_ptr, offs_m, kk + k, mmask, kmask, stride_xm, K, M_PAD, SILU_MUL, HAS_GAMMA,
+                        scale)
     w = w.to(tl.float16)  # exact: e4m3 is a subset of f16
     if BLOCK_SCALES:  # a slice is one scale block: its own dot, times the block's scales
         kb = (k // K_SLICE) + tl.arange(0, acc.shape[0])
         s = tl.load(s_ptr + (offs_n // BN_S)[None, :] * stride_sn + kb[:, None],
                     mask=nmask[None, :] & (kb * K_SLICE < K)[:, None], other=0.0)
-        acc += tl.dot(w, b) * (s[:, :, None] * inv[:, None, :])
+        acc += tl.dot(w, b) * s[:, :, None]
     else:
-        acc += tl.dot(w, b) * inv[:, None, :]
+        acc = tl.dot(w, b, acc)
     return acc, sq + x2
 
 
@@ -129,7 +128,8 @@ def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_p
                          EVEN_N: tl.constexpr, BN_S: tl.constexpr,
                          BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
                          HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
-                         USE_PDL: tl.constexpr):
+                         USE_PDL: tl.constexpr, PRE_K: tl.constexpr = 16, PRE_GROUPS: tl.constexpr = 1,
+                         PRE_UNROLL: tl.constexpr = 1):
     BLOCK_K: tl.constexpr = WARPS * K_SLICE
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -143,17 +143,20 @@ def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_p
     k_end = tl.minimum(k0 + k_per_split, K)
     w0 = _weight_tile(w_ptrs + k0, nmask, (kk + k0) < K, EVEN_K, EVEN_N)
     pdl_start(USE_PDL)
+    # hi and lo of every row, scaled by a power of two from the row's largest value
+    scale, inverse = row_scales(row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K, PRE_K,
+                                         PRE_GROUPS, PRE_UNROLL, SILU_MUL, HAS_GAMMA))
     acc = tl.zeros([WARPS, BLOCK_N, 2 * M_PAD], tl.float32)
     sq = tl.zeros([WARPS, K_SLICE, M_PAD], tl.float32)
     acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k0, nmask, mmask, stride_xm,
-                    stride_sn, w0, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
+                    stride_sn, w0, scale, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
                     HAS_GAMMA)
     for k in tl.range(k0 + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
         acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm,
-                        stride_sn, w0, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
+                        stride_sn, w0, scale, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
                         HAS_GAMMA)
     hi, lo = tl.split(tl.permute(tl.reshape(tl.sum(acc, axis=0), (BLOCK_N, 2, M_PAD)), (0, 2, 1)))
-    y = hi + lo  # [BLOCK_N, M_PAD]: the slice's sums (each tile's already unscaled)
+    y = (hi + lo) * inverse[None, :]  # [BLOCK_N, M_PAD]: the slice's sums, unscaled
     sq_m = tl.sum(tl.sum(sq, axis=0), axis=0)  # [M_PAD]
     if SPLIT > 1:
         # this slice's partial sums out; the last program of the row block adds them all
@@ -331,6 +334,7 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
     tile = num_warps * sh.k_slice
     ws = _workspace(x2.device, n, sh.row_blocks, sh.split, m_pad) if sh.split > 1 else (out2, out2, out2)
     pdl = pdl_launch(x2.device)
+    pre_k, pre_groups, pre_unroll = prepass_steps(m_pad, sh.k_per_split, silu_mul)
     _fp8_gemv_mma_kernel[(sh.row_blocks, sh.split)](
         x2, qw, scale, gamma if gamma is not None else scale, bias if bias is not None else scale,
         res2, out2, *ws, m, n, float(row_scale_eps or 0.0), sh.k_per_split,
@@ -339,4 +343,5 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
         EVEN_K=k % sh.k_per_split == 0 and sh.k_per_split % tile == 0, EVEN_N=n % sh.block_n == 0,
         BN_S=block[0] if block else 1, BLOCK_SCALES=block is not None, HAS_GAMMA=gamma is not None,
         HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
+        PRE_K=pre_k, PRE_GROUPS=pre_groups, PRE_UNROLL=pre_unroll,
         num_warps=num_warps, **pdl)
