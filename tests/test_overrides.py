@@ -30,6 +30,7 @@ def test_a_bad_override_is_one_line_naming_it(text):
         config_from_env(SmallMoEConfig, "SLIPSTREAM_MOE_SMALL_CONFIG", text)
 
 
+@pytest.mark.subprocess
 def test_the_fp8_gemv_config_comes_from_the_environment():
     """SLIPSTREAM_FP8_GEMV_CONFIG sets the engine's FP8 GEMV config (read at import): a fresh
     interpreter sees the change, a bad value fails with its one-line error."""
