@@ -17,9 +17,9 @@ def test_overrides_and_variants_of_a_config():
     assert parse_overrides(SmallMoEConfig, "") == {}
     name, cfg = parse_variant("w2:num_warps=2", SmallMoEConfig)
     assert (name, cfg) == ("w2", SmallMoEConfig(num_warps=2))
-    assert config_from_env(SmallMoEConfig, "V", "down_block_n=4") == SmallMoEConfig(down_block_n=4)
-    assert config_from_env(SmallMoEConfig, "V", None) == SmallMoEConfig()
-    assert config_from_env(Fp8GemvConfig, "V", "mma_block_k=128, max_rows=8") == Fp8GemvConfig(
+    assert config_from_env(SmallMoEConfig, "V", {"V": "down_block_n=4"}) == SmallMoEConfig(down_block_n=4)
+    assert config_from_env(SmallMoEConfig, "V", {}) == SmallMoEConfig()
+    assert config_from_env(Fp8GemvConfig, "V", {"V": "mma_block_k=128, max_rows=8"}) == Fp8GemvConfig(
         mma_block_k=128, max_rows=8)
 
 
@@ -27,7 +27,7 @@ def test_overrides_and_variants_of_a_config():
 def test_a_bad_override_is_one_line_naming_it(text):
     with pytest.raises(ValueError, match=f"SLIPSTREAM_MOE_SMALL_CONFIG: '{text}' is not FIELD=INT with a field "
                                          "of SmallMoEConfig"):
-        config_from_env(SmallMoEConfig, "SLIPSTREAM_MOE_SMALL_CONFIG", text)
+        config_from_env(SmallMoEConfig, "SLIPSTREAM_MOE_SMALL_CONFIG", {"SLIPSTREAM_MOE_SMALL_CONFIG": text})
 
 
 @pytest.mark.subprocess

@@ -28,7 +28,6 @@ other kernels of a step. The reference is `ops.fp8_linear.fp8_linear_ref`
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -87,8 +86,7 @@ class Fp8GemvConfig:
 
 # the defaults with SLIPSTREAM_FP8_GEMV_CONFIG's "field=value,..." changes (A/B runs in the
 # engine, e.g. "mma_block_k=256" or "max_rows=8")
-DEFAULT_FP8_GEMV_CONFIG = config_from_env(Fp8GemvConfig, "SLIPSTREAM_FP8_GEMV_CONFIG",
-                                          os.environ.get("SLIPSTREAM_FP8_GEMV_CONFIG"))
+DEFAULT_FP8_GEMV_CONFIG = config_from_env(Fp8GemvConfig, "SLIPSTREAM_FP8_GEMV_CONFIG")
 
 
 @triton.jit

@@ -33,7 +33,6 @@ weights' loads wait for it. Under TRITON_INTERPRET=1 the kernels run on CPU tens
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -66,8 +65,7 @@ class SmallMoEConfig:
 
 
 # the default tiles with SLIPSTREAM_MOE_SMALL_CONFIG's "field=value,..." changes (A/B runs)
-DEFAULT_SMALL_CONFIG = config_from_env(SmallMoEConfig, "SLIPSTREAM_MOE_SMALL_CONFIG",
-                                       os.environ.get("SLIPSTREAM_MOE_SMALL_CONFIG"))
+DEFAULT_SMALL_CONFIG = config_from_env(SmallMoEConfig, "SLIPSTREAM_MOE_SMALL_CONFIG")
 
 
 @triton.jit

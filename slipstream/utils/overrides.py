@@ -3,6 +3,8 @@ environment's tuning switches and the benchmarks' variants read them the same wa
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -25,11 +27,11 @@ def parse_variant(spec: str, cls: type) -> tuple[str, Any]:
     return name, cls(**parse_overrides(cls, body))
 
 
-def config_from_env(cls: type, var: str, text: str | None) -> Any:
-    """`cls`'s defaults with `text`'s "field=value,..." changes, the value of environment
-    variable `var` (a tuning switch for A/B runs in the engine); a bad item is a one-line
-    ValueError naming the variable."""
+def config_from_env(cls: type, var: str, environ: Mapping[str, str] = os.environ) -> Any:
+    """`cls`'s defaults with the "field=value,..." changes of environment variable `var` (a
+    tuning switch for A/B runs in the engine); a bad item is a one-line ValueError naming the
+    variable."""
     try:
-        return cls(**parse_overrides(cls, text or ""))
+        return cls(**parse_overrides(cls, environ.get(var, "")))
     except ValueError as e:
         raise ValueError(f"{var}: {e}") from None
