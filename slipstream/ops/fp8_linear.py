@@ -55,12 +55,17 @@ def _gemv_applies(x: torch.Tensor, batch_invariant: bool) -> bool:
     return GEMV_ENABLED and 0 < rows <= min(DEFAULT_FP8_GEMV_CONFIG.max_rows, 16)
 
 
+def _routed_kernel(rows: int, w: Fp8Weight, batch_invariant: bool) -> str:
+    """The kernel ops/fp8_dispatch.py routes `rows` rows of `w` to (the Triton FP8 GEMM, one
+    tile config for every M, in batch-invariant mode)."""
+    from slipstream.ops.fp8_dispatch import DISPATCH
+    return "triton" if batch_invariant else DISPATCH.kernel_for(rows, w.block is not None)
+
+
 def _product(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, batch_invariant: bool) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias) on CUDA by the kernel ops/fp8_dispatch.py routes M rows to (the
-    Triton FP8 GEMM, one tile config for every M, in batch-invariant mode)."""
-    from slipstream.ops.fp8_dispatch import DISPATCH, fp8_product
-    kernel = "triton" if batch_invariant else DISPATCH.kernel_for(x.shape[0], w.block is not None)
-    return fp8_product(x, w, bias, kernel)
+    """x [M, K] @ W^T (+ bias) on CUDA by the routed kernel."""
+    from slipstream.ops.fp8_dispatch import fp8_product
+    return fp8_product(x, w, bias, _routed_kernel(x.shape[0], w, batch_invariant))
 
 
 def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
@@ -81,9 +86,9 @@ def fp8_linear_add_(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, bias: torc
         from slipstream.ops.triton_fp8_gemv import fp8_gemv
         return fp8_gemv(x, w, bias, residual=out, out=out)
     if x.is_cuda and out.dim() == 2 and out.stride(1) == 1:
-        from slipstream.ops.fp8_dispatch import DISPATCH, adds_residual, fp8_product
+        from slipstream.ops.fp8_dispatch import adds_residual, fp8_product
         x2 = x.reshape(-1, x.shape[-1])
-        kernel = "triton" if batch_invariant else DISPATCH.kernel_for(x2.shape[0], w.block is not None)
+        kernel = _routed_kernel(x2.shape[0], w, batch_invariant)
         if adds_residual(kernel):  # the residual added in its epilogue
             return fp8_product(x2, w, bias, kernel, residual=out, out=out)
     return out.add_(fp8_linear(x, w, bias, batch_invariant))
@@ -116,10 +121,10 @@ def fp8_silu_mul_linear_add_(out: torch.Tensor, gate_up: torch.Tensor, w: Fp8Wei
         return fp8_gemv(gate_up, w, residual=out, out=out, silu_mul=True)
     if gate_up.is_cuda and gate_up.dim() == 2 and out.dim() == 2 and out.stride(1) == 1:
         # SiLU·mul inside the input's quantization (ops/triton_fp8_quant.py): the same bits
-        from slipstream.ops.fp8_dispatch import DISPATCH, adds_residual, fp8_product
+        from slipstream.ops.fp8_dispatch import adds_residual, fp8_product
         from slipstream.ops.triton_fp8_quant import SiluMulRows
         rows = SiluMulRows(gate_up, hidden, eps)
-        kernel = "triton" if batch_invariant else DISPATCH.kernel_for(rows.shape[0], w.block is not None)
+        kernel = _routed_kernel(rows.shape[0], w, batch_invariant)
         if adds_residual(kernel):
             return fp8_product(rows, w, None, kernel, residual=out, out=out)
         return out.add_(fp8_product(rows, w, None, kernel))
