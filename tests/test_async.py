@@ -42,6 +42,7 @@ def test_async_equals_sync_on_a_mixed_workload(tokenized_tiny, sync_mix):
         assert llm.engine.pool.num_free == llm.engine.pool.num_blocks  # nothing leaked
 
 
+@pytest.mark.slow
 def test_async_drops_the_token_drawn_after_a_stop(tokenized_tiny):
     """The request is scheduled again before its stop token is seen; that draw is dropped."""
     llm = LLM(tokenized_tiny, device="cpu", max_model_len=256, async_scheduling=True)

@@ -47,6 +47,7 @@ def reference(tokenized_tiny):
     return llm, [(o.text, o.token_ids, o.finish_reason) for o in outs]
 
 
+@pytest.mark.slow
 def test_streams_from_tasks_and_threads_equal_llm_generate(tokenized_tiny, reference):
     _, expected = reference
 
@@ -132,6 +133,7 @@ def test_bad_requests_fail_alone(tokenized_tiny, reference):
         AsyncLLM.validate(type("L", (), {"tokenizer": None, "info": reference[0].info})(), [5] * 300)
 
 
+@pytest.mark.slow
 def test_a_long_text_prompt_is_tokenized_off_the_event_loop(tokenized_tiny, reference):
     """A text longer than `tokenize_off_loop_chars` is tokenized on a worker thread while the
     loop goes on (a ticker keeps ticking through a 0.4 s tokenization); a short one stays on

@@ -129,6 +129,7 @@ def test_decode_bf16_many_splits():
                     decode_config=SMALL_DECODE, num_splits=7)
 
 
+@pytest.mark.slow
 @pytest.mark.quick_sample(1)
 @pytest.mark.parametrize("order,counters", [(False, False), (True, False), (False, True)])
 def test_decode_without_row_order_or_merge_counters(order, counters):
@@ -329,6 +330,7 @@ def _rows_of(seqs_subset, all_seqs, dtype, **kw):
     return out, ref
 
 
+@pytest.mark.slow
 @pytest.mark.quick_sample(1)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batch_invariant_rows_match_in_any_batch(dtype):
@@ -452,6 +454,7 @@ def check_epilogue_inside(lens, num_kv_heads, group, head_dim, block_size, dtype
     (torch.bfloat16, 2, 4, True, 1, 8),     # one split: the output written directly
     (torch.bfloat16, 2, 1, False, 7, 0),
 ])
+@pytest.mark.slow
 def test_decode_with_the_epilogue_inside_equals_the_two_kernels(dtype, num_kv_heads, group, norms,
                                                                  splits, prefetch, monkeypatch):
     """Rows: empty (padding), 1 token (the newest is position 0), at / across the 8-token tile
@@ -501,6 +504,7 @@ MIXED_SEQS = [(20, 20), (37, 5), (9, 1), (0, 3), (33, 33), (16, 16), (48, 17)]
     (2, 4, 8, torch.bfloat16),
     (1, 8, 16, torch.float32),
 ])
+@pytest.mark.slow
 def test_mixed(num_kv_heads, group, block_size, dtype):
     check_attention(MIXED_SEQS, num_kv_heads, group, 32, block_size, dtype, seed=20 + group,
                     extra_tokens=1, prefill_config=SMALL_PREFILL)
@@ -1000,6 +1004,7 @@ def check_verify(seqs, num_kv_heads, group, q_len, *, dtype=torch.float32, block
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.quick_sample(1)
 @pytest.mark.parametrize("k", [3, 1, 2, 4, 5, 6, 7])
 def test_verify_kernel_k_query_tokens_a_row(k):

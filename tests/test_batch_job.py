@@ -130,6 +130,7 @@ def by_id(rows) -> dict[str, list[dict]]:
     return out
 
 
+@pytest.mark.slow
 def test_results_are_flushed_one_line_each_as_requests_finish(mixed_job):
     assert mixed_job["rc"] == 0
     snaps = mixed_job["snapshots"]
@@ -223,6 +224,7 @@ def test_logprobs_are_written(mixed_job):
 
 # --- --resume ---
 
+@pytest.mark.slow
 def test_resume_skips_ids_already_written(tokenized_tiny, tmp_path, capsys):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = [f"r{i}" for i in range(5)]
@@ -244,6 +246,7 @@ def test_resume_skips_ids_already_written(tokenized_tiny, tmp_path, capsys):
     assert stderr_lines(capsys.readouterr().err)[-1].startswith(f"wrote 3 results to {dst}: 3 ok, 0 failed")
 
 
+@pytest.mark.slow
 def test_resume_after_a_cut_off_last_line(tokenized_tiny, tmp_path):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(src, [{"id": i, "prompt": f"number {i}", "max_tokens": 2} for i in ("a", "b")])

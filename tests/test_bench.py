@@ -153,6 +153,7 @@ def test_chrome_trace_and_middle_window(tmp_path):
     assert {e["args"]["name"] for e in events if e["name"] == "thread_name"} == {"cpu", "h2d", "compute", "d2h"}
 
 
+@pytest.mark.slow
 def test_png_timeline(tmp_path):
     # matplotlib comes with the bench extra, which scripts/setup.sh (CI) installs
     from slipstream.bench.plot import plot_timelines, steady_window
@@ -202,6 +203,7 @@ def test_freeze_gc_moves_live_objects_out_of_the_collector():
         gc.unfreeze()
 
 
+@pytest.mark.slow
 def test_the_collector_is_off_while_an_engine_is_built_and_back_after(monkeypatch):
     import gc
 

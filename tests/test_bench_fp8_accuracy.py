@@ -54,6 +54,7 @@ def test_smoke_run_reports_every_arm(tiny_chat_model, tmp_path, capsys):
         assert a["bound"] is None  # the bounds are SmolLM2's
 
 
+@pytest.mark.slow
 def test_teacher_forcing_reads_the_positions_a_free_run_sampled(tiny_chat_model):
     prompts = _prompts(tiny_chat_model, 2)
     llm = LLM(tiny_chat_model, device="cpu", max_model_len=512)

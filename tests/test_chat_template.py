@@ -32,6 +32,7 @@ def tok():
 
 
 # ---------------------------------------------------------------- the tokenizer
+@pytest.mark.slow
 def test_generation_prompt_off_and_continue_final_message(tok):
     plain = tok.render_chat(CHAT, ChatOptions(add_generation_prompt=False))
     assert plain.endswith("<|im_start|>assistant\nThe answer is<|im_end|>\n")
@@ -59,6 +60,7 @@ def test_bad_options_name_their_field(tok, options, param, needle):
     assert e.value.param == param
 
 
+@pytest.mark.slow
 def test_continue_needs_content_and_template_errors_are_value_errors(tok):
     empty = CHAT[:1] + [{"role": "assistant", "content": ""}]
     with pytest.raises(ChatOptionError, match="needs a last message with content"):
@@ -177,6 +179,7 @@ def test_serve_refuses_bad_template_flags_before_loading_a_model():
     assert r.returncode == 2 and "must be a JSON object" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_batch_job_lines_carry_their_own_options(tokenized_tiny, tmp_path):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     rows = [{"id": "kw", "messages": CHAT[:1], "chat_template_kwargs": {"mood": "sad"}},

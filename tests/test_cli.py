@@ -115,6 +115,7 @@ def test_bench_runs_sync_and_async_on_a_workload(tiny_model, tmp_path, monkeypat
     assert "block_size must be a power of two" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_generate_prints_the_answer_as_it_is_generated(tokenized_tiny, monkeypatch):
     import io
     import sys

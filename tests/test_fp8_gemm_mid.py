@@ -77,6 +77,7 @@ def test_skinny_without_a_split_sums_as_the_gemm():
     assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [None, (16, 32)])
 def test_persistent_gemm_has_the_same_bits(block):
     """A program walking several tiles (4 programs, 12 tiles under the interpreter) sums each

@@ -149,6 +149,7 @@ def test_mma_gemv_range_pass_over_several_groups():
     _close_rows(out, fp8_linear_ref(a, w), extra)
 
 
+@pytest.mark.slow
 def test_fma_gemv_keeps_each_rows_range():
     """The one-row FMA kernel multiplies in fp32: nothing narrows, the same bounds hold."""
     w, x = _weight(48, 160, "block", gamma=True), _extreme_rows(160)

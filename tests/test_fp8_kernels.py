@@ -88,6 +88,7 @@ def test_gemm_adds_the_residual_in_place_rounded_once():
     torch.testing.assert_close(r.float(), expect.float(), atol=3e-2, rtol=2e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [None, (16, 32)])
 def test_gemm_rows_are_batch_invariant(block):
     """A row's bits do not depend on the rows around it or their number."""

@@ -212,6 +212,7 @@ def test_sliding_window_reads_fp8():
     torch.testing.assert_close(out.cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norms,splits,prefetch", [(True, 3, 8), (False, 1, 0)])
 def test_decode_with_the_epilogue_inside_stores_fp8(norms, splits, prefetch, monkeypatch):
     # a small decode batch runs the qkv epilogue inside the decode kernel (one kernel a layer):

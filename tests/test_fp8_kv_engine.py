@@ -151,6 +151,7 @@ def test_scales_change_the_logprobs_as_they_should(tiny_model):
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
 
+@pytest.mark.slow
 def test_prefix_caching_and_chunked_prefill_with_fp8(tiny_model):
     # blocks written in FP8 by one request are read by the next (prefix caching), prompts
     # are cut into chunks that read the FP8 blocks their earlier chunks wrote: the tokens are

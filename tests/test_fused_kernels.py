@@ -312,6 +312,7 @@ def test_qkv_epilogue_row_scale_and_bias(dtype, qk_norm, hidden_size, bias):
 
 @pytest.mark.parametrize("dtype,qk_norm,hidden_size,bias", [
     (torch.float32, False, 0, False), (torch.bfloat16, True, 48, False), (torch.float32, False, 48, True)])
+@pytest.mark.slow
 @pytest.mark.quick_sample(1)
 def test_qkv_epilogue_with_loads_before_the_wait(dtype, qk_norm, hidden_size, bias):
     # prefetch_tokens: positions, cos/sin rows and slots loaded before the PDL wait, the same
@@ -338,6 +339,7 @@ def test_epilogue_launch_shape():
     _check_epilogue(case, *_run_epilogue(case, batch_invariant=True)[:6])
 
 
+@pytest.mark.slow
 def test_qkv_epilogue_out_blocking_and_int64_indices():
     # out= buffer, forced one-head blocks (heads masked at the tail), int64 positions/slots,
     # positions / slot_mapping longer than T (CUDA-graph padded buffers), and a T the grid

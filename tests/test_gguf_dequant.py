@@ -55,6 +55,7 @@ def test_bad_ranges_and_shapes_fail_with_a_message():
         gguf_dequant.dequantize(raw.reshape(-1), "Q8_0", (2, 2, 64), rows=(0, 1))
 
 
+@pytest.mark.slow
 def test_the_embedded_models_tensors_whole_and_sliced():
     f = GGUFFile(embedded_model_path())
     seen = set()

@@ -175,6 +175,7 @@ LINEAR_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.quick_sample(4)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("num_tokens,num_experts,hidden,top_k,renormalize", LINEAR_CASES)

@@ -75,6 +75,7 @@ def test_small_path_equals_the_per_expert_loop(case):
     _check(x, w_gate_up, w_down, weights, ids)
 
 
+@pytest.mark.slow
 def test_the_routing_weights_scale_each_slot():
     # arbitrary weights (not a softmax, not summing to 1, one of them 0): each slot's output is
     # scaled by its own weight, a zero weight removes the slot
@@ -88,6 +89,7 @@ def test_the_routing_weights_scale_each_slot():
     torch.testing.assert_close(out[:1].cpu(), alone.cpu(), **F32_TOL)
 
 
+@pytest.mark.slow
 def test_tied_router_probabilities():
     # a row of equal logits: k experts of equal weight (1/k each once renormalised), the ids
     # route chose (ties to the lower id on the kernel, any on the CPU): the layer follows the ids
@@ -101,6 +103,7 @@ def test_tied_router_probabilities():
     _check(x, w_gate_up, w_down, weights, ids)
 
 
+@pytest.mark.slow
 def test_sizes_that_are_not_powers_of_two():
     w_gate_up, w_down = _weights(5, hidden=40, inter=24)
     x = torch.randn(3, 40, generator=torch.Generator().manual_seed(7))
@@ -109,6 +112,7 @@ def test_sizes_that_are_not_powers_of_two():
     _check(x, w_gate_up, w_down, weights, ids, SmallMoEConfig())  # the default tiles, clipped
 
 
+@pytest.mark.slow
 def test_bf16_adds_into_the_residual_stream_with_one_rounding():
     w_gate_up, w_down = _weights(8, dtype=torch.bfloat16)
     x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)

@@ -41,6 +41,7 @@ def _run(workload: str, tmp_path, capsys, *extra: str) -> tuple[dict, str]:
     return json.loads((tmp_path / f"profile_bench_{workload}.json").read_text()), out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [False, True])
 def test_profile_bench_reports_steady_steps_by_kind_and_range(unit_workload, tmp_path, capsys, spec):
     extra = ("--speculative-config", json.dumps(NGRAM)) if spec else ()
@@ -80,6 +81,7 @@ def test_profile_bench_reports_steady_steps_by_kind_and_range(unit_workload, tmp
     assert "| gemm |" in out and "| launch |" in out
 
 
+@pytest.mark.slow
 def test_profile_bench_flags_and_a_workload_too_short(unit_workload, tmp_path, capsys):
     assert profile_bench.main(["--workload", unit_workload, "--device", "cpu", "--steps", "0"]) == 2
     assert "--steps and --settle must be >= 1" in capsys.readouterr().err

@@ -473,6 +473,7 @@ def test_gpu_cuda_graph_capture_and_timing():
         print(f"sample B={B} V={V} {flags}: {start.elapsed_time(end) / 20 * 1e3:.1f} us per step")
 
 
+@pytest.mark.slow
 def test_host_scalars_equal_the_samplers_own():
     # the runner computes inv_t and log(min_p) on the host (inputs.sampling_scalars); the
     # sampler derives them on the device when they are not given: same values, same tokens

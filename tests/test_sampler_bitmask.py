@@ -58,6 +58,7 @@ def test_masked_sampling_torch_and_triton_agree_and_obey_the_mask(top):
         assert ref.logprobs[4, 0] == 0.0  # the only allowed token has all the mass
 
 
+@pytest.mark.slow
 def test_triton_reads_the_bitmask_with_splits():
     logits, t, flags = make_case(False)
     ref = sample(logits, t, flags, use_triton=False)

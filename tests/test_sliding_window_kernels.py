@@ -67,6 +67,7 @@ def test_reference_window_matches_a_dense_mask():
 DECODE_SEQS = [(1, 1), (9, 1), (0, 1), (16, 1), (17, 1), (50, 1), (70, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("window,splits", [(5, 1), (20, 3), (33, None), (200, 2)])
 def test_decode_window(window, splits):
@@ -74,11 +75,13 @@ def test_decode_window(window, splits):
     check_window(DECODE_SEQS, window, decode_config=SMALL_DECODE, num_splits=splits)
 
 
+@pytest.mark.slow
 def test_decode_window_with_prefetched_first_tile():
     # small batches load their first tile before the PDL wait: it starts at the window's start
     check_window(DECODE_SEQS, 21, decode_config=replace(SMALL_DECODE, prefetch_batch=8), num_splits=2)
 
 
+@pytest.mark.slow
 def test_decode_window_without_split_counters_bf16():
     # the separate merge pass counts a row's splits over its window
     q, k_cache, v_cache, meta = make_batch(DECODE_SEQS, 2, 4, 32, 8, torch.bfloat16, seed=4,
@@ -92,6 +95,7 @@ def test_decode_window_without_split_counters_bf16():
 PREFILL_SEQS = [(40, 40), (37, 19), (9, 1), (0, 1), (64, 3), (30, 30)]
 
 
+@pytest.mark.slow
 @pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("window", [1, 6, 17, 100])
 def test_prefill_window_over_cached_prefix(window):
@@ -99,6 +103,7 @@ def test_prefill_window_over_cached_prefix(window):
     check_window(PREFILL_SEQS, window, prefill_config=SMALL_PREFILL)
 
 
+@pytest.mark.slow
 def test_prefill_window_with_wide_tiles():
     wide = PrefillConfig(block_m=16, block_n=16, wide_n=32, num_warps=1, num_stages=1)
     check_window([(90, 70), (75, 2), (40, 40)], 45, prefill_config=wide)
@@ -120,6 +125,7 @@ def test_batch_invariant_window_decode_through_the_prefill_kernel():
     check_window(DECODE_SEQS, 13, prefill_config=SMALL_PREFILL, batch_invariant=True)
 
 
+@pytest.mark.slow
 @pytest.mark.quick_sample(1)
 @pytest.mark.parametrize("prefetch", [0, 8])
 def test_decode_window_with_the_epilogue_inside(prefetch):

@@ -44,6 +44,7 @@ def _step(seed: int, k: int, every_row: bool):
             seed_col, index_col), outputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 3, 4, 7])
 @pytest.mark.parametrize("synthetic", [None, 0, 2, 2.5, 1.25])
 def test_the_kernel_equals_the_torch_reference(k, synthetic):

@@ -90,6 +90,7 @@ def _buffered_drafter(d, prev_tokens, emitted, hist, inp, T, bs, k, seed):
     return drafter
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k, min_n, max_n", [(1, 1, 1), (3, 1, 3), (4, 2, 4), (2, 2, 2), (5, 1, 4)])
 @pytest.mark.parametrize("synthetic", [False, True])
 @pytest.mark.parametrize("buffered", [False, True])

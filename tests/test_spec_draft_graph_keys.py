@@ -75,6 +75,7 @@ def _method(method, folder, head, k=3):
     return {"method": "draft_model", "model": folder, "num_speculative_tokens": k}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("method", ["eagle3", "draft_model"])
 def test_batch_one_to_the_end_of_the_context_replays_one_graph_a_slot(tiny_model, random_head, routes,  # noqa: F811
@@ -100,6 +101,7 @@ def test_batch_one_to_the_end_of_the_context_replays_one_graph_a_slot(tiny_model
     assert steps - sum(g.replays) == 1, (g.steps, g.replays)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["eagle3", "draft_model"])
 def test_the_bench_arm_and_a_ragged_batch_keep_their_captures_bounded(tiny_model, random_head, routes,  # noqa: F811
                                                                      method):

@@ -196,6 +196,7 @@ def test_gpu_the_8b_shape_replays_the_drafting_graph(method):
     assert stats["spec_num_accepted_tokens"] >= 2.5 * stats["spec_num_drafting_rows"] > 0, stats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["eagle3", "draft_model"])
 def test_an_all_greedy_step_takes_no_draft_probabilities(tiny_model, random_head, plain, method):  # noqa: F811
     """StepShape.greedy: a step whose rows all draw greedily drafts argmaxes and keeps no q

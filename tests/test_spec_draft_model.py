@@ -68,6 +68,7 @@ def test_target_as_its_own_draft_accepts_every_draft(tiny_model, async_schedulin
         assert spec == plain
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible(tiny_model, random_draft):
     folder, _ = tiny_model("llama")
     params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=3, ignore_eos=True)
@@ -78,6 +79,7 @@ def test_seeded_sampling_is_reproducible(tiny_model, random_draft):
     assert _tokens(_llm(folder, speculative_config=_draft(random_draft)).generate(_prompts(), other)) != runs[0]
 
 
+@pytest.mark.slow
 def test_sampled_sync_equals_async(tiny_model, random_draft):
     """The draft model drafts on the device after every step in both loops (all rows in one
     forward per draft position), so both verify the same drafts with the same q."""
@@ -88,6 +90,7 @@ def test_sampled_sync_equals_async(tiny_model, random_draft):
     assert runs[0] == runs[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_preemption_recomputes_the_drafts_cache(tiny_model, async_scheduling):
     """A KV cache too small for every row: preempted requests recompute (the draft's KV with
@@ -105,6 +108,7 @@ def test_preemption_recomputes_the_drafts_cache(tiny_model, async_scheduling):
     assert stats["spec_num_accepted_tokens"] == stats["spec_num_draft_tokens"] > 0, stats
 
 
+@pytest.mark.slow
 def test_stops_max_tokens_and_n_keep_their_meaning(tiny_model, random_draft):
     folder, _ = tiny_model("llama")
     prompts = _prompts()

@@ -108,6 +108,7 @@ def test_greedy_with_a_random_head_equals_plain(tiny_model, random_head, async_s
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
+@pytest.mark.slow
 def test_sampled_sync_equals_async_and_seeds_reproduce(tiny_model, random_head):
     """The head drafts on the device at the end of each step in both loops, so both verify
     the same drafts with the same q: the same tokens under the same seeds."""
@@ -162,6 +163,7 @@ def test_stops_max_tokens_n_and_logprobs_keep_their_meaning(tiny_model, random_h
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_preemption_rebuilds_the_heads_cache(bigram, async_scheduling):
     """A KV cache too small for every row: preempted requests recompute from 0 (the head's

@@ -33,6 +33,7 @@ def test_greedy_ngram_equals_plain_decoding(tiny_model, async_scheduling):
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks  # nothing leaked
 
 
+@pytest.mark.slow
 def test_stops_and_max_tokens_cut_the_accepted_drafts(tiny_model):
     """A stop token or max_tokens inside an accepted run of drafts ends the request there."""
     folder, _ = tiny_model("llama")
@@ -139,6 +140,7 @@ def test_smollm2_greedy_ngram_equals_plain_and_accepts_drafts(smollm2_plain, asy
     assert stats["spec_mean_accepted_length"] > 2.0, stats
 
 
+@pytest.mark.slow
 def test_sampled_rows_equal_plain_sampling_under_the_same_seed(tiny_model):
     """n-gram drafts are a point mass: a row accepts a draft iff the target's own seeded draw
     at that position is the draft, so temperature, top-k, top-p and min-p rows give the
@@ -207,6 +209,7 @@ def test_mixed_workload_with_preemption_prefix_hits_and_stop_strings(tokenized_t
         assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
+@pytest.mark.slow
 def test_a_grammar_turns_drafting_off_and_keeps_its_meaning(tokenized_tiny):
     """A constrained request arriving while rows draft (sync and async: rows still to be
     shifted on the GPU) follows its grammar, and every request gets plain decoding's tokens."""
@@ -286,6 +289,7 @@ def test_a_model_that_is_not_an_eagle3_head_is_refused(tiny_model):
             speculative_config={"method": "eagle3", "model": folder, "num_speculative_tokens": 2})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_rows_at_the_end_of_the_context(tiny_model, async_scheduling):
     """Requests that run up to max_model_len: drafts (and, async, the KV reserved for a shift)

@@ -72,6 +72,7 @@ def _tokens(outs):
     return [o.outputs[0].token_ids for o in outs]
 
 
+@pytest.mark.slow
 def test_every_speculative_step_at_batch_one_replays_a_padded_graph(tiny_model, launches):
     folder, _ = tiny_model("llama")
     new = 120

@@ -43,6 +43,7 @@ def test_every_drafting_row_step_emits_accept_plus_one(tiny_model, tmp_path, mon
     assert "SYNTHETIC ACCEPTANCE" in out and "speculation (SYNTHETIC ACCEPTANCE" in out
 
 
+@pytest.mark.slow
 def test_accepting_more_than_one(tiny_model, tmp_path, monkeypatch):
     """A = 2 of k = 3: 3 tokens a drafting row-step, except near max_tokens (fewer drafts)."""
     summary = _bench(tiny_model, tmp_path, monkeypatch, 2, mode="async")
@@ -50,6 +51,7 @@ def test_accepting_more_than_one(tiny_model, tmp_path, monkeypatch):
     assert 2.6 < s["mean_accepted_length"] <= 3.0, s
 
 
+@pytest.mark.slow
 def test_a_fractional_acceptance_mixes_its_two_neighbours(tiny_model, tmp_path, monkeypatch):
     """A = 1.5 of k = 3: 2 or 3 tokens a drafting row-step, about half each (the bench's
     3.5-tokens-a-step EAGLE-3 arm is A = 2.5)."""

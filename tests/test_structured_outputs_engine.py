@@ -51,6 +51,7 @@ def run(llm: LLM, temperature: float):
     return [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs], params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.quick_sample(1)  # the quick tier's sampled constrained rows: the preemption test's
 def test_async_equals_sync_with_constrained_and_free_rows(tokenized_tiny, temperature):
@@ -68,6 +69,7 @@ def test_async_equals_sync_with_constrained_and_free_rows(tokenized_tiny, temper
     assert sum(reason == "stop" for _, reason in results[True][:5]) >= 3  # grammars do end requests
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_tokens", [20, 40])  # the quick tier runs the shorter requests
 @pytest.mark.quick_sample(1)
 def test_preemption_mid_constrained_request_changes_nothing(tokenized_tiny, max_tokens):
@@ -105,6 +107,7 @@ def test_the_llguidance_backend_in_the_engine(tokenized_tiny):
     assert sum(reason == "stop" for _, reason in results[True][:5]) >= 2
 
 
+@pytest.mark.slow
 def test_n_completions_each_follow_their_own_matcher(tokenized_tiny):
     llm = LLM(tokenized_tiny, **COMMON)
     params = SamplingParams(n=3, max_tokens=30, temperature=1.0, seed=5,
@@ -118,6 +121,7 @@ def test_n_completions_each_follow_their_own_matcher(tokenized_tiny):
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # three draws, not one shared state
 
 
+@pytest.mark.slow
 def test_a_bad_schema_fails_alone(tokenized_tiny):
     llm = LLM(tokenized_tiny, **COMMON)
     bad = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(
@@ -133,6 +137,7 @@ def test_a_bad_schema_fails_alone(tokenized_tiny):
     assert llm.engine.stats()["grammar_compile_failed"] == 1
 
 
+@pytest.mark.slow
 def test_a_request_waiting_for_its_grammar_stalls_no_one(tokenized_tiny):
     # in-process matchers: with workers, "warm" would wait for their start too (seconds)
     core = EngineCore(EngineConfig(model=tokenized_tiny, structured_outputs_workers=0, **COMMON))
@@ -231,6 +236,7 @@ def test_the_constrained_bench_workloads_and_their_grammar_line():
     assert summary["constrained_requests"] == 4 and summary["grammar_cache_hits"] == 30
 
 
+@pytest.mark.slow
 def test_a_constrained_row_forbids_the_ids_past_the_tokenizer(tokenized_tiny):
     from slipstream.model.tokenizer import load_tokenizer
     from slipstream.sampling.grammar.backend import create_grammar_backend
@@ -252,6 +258,7 @@ def test_a_constrained_row_forbids_the_ids_past_the_tokenizer(tokenized_tiny):
     so.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.quick_sample(1)  # the quick tier's async constrained rows: async = sync above
 def test_the_grammar_wins_over_min_tokens(tokenized_tiny, async_scheduling):

@@ -67,6 +67,7 @@ def test_the_default_worker_count_and_the_option():
             EngineConfig(structured_outputs_workers=bad)
 
 
+@pytest.mark.slow
 def test_a_worker_step_writes_the_rows_of_plain_matchers(tokenized_tiny):
     """One worker's state, in-process: the rows it writes after accepting tokens are those of
     matchers that accepted the same tokens; a rejected token fails its request alone."""
@@ -193,6 +194,7 @@ def test_workers_on_the_gpu_give_the_tokens_of_in_process_matchers(tokenized_tin
     assert got[4] == got[0]
 
 
+@pytest.mark.slow
 def test_the_worker_spec_is_files_not_pickles(tokenized_tiny, tmp_path):
     """A worker's backend inputs cross the process boundary as the tokenizer's own files and
     JSON: the tokenizer read back has the same vocabulary and special tokens."""

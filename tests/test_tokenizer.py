@@ -19,6 +19,7 @@ def tok() -> Tokenizer:
 
 @pytest.mark.parametrize("text", ["Hello world", "  leading spaces\nand\ttabs\n\n",
                                   "Ünïcödé — 東京 🚀", "def f(x):\n    return x ** 2"])
+@pytest.mark.slow
 def test_round_trip(tok, text):
     ids = tok.encode(text)
     assert ids and all(isinstance(i, int) for i in ids)
@@ -112,6 +113,7 @@ def test_gguf_tokenizer_is_cached_and_the_cached_one_is_the_same(tmp_path, monke
     assert json.loads((entries[0] / "tokenizer.json").read_text())
 
 
+@pytest.mark.slow
 def test_an_unwritable_cache_is_skipped(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")  # the cache root is a file: nothing can be made under it
