@@ -10,6 +10,10 @@ floor hides, and this says which weight shape has it.
 
   read      a Triton kernel summing a 4 GiB bf16 tensor, each program striding over it
             in BLOCK-wide loads (grid = SMs x programs_per_sm), the best of a few shapes
+  tiles     (--fp8-tiles) each 8B-shape weight as FP8 bytes read in the one-row FP8 GEMV's
+            pattern (ops/triton_fp8_gemv_mma.py: a program owns block_n rows and walks its
+            slice of K in block_k-wide tiles, `mma_shape`'s grid) with nothing but a sum:
+            whether the tiles' shape or the kernel's work bounds that GEMV
   gemv      `gemv(x, w)` at one row, each weight shape alone: 8 distinct copies (more
             than L2) in turn in one CUDA graph, with PDL as the engine launches it; the
             median replay over the calls.  `--variant NAME:field=v,...` adds GemvConfig
@@ -51,6 +55,56 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, STAGES: tl.constexpr):
     for start in tl.range(pid * BLOCK, n, step, num_stages=STAGES):
         acc += tl.load(x_ptr + start + offs, mask=start + offs < n, other=0.0).to(tl.float32)
     tl.atomic_add(out_ptr, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _tile_read_kernel(w_ptr, out_ptr, K, k_per_split, stride, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      STAGES: tl.constexpr):
+    """Sum (int32, wrapping) of a program's [BLOCK_N, k_per_split] slice of w (int32 words:
+    4 FP8 bytes each), in [BLOCK_N, BLOCK_K] tiles; N divides by BLOCK_N, K by BLOCK_K."""
+    pid, split = tl.program_id(0), tl.program_id(1)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride + tl.arange(0, BLOCK_K)[None, :]
+    k0 = split * k_per_split
+    acc = tl.zeros([BLOCK_N], tl.int32)
+    for k in tl.range(k0, tl.minimum(k0 + k_per_split, K), BLOCK_K, num_stages=STAGES):
+        acc += tl.sum(tl.load(ptrs + k), axis=1)
+    tl.atomic_add(out_ptr, tl.sum(acc, axis=0))
+
+
+def tile_read(w: torch.Tensor, out: torch.Tensor, block_n: int, block_k: int, split: int, stages: int,
+              warps: int) -> None:
+    """Read w [N, K] int32 in the GEMV's grid: N / block_n row blocks x `split` slices of K."""
+    n, k = w.shape
+    k_per_split = triton.cdiv(k // block_k, split) * block_k
+    _tile_read_kernel[(n // block_n, triton.cdiv(k, k_per_split))](
+        w, out, k, k_per_split, w.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, num_warps=warps)
+
+
+# (block_n, K tile in bytes, stages, warps): the FP8 GEMV's default at one row first
+TILE_SHAPES = [(128, 512, 2, 4), (128, 512, 3, 4), (128, 1024, 2, 4), (128, 1024, 2, 8), (64, 1024, 3, 4),
+               (64, 2048, 2, 8), (32, 2048, 2, 8), (16, 4096, 2, 8), (128, 256, 3, 4)]
+
+
+def tile_table(dev, copies: int, copy_best: float) -> None:
+    """Each 8B weight (qkv, o, gate_up, down) read as FP8 bytes in TILE_SHAPES' tiles, the K
+    split as the GEMV picks it (`mma_split`), `copies` copies in turn in one graph."""
+    from slipstream.ops.triton_fp8_gemv_mma import mma_shape
+    sms = sm_count(dev)
+    out = torch.zeros(1, device=dev, dtype=torch.int32)
+    print("| weight | MB | block_n x K tile, stages, warps | grid | us a call | TB/s | / copy |\n|---|---|---|---|---|---|---|")
+    for name, n, k in WEIGHTS_8B[:4]:
+        ws = [torch.randint(-2 ** 31, 2 ** 31 - 1, (n, k // 4), device=dev, dtype=torch.int32)
+              for _ in range(copies)]
+        for block_n, block_k, stages, warps in TILE_SHAPES:
+            sh = mma_shape(n, k, block_n, block_k, warps, None, None, sms)
+            calls = [lambda w=w, sh=sh: tile_read(w, out, block_n, block_k // 4, sh.split, stages, warps)
+                     for w in ws]
+            us = time_graph(calls, iters=20, device=dev.type) * 1e3 / len(ws)
+            tbps = n * k / (us * 1e-6) / 1e12
+            print(f"| {name} | {n * k / 1e6:.1f} | {block_n} x {block_k}, {stages}, {warps} | "
+                  f"{sh.row_blocks} x {sh.split} | {us:.2f} | {tbps:.2f} | {tbps / copy_best:.3f} |")
+        del ws
 
 
 def read_sum(x: torch.Tensor, out: torch.Tensor, programs: int, block: int, stages: int) -> None:
@@ -101,6 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME:field=value,... (GemvConfig fields, integers)")
     ap.add_argument("--copies", type=int, default=8)
+    ap.add_argument("--fp8-tiles", action="store_true", help="only the FP8 GEMV's tile pattern (tiles above)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
@@ -112,6 +167,11 @@ def main(argv=None) -> int:
         read_sum(x, out, programs=3, block=256, stages=1)
         assert abs(out.item() - x.sum().item()) < 1e-2 * max(1.0, x.abs().sum().item() ** 0.5), out
         print(f"read kernel sum ok: {out.item():.4f} vs {x.sum().item():.4f}")
+        w = torch.randint(-1000, 1000, (64, 96), dtype=torch.int32)
+        tot = torch.zeros(1, dtype=torch.int32)
+        tile_read(w, tot, block_n=16, block_k=32, split=2, stages=1, warps=4)
+        assert tot.item() == w.sum().item(), (tot, w.sum())
+        print(f"tile read sum ok: {tot.item()}")
         return 0
     variants = {"default": DEFAULT_GEMV_CONFIG}
     for spec in args.variant:
@@ -121,6 +181,9 @@ def main(argv=None) -> int:
     copy_best = copy_bandwidth(dev) / 1e12
     print(f"{torch.cuda.get_device_name()}, {sm_count(dev)} SMs, torch {torch.__version__}, "
           f"triton {triton.__version__}; copy {copy_best:.2f} TB/s (read + written)")
+    if args.fp8_tiles:
+        tile_table(dev, args.copies, copy_best)
+        return 0
     read_best = read_table(dev, 2 << 30)
     print(f"read-only best {read_best:.2f} TB/s = {read_best / copy_best:.3f} x copy")
     gemv_table(dev, variants, args.copies, read_best, copy_best)

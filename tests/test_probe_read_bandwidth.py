@@ -21,4 +21,15 @@ def test_read_kernel_sums_every_element_once(numel, programs, block):
 
 def test_main_on_the_cpu_checks_the_kernel(capsys):
     assert probe.main(["--device", "cpu"]) == 0
-    assert "read kernel sum ok" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "read kernel sum ok" in out and "tile read sum ok" in out
+
+
+@pytest.mark.parametrize("n, k, block_n, block_k, split", [(64, 96, 16, 32, 2), (32, 128, 32, 32, 1),
+                                                          (48, 96, 16, 32, 3)])
+def test_tile_read_sums_every_word_once(n, k, block_n, block_k, split):
+    """The FP8 GEMV's tile pattern (row blocks x slices of K) covers the weight exactly once."""
+    w = torch.randint(-1000, 1000, (n, k), dtype=torch.int32)
+    out = torch.zeros(1, dtype=torch.int32)
+    probe.tile_read(w, out, block_n=block_n, block_k=block_k, split=split, stages=1, warps=4)
+    assert out.item() == w.sum().item()
