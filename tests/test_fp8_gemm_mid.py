@@ -235,10 +235,10 @@ def test_per_tensor_quantization_equals_the_reference_bit_for_bit(m, k):
     assert (q.float() - qr.float()).abs().max() <= 2.0 ** -9
 
 
-def test_small_256_fp8_is_small_256_with_fp8_weights():
+def test_small_256_fp8_is_small_256_with_fp8_weights_and_kv_cache():
     from slipstream.bench.workloads import get_workload
     w, p = get_workload("small-256-fp8"), get_workload("small-256")
-    assert w.name == "small-256-fp8" and w.engine == {**p.engine, "quantization": "fp8"}
+    assert w.name == "small-256-fp8" and w.engine == {**p.engine, "quantization": "fp8", "kv_cache_dtype": "fp8"}
     assert w.prompts == p.prompts and w.params == p.params
 
 

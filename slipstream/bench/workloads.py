@@ -144,8 +144,10 @@ WORKLOADS = {
                                                    "seed-8b-short-fp8"),
     "seed-8b-bs1-fp8": lambda: first_requests(with_fp8_weights(seed_8b_short(), "seed-8b-short-fp8"), 1,
                                               "seed-8b-bs1-fp8"),
-    # the 0.6B shape's 256 rows a step with FP8 weights: the mid-row FP8 GEMMs (ops/fp8_dispatch.py)
-    "small-256-fp8": lambda: with_fp8_weights(small_256(), "small-256-fp8"),
+    # the 0.6B shape's 256 rows a step with FP8 weights (the mid-row FP8 GEMMs,
+    # ops/fp8_dispatch.py) and, as seed-8b-short-fp8, the FP8 KV cache: its decode steps read
+    # far more KV than weight bytes
+    "small-256-fp8": lambda: with_fp8_kv_cache(with_fp8_weights(small_256(), "small-256-fp8"), "small-256-fp8"),
     # latency: one request (batch size 1) or eight of a throughput workload
     "seed-8b-bs1": lambda: first_requests(seed_8b_short(), 1, "seed-8b-bs1"),
     "seed-8b-bs8": lambda: first_requests(seed_8b_short(), 8, "seed-8b-bs8"),
