@@ -5,7 +5,7 @@
 # 512; a K split of 2; 16-64 weight rows a program with 2-4 KB of each row a tile and 8 warps:
 # longer runs of each row), the layer's four products at one row, then the engine with the
 # sweep's two fastest variants against the default, in turn, twice; (2) small-256 in bf16 and
-# with FP8 weights and the FP8 KV cache (as seed-8b-short-fp8 runs: the 1.2x); (3) the
+# with FP8 weights and the FP8 KV cache (small-256-fp8 since 2026-12-07: the 1.2x); (3) the
 # one-pass row quantization and SiLU·mul inside it, bit for bit against the reference on the
 # GPU (not marked gpu: on a GPU they run on CUDA).
 export PYTHONPATH=/tmp/site:.:${PYTHONPATH:-}
@@ -45,7 +45,7 @@ for i in 1 2; do
   for b in $best; do bench bs1-$b-$i seed-8b-bs1-fp8 "${V[$b]}"; done
 done
 bench small-bf16 small-256 ""
-bench small-fp8wkv small-256-fp8 "" "--kv-cache-dtype fp8"
+bench small-fp8wkv small-256-fp8 ""
 t0=$(date +%s)
 timeout 100 python3 -m pytest -q -p no:cacheprovider -x tests/test_fp8_kernels.py tests/test_fp8_gemm_mid.py \
   -k "quantization or silu" > $R/test-quant.log 2>&1

@@ -17,7 +17,7 @@ bench() {  # bench NAME WORKLOAD [FLAGS]
   timeout 90 python3 -m slipstream.cli bench --workload $2 --mode async --no-measure $3 > $R/$1.log 2>&1
   echo "== $1 rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^\| (seed|small)|^\| decode" $R/$1.log | head -3
 }
-bench small-fp8w small-256-fp8
+bench small-fp8w small-256 "--quantization fp8"
 bench small-fp8kv small-256 "--kv-cache-dtype fp8"
 t0=$(date +%s)
 SLIPSTREAM_PDL=0 timeout 100 python3 benchmarks/profile_step.py --case llama-3.1-8b:1:1024:fp8 \
