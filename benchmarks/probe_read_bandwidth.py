@@ -61,14 +61,16 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, STAGES: tl.constexpr):
 def _tile_read_kernel(w_ptr, out_ptr, K, k_per_split, stride, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       STAGES: tl.constexpr):
     """Sum (int32, wrapping) of a program's [BLOCK_N, k_per_split] slice of w (int32 words:
-    4 FP8 bytes each), in [BLOCK_N, BLOCK_K] tiles; N divides by BLOCK_N, K by BLOCK_K."""
+    4 FP8 bytes each), in [BLOCK_N, BLOCK_K] tiles (the last one masked past K); N divides by
+    BLOCK_N."""
     pid, split = tl.program_id(0), tl.program_id(1)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride + tl.arange(0, BLOCK_K)[None, :]
     k0 = split * k_per_split
     acc = tl.zeros([BLOCK_N], tl.int32)
+    offs_k = tl.arange(0, BLOCK_K)[None, :]
     for k in tl.range(k0, tl.minimum(k0 + k_per_split, K), BLOCK_K, num_stages=STAGES):
-        acc += tl.sum(tl.load(ptrs + k), axis=1)
+        acc += tl.sum(tl.load(ptrs + k, mask=offs_k + k < K, other=0), axis=1)
     tl.atomic_add(out_ptr, tl.sum(acc, axis=0))
 
 
@@ -76,7 +78,7 @@ def tile_read(w: torch.Tensor, out: torch.Tensor, block_n: int, block_k: int, sp
               warps: int) -> None:
     """Read w [N, K] int32 in the GEMV's grid: N / block_n row blocks x `split` slices of K."""
     n, k = w.shape
-    k_per_split = triton.cdiv(k // block_k, split) * block_k
+    k_per_split = triton.cdiv(triton.cdiv(k, block_k), split) * block_k
     _tile_read_kernel[(n // block_n, triton.cdiv(k, k_per_split))](
         w, out, k, k_per_split, w.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, num_warps=warps)
 
@@ -100,7 +102,7 @@ def tile_table(dev, copies: int, copy_best: float) -> None:
             sh = mma_shape(n, k, block_n, block_k, warps, None, None, sms)
             calls = [lambda w=w, sh=sh: tile_read(w, out, block_n, block_k // 4, sh.split, stages, warps)
                      for w in ws]
-            us = time_graph(calls, iters=20, device=dev.type) * 1e3 / len(ws)
+            us = time_graph(calls, iters=20, device=dev.type) * 1e3  # a call's (time_graph divides)
             tbps = n * k / (us * 1e-6) / 1e12
             print(f"| {name} | {n * k / 1e6:.1f} | {block_n} x {block_k}, {stages}, {warps} | "
                   f"{sh.row_blocks} x {sh.split} | {us:.2f} | {tbps:.2f} | {tbps / copy_best:.3f} |")

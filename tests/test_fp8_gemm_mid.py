@@ -185,7 +185,10 @@ def test_silu_mul_inside_the_quantization_has_silu_and_mul_then_its_bits(group, 
     q2, s2 = quantize_rows(act, None, group)
     assert torch.equal(s, s2) and torch.equal(q.view(torch.uint8), q2.view(torch.uint8))
     qr, sr = quantize_per_token(silu_and_mul_ref(gate_up, hidden, 1e-5).float(), group)
-    assert (q.view(torch.uint8) != qr.view(torch.uint8)).float().mean() < 0.01  # exp's last bits aside
+    # against the reference, values (+0 and -0 alike: a product of ±0 is the same): exp's last
+    # bits aside (on an H100 1.1% of the 17000-column codes differed bit for bit, zeros' signs
+    # among them)
+    assert (q.float() != qr.float()).float().mean() < 0.01
     torch.testing.assert_close(s, sr, rtol=2 ** -7, atol=0)
 
 

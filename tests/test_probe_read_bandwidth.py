@@ -26,9 +26,10 @@ def test_main_on_the_cpu_checks_the_kernel(capsys):
 
 
 @pytest.mark.parametrize("n, k, block_n, block_k, split", [(64, 96, 16, 32, 2), (32, 128, 32, 32, 1),
-                                                          (48, 96, 16, 32, 3)])
+                                                          (48, 96, 16, 32, 3), (32, 112, 16, 32, 2)])
 def test_tile_read_sums_every_word_once(n, k, block_n, block_k, split):
-    """The FP8 GEMV's tile pattern (row blocks x slices of K) covers the weight exactly once."""
+    """The FP8 GEMV's tile pattern (row blocks x slices of K) covers the weight exactly once,
+    also where K is not a whole number of tiles (112 = 3.5 x 32: the last tile is masked)."""
     w = torch.randint(-1000, 1000, (n, k), dtype=torch.int32)
     out = torch.zeros(1, dtype=torch.int32)
     probe.tile_read(w, out, block_n=block_n, block_k=block_k, split=split, stages=1, warps=4)
