@@ -101,7 +101,13 @@ def _round_mantissa3(x):
 
 
 @triton.jit
-def _quantize_chunk(x, scale, FMAX: tl.constexpr):
+def scale_from_amax(amax, FMAX: tl.constexpr, SMIN: tl.constexpr):
+    """amax / FMAX (IEEE division, as below), at least SMIN: a row's, group's or tensor's scale."""
+    return tl.maximum(tl.math.div_rn(amax, tl.full([], FMAX, tl.float32)), SMIN)
+
+
+@triton.jit
+def quantize_chunk(x, scale, FMAX: tl.constexpr):
     """x / scale rounded once to e4m3's grid and saturated, in fp32 (IEEE division, div_rn:
     Triton's `/` on float32 is the GPU's approximate division, whose last bit can flip a code
     against the reference's cast)."""
@@ -132,8 +138,8 @@ def _quant_rows_kernel(x_ptr, g_ptr, h_ptr, q_ptr, s_ptr, K, stride_xm, stride_h
         idx = lo + offs
         mask = (idx < K) & (offs < GROUP)
         x = _load_scaled(x_row, g_ptr, idx, mask, K, r, HAS_GAMMA, SILU_MUL, N_HIDDEN > 0)
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), tl.full([], FMAX, tl.float32)), SMIN)
-        tl.store(q_row + idx, _quantize_chunk(x, scale, FMAX).to(q_ptr.dtype.element_ty), mask=mask)
+        scale = scale_from_amax(tl.max(tl.abs(x), axis=0), FMAX, SMIN)
+        tl.store(q_row + idx, quantize_chunk(x, scale, FMAX).to(q_ptr.dtype.element_ty), mask=mask)
     else:
         amax = tl.zeros([BLOCK], dtype=tl.float32)
         for k in tl.range(0, GROUP, BLOCK):
@@ -141,12 +147,12 @@ def _quant_rows_kernel(x_ptr, g_ptr, h_ptr, q_ptr, s_ptr, K, stride_xm, stride_h
             mask = (idx < K) & (k + offs < GROUP)
             amax = tl.maximum(amax, tl.abs(_load_scaled(x_row, g_ptr, idx, mask, K, r, HAS_GAMMA, SILU_MUL,
                                                         N_HIDDEN > 0)))
-        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), tl.full([], FMAX, tl.float32)), SMIN)
+        scale = scale_from_amax(tl.max(amax, axis=0), FMAX, SMIN)
         for k in tl.range(0, GROUP, BLOCK):
             idx = lo + k + offs
             mask = (idx < K) & (k + offs < GROUP)
             x = _load_scaled(x_row, g_ptr, idx, mask, K, r, HAS_GAMMA, SILU_MUL, N_HIDDEN > 0)
-            tl.store(q_row + idx, _quantize_chunk(x, scale, FMAX).to(q_ptr.dtype.element_ty), mask=mask)
+            tl.store(q_row + idx, quantize_chunk(x, scale, FMAX).to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * stride_sm + g, scale)
 
 

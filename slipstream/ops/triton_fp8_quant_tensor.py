@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.triton_fp8_quant import _round_mantissa3
+from slipstream.ops.triton_fp8_quant import quantize_chunk, scale_from_amax
 from slipstream.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 
@@ -31,17 +31,15 @@ def _row_amax_kernel(x_ptr, amax_ptr, K, stride_xm, BLOCK: tl.constexpr):
 def _quant_tensor_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK: tl.constexpr,
                          FMAX: tl.constexpr, SMIN: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    # IEEE divisions, as in triton_fp8_quant.py: the GPU's `/` on float32 is approximate
-    scale = tl.maximum(tl.math.div_rn(tl.load(amax_ptr), tl.full([], FMAX, tl.float32)), SMIN)
+    scale = scale_from_amax(tl.load(amax_ptr), FMAX, SMIN)
     if row == 0:
         tl.store(s_ptr, scale)
     offs = tl.arange(0, BLOCK)
     for k in tl.range(0, K, BLOCK):
         mask = k + offs < K
-        x = tl.math.div_rn(tl.load(x_ptr + row * stride_xm + k + offs, mask=mask, other=0.0).to(tl.float32),
-                           scale + tl.zeros([BLOCK], tl.float32))
-        x = tl.minimum(tl.maximum(_round_mantissa3(x), -FMAX), FMAX)
-        tl.store(q_ptr + row * stride_qm + k + offs, x.to(q_ptr.dtype.element_ty), mask=mask)
+        x = tl.load(x_ptr + row * stride_xm + k + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(q_ptr + row * stride_qm + k + offs, quantize_chunk(x, scale, FMAX).to(q_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
