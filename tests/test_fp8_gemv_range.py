@@ -24,7 +24,7 @@ import triton.language as tl
 
 from slipstream.ops.fp8_linear import fp8_linear_ref
 from slipstream.ops.fused import scale_rows_ref, silu_and_mul_ref
-from slipstream.ops.triton_f16_split import row_amax, row_scales, split_e4m3, split_f16
+from slipstream.ops.triton_f16_split import row_amax, row_scales, split_f16
 from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny
 from slipstream.ops.triton_fp8_gemv import Fp8GemvConfig, fp8_gemv
@@ -40,7 +40,6 @@ from slipstream.quant.fp8 import (
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MMA_TINY = Fp8GemvConfig(fma_rows=0, mma_block_n=16, mma_block_k=64, mma_warps=2, mma_stages=2)
-WGMMA_TINY = Fp8GemvConfig(wgmma=1, mma_block_n=16, wgmma_block_k=64, mma_warps=2, wgmma_stages=2)
 FMA_TINY = Fp8GemvConfig(fma_rows=1, block_n=8, block_k=64)
 # the output's rounding to bf16: half an ulp (2^-8 relative) on a GPU, a whole one under the
 # interpreter, whose bf16 casts truncate
@@ -82,14 +81,11 @@ def _close_rows(y: torch.Tensor, ref: torch.Tensor, extra: torch.Tensor | float 
 
 @pytest.mark.parametrize("layout", ["tensor", "channel", "block"])
 @pytest.mark.parametrize("split", [1, 3])
-@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
-def test_mma_gemv_keeps_each_rows_range(layout, split, kernel):
+def test_mma_gemv_keeps_each_rows_range(layout, split):
     """Six extreme rows in one launch (each row takes its own power of two; split-K slices
-    their own), plus each row alone (one row's launch: the engine's batch 1); the f16-part
-    and the e4m3-part kernels."""
+    their own), plus each row alone (one row's launch: the engine's batch 1)."""
     w, x = _weight(48, 160, layout), _extreme_rows(160)
-    tiny = MMA_TINY if kernel == "mma" else WGMMA_TINY
-    cfg = Fp8GemvConfig(**{**tiny.__dict__, "mma_split_k": split})
+    cfg = Fp8GemvConfig(**{**MMA_TINY.__dict__, "mma_split_k": split})
     _close_rows(fp8_gemv(x, w, cfg=cfg), fp8_linear_ref(x.float(), w))
     for row in (1, 2, 4):
         _close_rows(fp8_gemv(x[row:row + 1], w, cfg=cfg), fp8_linear_ref(x[row:row + 1].float(), w))
@@ -198,39 +194,6 @@ def test_the_split_survives_tensor_cores_that_flush_f16_subnormals():
     scaled = amax[:5, 0] / inv.double()[:5]
     assert ((scaled >= 2 ** 13) & (scaled < 2 ** 14)).all(), scaled
     assert inv[5].item() == 2.0 ** -126
-
-
-@triton.jit
-def _split_e4m3_kernel(x_ptr, p_ptr, inv_ptr, K: tl.constexpr, M_PAD: tl.constexpr):
-    offs_m = tl.arange(0, M_PAD)
-    offs_k = tl.arange(0, K)
-    scale, inverse = row_scales(row_amax(x_ptr, x_ptr, offs_m, offs_m < M_PAD, 0, K, K, K, 16, 2, K // 32, False,
-                                         False), 7)
-    ptrs = offs_m[:, None] * K + offs_k[None, :]
-    p1, p2, p3 = split_e4m3(tl.load(x_ptr + ptrs).to(tl.float32), scale[:, None])
-    tl.store(p_ptr + ptrs, p1)
-    tl.store(p_ptr + M_PAD * K + ptrs, p2)
-    tl.store(p_ptr + 2 * M_PAD * K + ptrs, p3)
-    tl.store(inv_ptr + offs_m, inverse)
-
-
-def test_the_e4m3_split_keeps_each_value_to_2_to_the_minus_12():
-    """Three e4m3 parts of each scaled row (ops/triton_f16_split.py `split_e4m3`): each part is
-    an e4m3 number (its cast is exact), the largest below 2^8 (e4m3 saturates at 448), and the
-    three give each value to 2^-12 of itself plus 2^-16 of its row's largest (a subnormal
-    step, 2^-9 of the scaled row); each row's largest lands in [2^7, 2^8)."""
-    x = _extreme_rows(64).float()
-    xs = torch.cat([x, torch.zeros(2, 64, device=DEVICE)])
-    parts = torch.empty(3, 8, 64, dtype=torch.float32, device=DEVICE)
-    inv = torch.empty(8, dtype=torch.float32, device=DEVICE)
-    _split_e4m3_kernel[(1,)](xs, parts, inv, K=64, M_PAD=8)
-    assert torch.equal(parts.to(torch.float8_e4m3fn).float(), parts) and parts.abs().max() <= 2 ** 8
-    back = parts.double().sum(dim=0) * inv.double()[:, None]
-    amax = xs.abs().amax(dim=1, keepdim=True).double()
-    err = (back - xs.double()).abs()
-    assert (err <= 2 ** -12 * xs.double().abs() + 2 ** -16 * amax).all(), err.max()
-    scaled = amax[:5, 0] / inv.double()[:5]
-    assert ((scaled >= 2 ** 7) & (scaled < 2 ** 8)).all(), scaled
 
 
 # --- the activation quantization and the GEMMs that read it ---

@@ -72,12 +72,11 @@ def _amax_step(x_ptr, g_ptr, offs_m, mmask, kk, k_end, stride_xm, amax, K: tl.co
 
 
 @triton.jit
-def row_scales(amax, TOP: tl.constexpr = 13):
-    """(scale, inverse), powers of two from amax's exponent: amax x scale in [2^TOP, 2^(TOP+1))
-    (13 for the f16 parts, 7 for the e4m3 parts). A zero (or fp32-subnormal) amax takes 2^126,
-    the largest that leaves the inverse normal."""
+def row_scales(amax):
+    """(scale, inverse), powers of two from amax's exponent: amax x scale in [2^13, 2^14). A
+    zero (or fp32-subnormal) amax takes 2^126, the largest that leaves the inverse normal."""
     e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # amax in [2^(e-127), 2^(e-126))
-    s = tl.minimum(127 + TOP - e, 126)  # e = 255 (inf, nan): 2^(TOP-128)
+    s = tl.minimum(140 - e, 126)  # amax x 2^s in [2^13, 2^14); e = 255 (inf, nan): 2^-115
     scale = ((s + 127) << 23).to(tl.float32, bitcast=True)
     inverse = ((127 - s) << 23).to(tl.float32, bitcast=True)
     return scale, inverse
@@ -91,22 +90,6 @@ def split_f16(v, scale):
     hi = u.to(tl.float16)
     lo = (u - hi.to(tl.float32)).to(tl.float16)
     return hi, lo
-
-
-@triton.jit
-def split_e4m3(v, scale):
-    """(p1, p2, p3): three fp32 values, each exactly an e4m3 number, with p1 + p2 + p3 = v *
-    scale to 2^-12 of itself, for scales from `row_scales(amax, 7)` (|v x scale| < 2^8, inside
-    e4m3's 448). Each part is the remainder's e4m3 rounding (the remainders exact in fp32);
-    below e4m3's normal range a part keeps multiples of 2^-9, so a value loses at most that
-    step (a cast that flushes what is under the smallest subnormal, as Triton's interpreter
-    does, included): 2^-16 of the row's largest."""
-    u = v * scale
-    p1 = u.to(tl.float8e4nv).to(tl.float32)
-    r1 = u - p1
-    p2 = r1.to(tl.float8e4nv).to(tl.float32)
-    p3 = (r1 - p2).to(tl.float8e4nv).to(tl.float32)
-    return p1, p2, p3
 
 
 def prepass_steps(m_pad: int, k_per_split: int, silu_mul: bool) -> tuple[int, int, int]:

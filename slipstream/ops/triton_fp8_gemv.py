@@ -3,7 +3,7 @@ for M <= `Fp8GemvConfig.max_rows` (16), weight-only: the input rows stay in thei
 activation quantization), the FP8 weight is upcast in registers.
 
 At small batches a decode step reads every weight once; its time is the weight's bytes, half
-of bf16's in FP8. Three kernels stream them (`Fp8GemvConfig` picks one by the number of rows):
+of bf16's in FP8. Two kernels stream them (`Fp8GemvConfig` picks one by the number of rows):
 
 - `_fp8_gemv_kernel` (one row; the FP8 sibling of ops/triton_gemv.py's streaming kernel):
   each program owns BLOCK_N output columns and streams their FP8 values through a pipelined
@@ -15,9 +15,6 @@ of bf16's in FP8. Three kernels stream them (`Fp8GemvConfig` picks one by the nu
 - `_fp8_gemv_mma_kernel` (ops/triton_fp8_gemv_mma.py; 1-16 rows): the same stream, the
   weight tile converted to f16 and multiplied on tensor cores, so a weight byte costs its
   half conversion and no FMA, and 16 rows cost what one does.
-- `_fp8_gemv_wgmma_kernel` (ops/triton_fp8_gemv_wgmma.py; 1-16 rows, `wgmma=1`): the weight
-  tile from shared memory straight into e4m3 wgmma, no instruction a weight byte; the input
-  rows in three e4m3 parts each.
 
 Scales (both kernels): per channel (and per tensor, held per channel) multiply the column's
 sum once at the end; with 128 x 128 block scales each block's partial sum is multiplied by
@@ -40,7 +37,6 @@ import triton.language as tl
 from slipstream.ops.device import sm_count
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_fp8_gemv_mma import fp8_gemv_mma
-from slipstream.ops.triton_fp8_gemv_wgmma import fp8_gemv_wgmma
 from slipstream.ops.triton_fused import silu_mul
 from slipstream.ops.triton_gemv import stream_columns
 from slipstream.quant.fp8 import Fp8Weight
@@ -78,13 +74,6 @@ class Fp8GemvConfig:
     # rows are padded to a power of two, at least this (the dot's narrow side is 2 x that:
     # hi and lo; 8 pads every row count to one MMA width in the kernel itself)
     mma_min_m_pad: int = 1
-    # 1: the MMA kernel's rows take the wgmma kernel instead, the weight tile straight into
-    # e4m3 wgmma and the input in three e4m3 parts (ops/triton_fp8_gemv_wgmma.py), with its K
-    # tile, stages and row padding (weight rows, warps and split-K: the mma_ fields)
-    wgmma: int = 0
-    wgmma_block_k: int = 256
-    wgmma_stages: int = 3
-    wgmma_min_m_pad: int = 4
 
     def mma_tiles(self, rows: int) -> tuple[int, int]:
         """(K tile, stages) of the MMA kernel at `rows` input rows. Defaults: 512-wide K tiles
@@ -186,12 +175,6 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
     out2 = out.view(m, n)
     res2 = residual.view(m, n) if residual is not None else out2
     fma_rows = cfg.fma_rows if not silu_mul or cfg.fma_rows_silu is None else cfg.fma_rows_silu
-    if cfg.wgmma and m > min(fma_rows, 1):
-        fp8_gemv_wgmma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
-                       silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=cfg.wgmma_block_k,
-                       stages=cfg.wgmma_stages, num_warps=cfg.mma_warps, split=cfg.mma_split_k,
-                       sms=sm_count(x.device), min_m_pad=cfg.wgmma_min_m_pad)
-        return out
     if m > min(fma_rows, 1):
         block_k, stages = cfg.mma_tiles(m)
         fp8_gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,

@@ -158,18 +158,6 @@ def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_p
     hi, lo = tl.split(tl.permute(tl.reshape(tl.sum(acc, axis=0), (BLOCK_N, 2, M_PAD)), (0, 2, 1)))
     y = (hi + lo) * inverse[None, :]  # [BLOCK_N, M_PAD]: the slice's sums, unscaled
     sq_m = tl.sum(tl.sum(sq, axis=0), axis=0)  # [M_PAD]
-    finish(y, sq_m, pid, split, ws_ptr, sqws_ptr, ticket_ptr, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask,
-           mmask, N, eps, stride_rm, stride_om, K, M_PAD, SPLIT, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
-
-
-@triton.jit
-def finish(y, sq_m, pid, split, ws_ptr, sqws_ptr, ticket_ptr, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask,
-           mmask, N, eps, stride_rm, stride_om, K: tl.constexpr, M_PAD: tl.constexpr, SPLIT: tl.constexpr,
-           BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr):
-    """A program's slice sums y [BLOCK_N, M_PAD] (unscaled fp32) and its rows' sums of x^2 to
-    the output: the epilogue at once without split-K, else through the workspace, the last
-    program of the row block to arrive adding every slice's in slice order (shared by the
-    GEMV kernels)."""
     if SPLIT > 1:
         # this slice's partial sums out; the last program of the row block adds them all
         ws = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
@@ -181,8 +169,8 @@ def finish(y, sq_m, pid, split, ws_ptr, sqws_ptr, ticket_ptr, s_ptr, b_ptr, r_pt
         tl.debug_barrier()  # every thread's stores before the ticket (its release orders them)
         ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT - 1:
-            y = tl.zeros_like(y)
-            sq_m = tl.zeros_like(sq_m)
+            y = tl.zeros([BLOCK_N, M_PAD], tl.float32)
+            sq_m = tl.zeros([M_PAD], tl.float32)
             for s in tl.static_range(SPLIT):  # in slice order: the same sum whoever comes last
                 y += tl.load(ws + s * M_PAD * N, mask=nmask[:, None], other=0.0, cache_modifier=".cg")
                 if ROW_SCALE:
@@ -279,7 +267,7 @@ def _grow(device: torch.device, partials: int, squares: int, tickets: int) -> _W
     return ws
 
 
-def workspace(device: torch.device, n: int, row_blocks: int, split: int, m_pad: int):
+def _workspace(device: torch.device, n: int, row_blocks: int, split: int, m_pad: int):
     """(partials [split, m_pad, n], squares [row_blocks, split, m_pad], tickets [row_blocks])."""
     ws = _grow(device, split * m_pad * n, row_blocks * split * m_pad, row_blocks)
     return (ws.partials[:split * m_pad * n].view(split, m_pad, n),
@@ -344,7 +332,7 @@ def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, bl
     n, k = qw.shape
     sh = mma_shape(n, k, block_n, block_k, num_warps, block, split, sms)
     tile = num_warps * sh.k_slice
-    ws = workspace(x2.device, n, sh.row_blocks, sh.split, m_pad) if sh.split > 1 else (out2, out2, out2)
+    ws = _workspace(x2.device, n, sh.row_blocks, sh.split, m_pad) if sh.split > 1 else (out2, out2, out2)
     pdl = pdl_launch(x2.device)
     pre_k, pre_groups, pre_unroll = prepass_steps(m_pad, sh.k_per_split, silu_mul)
     _fp8_gemv_mma_kernel[(sh.row_blocks, sh.split)](

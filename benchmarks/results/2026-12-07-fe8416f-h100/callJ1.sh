@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Twelfth session, call J1 (a fresh machine): the one-row FP8 GEMV on FP8 wgmma
+# Twelfth session, call J1 (a fresh machine; 024cc9f's tree, the wgmma kernel since removed): the one-row FP8 GEMV on FP8 wgmma
 # (ops/triton_fp8_gemv_wgmma.py: the weight tile into e4m3 x e4m3 wgmma untouched, the input
 # in three e4m3 parts) against the f16 MMA kernel: its GPU tests, its tilings at one row in
 # bench_fp8_gemv.py (the 8B layer's four products), the two fastest in the engine
