@@ -276,7 +276,9 @@ def test_gpu_down_product_with_silu_mul_in_the_quantization_at_8b_sizes(m):
     r1, r2 = _x(m, 4096, seed=21), _x(m, 4096, seed=21)
     fp8_silu_mul_linear_add_(r1, gate_up, w, hidden=hidden, eps=1e-5)
     fp8_linear_add_(r2, silu_and_mul(gate_up, hidden=hidden, eps=1e-5), w)
-    assert torch.equal(r1, r2)
+    diff = r1 != r2
+    assert not diff.any(), (f"{int(diff.sum())} of {diff.numel()} outputs in {int(diff.any(1).sum())} rows differ, "
+                            f"by up to {(r1.float() - r2.float()).abs().max().item():.3g}")
 
 
 @pytest.mark.gpu
