@@ -65,10 +65,10 @@ def _tile_read_kernel(w_ptr, out_ptr, K, k_per_split, stride, BLOCK_N: tl.conste
     BLOCK_N."""
     pid, split = tl.program_id(0), tl.program_id(1)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride + tl.arange(0, BLOCK_K)[None, :]
+    offs_k = tl.arange(0, BLOCK_K)[None, :]
+    ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride + offs_k
     k0 = split * k_per_split
     acc = tl.zeros([BLOCK_N], tl.int32)
-    offs_k = tl.arange(0, BLOCK_K)[None, :]
     for k in tl.range(k0, tl.minimum(k0 + k_per_split, K), BLOCK_K, num_stages=STAGES):
         acc += tl.sum(tl.load(ptrs + k, mask=offs_k + k < K, other=0), axis=1)
     tl.atomic_add(out_ptr, tl.sum(acc, axis=0))
