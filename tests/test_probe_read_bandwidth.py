@@ -34,3 +34,11 @@ def test_tile_read_sums_every_word_once(n, k, block_n, block_k, split):
     out = torch.zeros(1, dtype=torch.int32)
     probe.tile_read(w, out, block_n=block_n, block_k=block_k, split=split, stages=1, warps=4)
     assert out.item() == w.sum().item()
+
+
+def test_ncu_one_row_runs_its_six_launches_on_the_cpu(capsys):
+    """benchmarks/ncu_one_row.py (the one-row kernels for Nsight Compute) at toy sizes: every
+    launch runs, and the FP8 down product matches its reference."""
+    import ncu_one_row
+    assert ncu_one_row.main(["--device", "cpu"]) == 0
+    assert "down fp8 gemv: max relative error" in capsys.readouterr().out
