@@ -1,4 +1,4 @@
-"""Call J2: why test_gpu_down_product_with_silu_mul_in_the_quantization_at_8b_sizes[300]
+"""Call K1 (written as J2 of the session before): why test_gpu_down_product_with_silu_mul_in_the_quantization_at_8b_sizes[300]
 differs in bits (17 and 64 rows equal): the fused SiLU·mul quantization against silu_and_mul
 then quantize_rows (codes and scales), and _scaled_mm with fast accumulation twice on the same
 inputs."""
