@@ -38,7 +38,7 @@ from slipstream.ops.triton_gemv import gemv  # noqa: E402
 from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
 
 # (name, N, K, form): the 8B shape's two long one-row products; toy sizes on the CPU
-SHAPES = {"gpu": [("gate_up", 28672, 4096, "norm"), ("down", 4096, 14336, "silu_mul")],
+SHAPES = {"cuda": [("gate_up", 28672, 4096, "norm"), ("down", 4096, 14336, "silu_mul")],
           "cpu": [("gate_up", 256, 128, "norm"), ("down", 128, 256, "silu_mul")]}
 
 
