@@ -27,19 +27,24 @@ ROW_BLOCK_MAX = 8192  # residual-stream rows up to this width are summed in one 
 def row_rstd(row_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr):
     """1 / sqrt(mean(row^2) + eps) of one row of N elements, in float32 (`row_rstd_ref`).
     Callers issue their own loads first: the kernels after a GEMM are latency-bound at
-    decode sizes, and this load then overlaps theirs."""
+    decode sizes, and this load then overlaps theirs. The squares are summed in float64,
+    where a bf16 value's square is exact and the sum rounds 2^29 times finer than float32's
+    last bit: the order the kernel's warps add in changes the float32 result only for a row
+    whose sum lies that close to a float32 rounding boundary, so kernels launched with
+    different warps (SiLU·mul's and the FP8 quantization's, fused or not) scale a row by the
+    same bits."""
     if BLOCK >= N:  # one block: no loop, so the load is not held behind a loop boundary
         offs = tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + offs, mask=offs < N, other=0.0).to(tl.float32)
+        x = tl.load(row_ptr + offs, mask=offs < N, other=0.0).to(tl.float64)
         ss = tl.sum(x * x, axis=0)
     else:
-        acc = tl.zeros([BLOCK], tl.float32)
+        acc = tl.zeros([BLOCK], tl.float64)
         for start in range(0, N, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            x = tl.load(row_ptr + offs, mask=offs < N, other=0.0).to(tl.float32)
+            x = tl.load(row_ptr + offs, mask=offs < N, other=0.0).to(tl.float64)
             acc += x * x
         ss = tl.sum(acc, axis=0)
-    return tl.rsqrt(ss / N + eps)
+    return tl.rsqrt(ss.to(tl.float32) / N + eps)
 
 
 def row_block(n: int) -> int:
