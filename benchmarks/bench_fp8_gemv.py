@@ -23,7 +23,7 @@ host's 16 cores `--rows 1,4,16 --variant-rows 1,4` took 24 s. Each variant is
 first checked against the weight-only reference on one copy (a failure is printed and the
 sweep goes on; `--variants` adds
 `Fp8GemvConfig` overrides: fma_rows, block_n, block_k, stages, num_warps, mma_block_n,
-mma_block_k, mma_stages, mma_warps, mma_split_k, mma_programs_per_sm, mma_min_m_pad; the FMA
+mma_block_k, mma_stages, mma_warps, mma_split_k, mma_min_m_pad; the FMA
 kernel takes one row only, so its variants equal the default above one row).
 GB/s counts the bytes the product reads of its weight (FP8 values, scales, gamma; bf16: the
 weight); `x floor` is the time over the FP8 weight's floor for every implementation (bf16's
@@ -106,8 +106,7 @@ def launched(cfg: Fp8GemvConfig, n: int, k: int, m: int, sms: int) -> tuple:
     if m <= min(cfg.fma_rows, 1):
         return ("fma", cfg.block_n, cfg.block_k, cfg.stages, cfg.num_warps)
     block_k, stages = cfg.mma_tiles(m)
-    sh = mma_shape(n, k, cfg.mma_block_n, block_k, cfg.mma_warps, None, cfg.mma_split_k, sms,
-                   cfg.mma_programs_per_sm)
+    sh = mma_shape(n, k, cfg.mma_block_n, block_k, cfg.mma_warps, None, cfg.mma_split_k, sms)
     m_pad = max(triton.next_power_of_2(m), cfg.mma_min_m_pad)
     return ("mma", sh, stages, cfg.mma_warps, m_pad)
 

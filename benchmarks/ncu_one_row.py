@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The one-row products' kernels for Nsight Compute: the 8B shape's gate_up (folded norm) and
 down (SiLU·mul into the residual) at one row, each as the FP8 GEMV (`fp8_gemv`, the default
-config, then in equal runs of tiles: `mma_programs_per_sm=2`), the bf16 GEMV (`gemv`, the engine's one-row bf16 path) and the FP8 weight read in the
+config), the bf16 GEMV (`gemv`, the engine's one-row bf16 path) and the FP8 weight read in the
 FP8 GEMV's grid and tiles with nothing but a sum (probe_read_bandwidth.py's `tile_read`): the
 first reads its bytes at ~0.7 of the copy rate, the other two at ~0.9-1.0, and the hardware
 counters (DRAM throughput, L2 hits, warp stalls, occupancy) say what differs.
@@ -12,15 +12,14 @@ Every kernel runs once to compile, then once between cudaProfilerStart and Stop,
         --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
         python benchmarks/ncu_one_row.py
 
-profiles exactly the eight launches (ncu flushes the caches before each by default). Without
+profiles exactly the six launches (ncu flushes the caches before each by default). Without
 ncu it times each launch with CUDA events (a first look, the caches not flushed). On a CPU
-(the test), under TRITON_INTERPRET=1, it runs the same eight calls at toy sizes and checks the
+(the test), under TRITON_INTERPRET=1, it runs the same six calls at toy sizes and checks the
 products against their references.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -54,14 +53,13 @@ def launches(name: str, n: int, k: int, form: str, dev: torch.device) -> list[tu
     kin = 2 * k if form == "silu_mul" else k
     x = torch.randn(1, kin, generator=gen, device=dev).to(torch.bfloat16)
     r = torch.randn(1, n, generator=gen, device=dev).to(torch.bfloat16)
-    runs = dataclasses.replace(DEFAULT_FP8_GEMV_CONFIG, mma_programs_per_sm=2)
     if form == "norm":
-        fp8 = lambda cfg=DEFAULT_FP8_GEMV_CONFIG: fp8_gemv(x, fw, row_scale_eps=1e-5, cfg=cfg)  # noqa: E731
+        fp8 = lambda: fp8_gemv(x, fw, row_scale_eps=1e-5)  # noqa: E731
         bf16 = lambda: gemv(x, wg, row_scale_eps=1e-5)  # noqa: E731
         ref = None
     else:
         fw = Fp8Weight(q, s)
-        fp8 = lambda cfg=DEFAULT_FP8_GEMV_CONFIG: fp8_gemv(x, fw, residual=r, silu_mul=True, cfg=cfg)  # noqa: E731
+        fp8 = lambda: fp8_gemv(x, fw, residual=r, silu_mul=True)  # noqa: E731
         bf16 = lambda: gemv(x, w, residual=r, silu_mul=True)  # noqa: E731
         ref = fp8_linear_ref(silu_and_mul_ref(x), fw).float() + r.float()
     words = q.view(torch.int32) if k % 4 == 0 else None
@@ -69,10 +67,9 @@ def launches(name: str, n: int, k: int, form: str, dev: torch.device) -> list[tu
                    DEFAULT_FP8_GEMV_CONFIG.mma_warps, None, DEFAULT_FP8_GEMV_CONFIG.mma_split_k, sm_count(dev))
     block_k, stages = DEFAULT_FP8_GEMV_CONFIG.mma_tiles(1)
     total = torch.zeros(1, device=dev, dtype=torch.int32)
-    read = lambda: tile_read(words, total, sh.block_n, block_k // 4, sh.programs // sh.row_blocks, stages,  # noqa: E731
+    read = lambda: tile_read(words, total, sh.block_n, block_k // 4, sh.split, stages,  # noqa: E731
                              DEFAULT_FP8_GEMV_CONFIG.mma_warps)
-    return [(f"{name} fp8 gemv", fp8, ref), (f"{name} fp8 gemv in runs", lambda: fp8(runs), ref),
-            (f"{name} bf16 gemv", bf16, None), (f"{name} fp8 tile read", read, None)]
+    return [(f"{name} fp8 gemv", fp8, ref), (f"{name} bf16 gemv", bf16, None), (f"{name} fp8 tile read", read, None)]
 
 
 def main(argv=None) -> int:

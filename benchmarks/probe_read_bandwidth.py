@@ -100,12 +100,12 @@ def tile_table(dev, copies: int, copy_best: float) -> None:
               for _ in range(copies)]
         for block_n, block_k, stages, warps in TILE_SHAPES:
             sh = mma_shape(n, k, block_n, block_k, warps, None, None, sms)
-            calls = [lambda w=w, sh=sh: tile_read(w, out, block_n, block_k // 4, sh.programs // sh.row_blocks, stages, warps)
+            calls = [lambda w=w, sh=sh: tile_read(w, out, block_n, block_k // 4, sh.split, stages, warps)
                      for w in ws]
             us = time_graph(calls, iters=20, device=dev.type) * 1e3  # a call's (time_graph divides)
             tbps = n * k / (us * 1e-6) / 1e12
             print(f"| {name} | {n * k / 1e6:.1f} | {block_n} x {block_k}, {stages}, {warps} | "
-                  f"{sh.row_blocks} x {sh.programs // sh.row_blocks} | {us:.2f} | {tbps:.2f} | {tbps / copy_best:.3f} |")
+                  f"{sh.row_blocks} x {sh.split} | {us:.2f} | {tbps:.2f} | {tbps / copy_best:.3f} |")
         del ws
 
 

@@ -109,45 +109,6 @@ def test_mma_kernel_rows_and_split_k(layout, epilogue, m, split):
     _close(y, ref, extra)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("epilogue", ["norm", "residual", "silu_mul"])
-@pytest.mark.parametrize("m,per_sm,n,k", [(1, 1, 48, 160), (3, 2, 48, 160), (1, 3, 80, 320), (16, 1, 48, 320)])
-def test_mma_kernel_in_equal_runs_of_tiles(layout, epilogue, m, per_sm, n, k, monkeypatch):
-    """`mma_programs_per_sm`: the (row block, K tile) grid cut into equal runs, one a program,
-    on 7 multiprocessors: runs that start or end inside a row block, runs over two row blocks,
-    row blocks of two to five programs (48 x 160: 3 row blocks of 3 tiles in 7 or 9 runs)."""
-    import slipstream.ops.triton_fp8_gemv as tg
-    monkeypatch.setattr(tg, "sm_count", lambda device: 7)
-    cfg = Fp8GemvConfig(**{**MMA_TINY.__dict__, "mma_programs_per_sm": per_sm})
-    y, ref, extra = _case(epilogue, m, n, k, layout, cfg)
-    _close(y, ref, extra)
-
-
-def test_equal_runs_cover_each_tile_once_and_each_row_block_in_order():
-    """The runs' arithmetic (`_fp8_gemv_mma_kernel`, `_combine`) in Python: program p takes
-    tiles [p T / P, (p + 1) T / P); the programs of row block r are p_first(r) .. p_last(r),
-    each slot pid + r is one segment's alone, and the slots stay below programs + row blocks."""
-    from slipstream.ops.triton_fp8_gemv_mma import mma_shape
-    for n, k, per_sm, sms in [(28672, 4096, 2, 132), (4096, 14336, 2, 132), (4096, 4096, 2, 132),
-                              (6144, 4096, 3, 132), (48, 160, 3, 7), (4096, 14336, 0, 132)]:
-        sh = mma_shape(n, k, None, 512 if n > 1000 else 64, 4 if n > 1000 else 2, None, None, sms, per_sm)
-        total, p_count = sh.row_blocks * sh.k_tiles, sh.programs
-        seen, slots = [], set()
-        for p in range(p_count):
-            t0, t1 = p * total // p_count, (p + 1) * total // p_count
-            assert t1 > t0 and t1 - t0 <= -(-total // p_count)
-            for r in range(t0 // sh.k_tiles, (t1 - 1) // sh.k_tiles + 1):
-                ks, ke = max(t0, r * sh.k_tiles), min(t1, (r + 1) * sh.k_tiles)
-                assert ke - ks <= sh.most_tiles
-                seen += range(ks, ke)
-                p_first = ((r * sh.k_tiles + 1) * p_count - 1) // total
-                p_last = ((r + 1) * sh.k_tiles * p_count - 1) // total
-                assert p_first <= p <= p_last
-                assert p + r not in slots and p + r < p_count + sh.row_blocks
-                slots.add(p + r)
-        assert seen == list(range(total))
-
-
 def test_mma_split_k_is_deterministic_and_resets_its_tickets():
     """The last program of a row block adds the slices in their order: two launches give the
     same bits, and every ticket is back at zero for the next launch (a CUDA graph replays it)."""
@@ -207,7 +168,6 @@ SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # qkv, o
 
 
 GPU_KERNELS = {"fma": Fp8GemvConfig(fma_rows=1), "mma": Fp8GemvConfig(fma_rows=0),
-               "mma-runs": Fp8GemvConfig(fma_rows=0, mma_programs_per_sm=2),
                "mma-pad8": Fp8GemvConfig(fma_rows=0, mma_min_m_pad=8)}
 
 
@@ -215,7 +175,7 @@ GPU_KERNELS = {"fma": Fp8GemvConfig(fma_rows=1), "mma": Fp8GemvConfig(fma_rows=0
 @pytest.mark.parametrize("n,k", SHAPES_8B)
 @pytest.mark.parametrize("layout", ["channel", "block"])
 @pytest.mark.parametrize("kernel,m", [("fma", 1), ("mma", 1), ("mma-pad8", 1), ("mma", 2), ("mma", 5), ("mma", 8),
-                                      ("mma", 16), ("mma-runs", 1), ("mma-runs", 4), ("mma-runs", 16)])
+                                      ("mma", 16)])
 def test_gpu_gemv_at_8b_sizes(n, k, layout, kernel, m):
     """Each form the model runs (the FMA kernel takes one row), split-K where the shape has
     few row blocks (qkv, o, down)."""
@@ -226,14 +186,12 @@ def test_gpu_gemv_at_8b_sizes(n, k, layout, kernel, m):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4, 16])
-@pytest.mark.parametrize("n,k,per_sm", [(4096, 4096, 0), (4096, 14336, 2)])
-def test_gpu_gemv_replays_in_a_cuda_graph(m, n, k, per_sm):
-    """The combine's tickets and workspace under a graph (o: split-K; down in equal runs):
-    replays on new inputs equal eager."""
-    w = _weight(n, k, "channel", True)
-    cfg = Fp8GemvConfig(fma_rows=0, mma_programs_per_sm=per_sm)
-    x = _x(m, k)
-    out = torch.empty((m, n), dtype=torch.bfloat16, device=DEVICE)
+def test_gpu_gemv_replays_in_a_cuda_graph(m):
+    """Split-K's tickets and workspace under a graph: replays on new inputs equal eager."""
+    w = _weight(4096, 4096, "channel", True)
+    cfg = Fp8GemvConfig(fma_rows=0)  # the o shape: split-K
+    x = _x(m, 4096)
+    out = torch.empty((m, 4096), dtype=torch.bfloat16, device=DEVICE)
     for _ in range(2):
         fp8_gemv(x, w, out=out, row_scale_eps=1e-5, cfg=cfg)
     torch.cuda.synchronize()
@@ -241,7 +199,7 @@ def test_gpu_gemv_replays_in_a_cuda_graph(m, n, k, per_sm):
     with torch.cuda.graph(graph):
         fp8_gemv(x, w, out=out, row_scale_eps=1e-5, cfg=cfg)
     for seed in (9, 10, 11):
-        x.copy_(_x(m, k, seed=seed))
+        x.copy_(_x(m, 4096, seed=seed))
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, fp8_gemv(x, w, row_scale_eps=1e-5, cfg=cfg))
@@ -278,7 +236,7 @@ def compile_gemv_for_hopper() -> int:
     for fn, args, kw in launches:
         compiled, consts, _ = compile_launch_for_hopper(fn, args, kw)
         assert "mma.sync" in compiled.asm["ptx"], "the product is not on tensor cores"
-        print("compiled", fn.__name__, consts["K_TILES"], consts["M_PAD"])
+        print("compiled", fn.__name__, consts["SPLIT"], consts["M_PAD"])
     return len(launches)
 
 

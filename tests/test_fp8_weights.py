@@ -355,7 +355,7 @@ def test_the_checkpoints_scheme_wins_over_the_flag(tiny_model, tmp_path):
 def test_fp8_workloads_are_their_parents_with_fp8_weights():
     from slipstream.bench.workloads import get_workload
     for name, parent, n in (("seed-8b-fp8", "seed-8b", None), ("seed-8b-short-fp8", "seed-8b-short", None),
-                            ("seed-8b-bs1-fp8", "seed-8b-short", 1)):
+                            ("seed-8b-bs1-fp8", "seed-8b-short", 1), ("seed-8b-bs8-fp8", "seed-8b-short", 8)):
         w, p = get_workload(name), get_workload(parent)
         kv = {"kv_cache_dtype": "fp8"} if name == "seed-8b-short-fp8" else {}  # FP8 weights and KV cache
         assert w.name == name and w.engine == {**p.engine, "quantization": "fp8", **kv}

@@ -144,6 +144,8 @@ WORKLOADS = {
                                                    "seed-8b-short-fp8"),
     "seed-8b-bs1-fp8": lambda: first_requests(with_fp8_weights(seed_8b_short(), "seed-8b-short-fp8"), 1,
                                               "seed-8b-bs1-fp8"),
+    "seed-8b-bs8-fp8": lambda: first_requests(with_fp8_weights(seed_8b_short(), "seed-8b-short-fp8"), 8,
+                                              "seed-8b-bs8-fp8"),
     # the 0.6B shape's 256 rows a step with FP8 weights (the mid-row FP8 GEMMs,
     # ops/fp8_dispatch.py) and, as seed-8b-short-fp8, the FP8 KV cache: its decode steps read
     # far more KV than weight bytes

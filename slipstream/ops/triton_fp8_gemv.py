@@ -71,9 +71,6 @@ class Fp8GemvConfig:
     mma_stages: int | None = None  # None: `mma_tiles`
     mma_warps: int = 4
     mma_split_k: int | None = None
-    # > 0: that many programs a multiprocessor, each an equal run of the (row block, K tile)
-    # grid, instead of the row blocks x slices of K above (`mma_shape`)
-    mma_programs_per_sm: int = 0
     # rows are padded to a power of two, at least this (the dot's narrow side is 2 x that:
     # hi and lo; 8 pads every row count to one MMA width in the kernel itself)
     mma_min_m_pad: int = 1
@@ -183,7 +180,7 @@ def fp8_gemv(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
         fp8_gemv_mma(x2, w, bias, res2, out2, has_res=residual is not None, row_scale_eps=row_scale_eps,
                      silu_mul=silu_mul, block_n=cfg.mma_block_n, block_k=block_k, stages=stages,
                      num_warps=cfg.mma_warps, split=cfg.mma_split_k, sms=sm_count(x.device),
-                     min_m_pad=cfg.mma_min_m_pad, programs_per_sm=cfg.mma_programs_per_sm)
+                     min_m_pad=cfg.mma_min_m_pad)
         return out
     qw = w.qweight
     # columns a program as the bf16 kernel picks them for this shape: each program re-reads

@@ -122,129 +122,65 @@ def _weight_tile(ptrs, nmask, kmask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr)
 
 @triton.jit
 def _fp8_gemv_mma_kernel(x_ptr, w_ptr, s_ptr, g_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, sqws_ptr, ticket_ptr,
-                         M, N, eps, programs, stride_xm, stride_wn, stride_sn, stride_rm, stride_om,
-                         K: tl.constexpr, K_TILES: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                         K_SLICE: tl.constexpr, WARPS: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr,
-                         EVEN_N: tl.constexpr, WHOLE: tl.constexpr, CROSSING: tl.constexpr, BN_S: tl.constexpr,
+                         M, N, eps, k_per_split, stride_xm, stride_wn, stride_sn, stride_rm, stride_om,
+                         K: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, K_SLICE: tl.constexpr,
+                         WARPS: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+                         EVEN_N: tl.constexpr, BN_S: tl.constexpr,
                          BLOCK_SCALES: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
                          HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr,
                          USE_PDL: tl.constexpr, PRE_K: tl.constexpr = 16, PRE_GROUPS: tl.constexpr = 1,
                          PRE_UNROLL: tl.constexpr = 1):
     BLOCK_K: tl.constexpr = WARPS * K_SLICE
-    # this program's run of the (row block, K tile) grid in row-major order (`MmaShape`): one
-    # segment in row block r0, and a second one in r0 + 1 where the run crosses into it
     pid = tl.program_id(0)
-    total = tl.cdiv(N, BLOCK_N) * K_TILES
-    t0 = pid * total // programs
-    t1 = (pid + 1) * total // programs
-    r0 = t0 // K_TILES
+    split = tl.program_id(1)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, M_PAD)
     kk = tl.arange(0, WARPS)[:, None] * K_SLICE + tl.arange(0, K_SLICE)[None, :]  # [WARPS, K_SLICE]
-    mmask = offs_m < M
-    offs_n = r0 * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
+    mmask = offs_m < M
     w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :, None] * stride_wn + kk[:, None, :]
-    ks = t0 - r0 * K_TILES
-    ke = tl.minimum(t1 - r0 * K_TILES, K_TILES)
-    w_first = _weight_tile(w_ptrs + ks * BLOCK_K, nmask, (kk + ks * BLOCK_K) < K, EVEN_K, EVEN_N)
+    k0 = split * k_per_split
+    k_end = tl.minimum(k0 + k_per_split, K)
+    w0 = _weight_tile(w_ptrs + k0, nmask, (kk + k0) < K, EVEN_K, EVEN_N)
     pdl_start(USE_PDL)
-    y, sq_m = _segment(w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, nmask, mmask, ks, ke, stride_xm,
-                       stride_sn, w_first, True, K, K_SLICE, M_PAD, BLOCK_N, WARPS, STAGES, EVEN_K, EVEN_N, BN_S,
-                       BLOCK_SCALES, SILU_MUL, HAS_GAMMA, PRE_K, PRE_GROUPS, PRE_UNROLL)
-    _finish(y, sq_m, pid, r0, ks, ke, programs, total, ws_ptr, sqws_ptr, ticket_ptr, s_ptr, b_ptr, r_ptr, out_ptr,
-            offs_n, offs_m, nmask, mmask, eps, stride_rm, stride_om, K, K_TILES, M_PAD, BLOCK_N, WHOLE,
-            BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
-    if CROSSING:
-        if t1 > (r0 + 1) * K_TILES:
-            r1 = r0 + 1
-            offs_n = r1 * BLOCK_N + tl.arange(0, BLOCK_N)
-            nmask = offs_n < N
-            w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :, None] * stride_wn + kk[:, None, :]
-            ke = t1 - r1 * K_TILES
-            y, sq_m = _segment(w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, nmask, mmask, 0, ke, stride_xm,
-                               stride_sn, w_first, False, K, K_SLICE, M_PAD, BLOCK_N, WARPS, STAGES, EVEN_K,
-                               EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL, HAS_GAMMA, PRE_K, PRE_GROUPS, PRE_UNROLL)
-            _finish(y, sq_m, pid, r1, 0, ke, programs, total, ws_ptr, sqws_ptr, ticket_ptr, s_ptr, b_ptr, r_ptr,
-                    out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm, stride_om, K, K_TILES, M_PAD, BLOCK_N,
-                    False, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
-
-
-@triton.jit
-def _segment(w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, nmask, mmask, ks, ke, stride_xm, stride_sn, w_first,
-             PRELOADED: tl.constexpr, K: tl.constexpr, K_SLICE: tl.constexpr, M_PAD: tl.constexpr,
-             BLOCK_N: tl.constexpr, WARPS: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr,
-             EVEN_N: tl.constexpr, BN_S: tl.constexpr, BLOCK_SCALES: tl.constexpr, SILU_MUL: tl.constexpr,
-             HAS_GAMMA: tl.constexpr, PRE_K: tl.constexpr, PRE_GROUPS: tl.constexpr, PRE_UNROLL: tl.constexpr):
-    """K tiles ks .. ke of one row block: (its sums [BLOCK_N, M_PAD], unscaled; the input rows'
-    sums of x^2 over those columns [M_PAD]). The first tile is w_first when PRELOADED."""
-    BLOCK_K: tl.constexpr = WARPS * K_SLICE
-    k0 = ks * BLOCK_K
-    k_end = tl.minimum(ke * BLOCK_K, K)
     # hi and lo of every row, scaled by a power of two from the row's largest value
     scale, inverse = row_scales(row_amax(x_ptr, g_ptr, offs_m, mmask, k0, k_end, stride_xm, K, PRE_K,
                                          PRE_GROUPS, PRE_UNROLL, SILU_MUL, HAS_GAMMA))
     acc = tl.zeros([WARPS, BLOCK_N, 2 * M_PAD], tl.float32)
     sq = tl.zeros([WARPS, K_SLICE, M_PAD], tl.float32)
     acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k0, nmask, mmask, stride_xm,
-                    stride_sn, w_first, scale, PRELOADED, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES,
-                    SILU_MUL, HAS_GAMMA)
+                    stride_sn, w0, scale, True, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
+                    HAS_GAMMA)
     for k in tl.range(k0 + BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
         acc, sq = _tile(acc, sq, w_ptrs, x_ptr, g_ptr, s_ptr, offs_n, offs_m, kk, k, nmask, mmask, stride_xm,
-                        stride_sn, w_first, scale, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES,
-                        SILU_MUL, HAS_GAMMA)
+                        stride_sn, w0, scale, False, K, K_SLICE, M_PAD, EVEN_K, EVEN_N, BN_S, BLOCK_SCALES, SILU_MUL,
+                        HAS_GAMMA)
     hi, lo = tl.split(tl.permute(tl.reshape(tl.sum(acc, axis=0), (BLOCK_N, 2, M_PAD)), (0, 2, 1)))
-    return (hi + lo) * inverse[None, :], tl.sum(tl.sum(sq, axis=0), axis=0)
-
-
-@triton.jit
-def _finish(y, sq_m, pid, r, ks, ke, programs, total, ws_ptr, sqws_ptr, ticket_ptr, s_ptr, b_ptr, r_ptr, out_ptr,
-            offs_n, offs_m, nmask, mmask, eps, stride_rm, stride_om, K: tl.constexpr, K_TILES: tl.constexpr,
-            M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, WHOLE: tl.constexpr, BLOCK_SCALES: tl.constexpr,
-            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr):
-    """A segment's sums: the epilogue where it is its row block's whole K (always when WHOLE:
-    every run is one row block), else through `_combine`."""
-    if WHOLE:
-        _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm,
-                  stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
-    elif (ks == 0) & (ke == K_TILES):
-        _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm,
-                  stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
+    y = (hi + lo) * inverse[None, :]  # [BLOCK_N, M_PAD]: the slice's sums, unscaled
+    sq_m = tl.sum(tl.sum(sq, axis=0), axis=0)  # [M_PAD]
+    if SPLIT > 1:
+        # this slice's partial sums out; the last program of the row block adds them all
+        ws = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+        tl.store(ws + split * M_PAD * N, y, mask=nmask[:, None])
+        # without a row scale sq is dead and its sums of x^2 leave the loop: o and down, split
+        # over K, issue ~30% fewer instructions a tile at 8 rows (sm_90, down: 956 -> 661)
+        if ROW_SCALE:
+            tl.store(sqws_ptr + (pid * SPLIT + split) * M_PAD + offs_m, sq_m)
+        tl.debug_barrier()  # every thread's stores before the ticket (its release orders them)
+        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            y = tl.zeros([BLOCK_N, M_PAD], tl.float32)
+            sq_m = tl.zeros([M_PAD], tl.float32)
+            for s in tl.static_range(SPLIT):  # in slice order: the same sum whoever comes last
+                y += tl.load(ws + s * M_PAD * N, mask=nmask[:, None], other=0.0, cache_modifier=".cg")
+                if ROW_SCALE:
+                    sq_m += tl.load(sqws_ptr + (pid * SPLIT + s) * M_PAD + offs_m, cache_modifier=".cg")
+            _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm,
+                      stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
+            tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # for the next launch
     else:
-        _combine(y, sq_m, pid, r, programs, total, ws_ptr, sqws_ptr, ticket_ptr, s_ptr, b_ptr, r_ptr, out_ptr,
-                 offs_n, offs_m, nmask, mmask, eps, stride_rm, stride_om, K, K_TILES, M_PAD, BLOCK_N,
-                 BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
-
-
-@triton.jit
-def _combine(y, sq_m, pid, r, programs, total, ws_ptr, sqws_ptr, ticket_ptr, s_ptr, b_ptr, r_ptr, out_ptr,
-             offs_n, offs_m, nmask, mmask, eps, stride_rm, stride_om, K: tl.constexpr, K_TILES: tl.constexpr,
-             M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
-             HAS_RES: tl.constexpr, ROW_SCALE: tl.constexpr):
-    """A segment that is part of its row block: its partial sums (and sums of x^2) out to the
-    slot pid + r (unique: along the run, each new segment moves to the next program, the next
-    row block or both); the last of the row block's programs to arrive (an atomic ticket)
-    adds their slots in program order, so the sum does not depend on timing, runs the
-    epilogue, and leaves the ticket at zero for the next launch (CUDA-graph safe)."""
-    ws = ws_ptr + tl.arange(0, BLOCK_N)[:, None] * M_PAD + offs_m[None, :]
-    tl.store(ws + (pid + r) * (BLOCK_N * M_PAD), y)
-    # without a row scale sq is dead and its sums of x^2 leave the loop: o and down, split
-    # over K, issue ~30% fewer instructions a tile at 8 rows (sm_90, down: 956 -> 661)
-    if ROW_SCALE:
-        tl.store(sqws_ptr + (pid + r) * M_PAD + offs_m, sq_m)
-    tl.debug_barrier()  # every thread's stores before the ticket (its release orders them)
-    p_first = ((r * K_TILES + 1) * programs - 1) // total
-    p_last = ((r + 1) * K_TILES * programs - 1) // total
-    ticket = tl.atomic_add(ticket_ptr + r, 1, sem="acq_rel", scope="gpu")
-    if ticket == p_last - p_first:
-        y = tl.zeros([BLOCK_N, M_PAD], tl.float32)
-        sq_m = tl.zeros([M_PAD], tl.float32)
-        for p in range(p_first, p_last + 1):  # in program order: the same sum whoever comes last
-            y += tl.load(ws + (p + r) * (BLOCK_N * M_PAD), cache_modifier=".cg")
-            if ROW_SCALE:
-                sq_m += tl.load(sqws_ptr + (p + r) * M_PAD + offs_m, cache_modifier=".cg")
         _epilogue(y, sq_m, s_ptr, b_ptr, r_ptr, out_ptr, offs_n, offs_m, nmask, mmask, eps, stride_rm,
                   stride_om, K, BLOCK_SCALES, HAS_BIAS, HAS_RES, ROW_SCALE)
-        tl.atomic_xchg(ticket_ptr + r, 0, sem="relaxed", scope="gpu")  # for the next launch
 
 
 @triton.jit
@@ -287,11 +223,10 @@ def mma_split(row_blocks: int, k_tiles: int, sms: int) -> int:
 
 @dataclass
 class _Workspace:
-    """The combine's device memory (`_combine`): fp32 partial sums and sums of x^2 a segment
-    slot, and a ticket a row block, which every launch leaves at zero (the last program of a
-    row block resets its own). One a device, shared by every product: they run one after
-    another on the compute stream, and with PDL a launch touches it only after its wait, when
-    the previous kernel has finished."""
+    """Split-K's device memory: fp32 partials, the partial sums of x^2 a row, and the tickets,
+    which every launch leaves at zero (its last program resets each). One a device, shared by
+    every product: they run one after another on the compute stream, and with PDL a launch
+    touches it only after its wait, when the previous kernel has finished."""
     partials: torch.Tensor
     squares: torch.Tensor
     tickets: torch.Tensor
@@ -299,20 +234,13 @@ class _Workspace:
 
 _WORKSPACES: dict[torch.device, _Workspace] = {}
 
-# the most programs a multiprocessor `Fp8GemvConfig.mma_programs_per_sm` may ask for
-MAX_PROGRAMS_PER_SM = 4
-
 
 def reserve_mma_workspace(device: torch.device, n: int) -> None:
     """Allocate (zeroed, eagerly) what a product of `n` output rows can need at any row count
-    and tiling (16-row blocks or more, at most 8 slices of K or MAX_PROGRAMS_PER_SM programs a
-    multiprocessor): the model calls it at load, so that no workspace is first allocated
-    inside a CUDA graph capture, where its zeros would not be written until the graph's first
-    replay."""
-    device = workspace_key(torch.device(device))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    rows = 9 * (n + 128) + MAX_PROGRAMS_PER_SM * sms * 128  # slots x rows a block, at most
-    _grow(device, 16 * rows, 16 * (9 * triton.cdiv(n, 16) + MAX_PROGRAMS_PER_SM * sms), triton.cdiv(n, 16))
+    and split (at most 8 slices, 16-row blocks): the model calls it at load, so that no
+    workspace is first allocated inside a CUDA graph capture, where its zeros would not be
+    written until the graph's first replay."""
+    _grow(torch.device(device), 8 * 16 * n, triton.cdiv(n, 16) * 8 * 16, triton.cdiv(n, 16))
 
 
 def workspace_key(device: torch.device) -> torch.device:
@@ -339,26 +267,26 @@ def _grow(device: torch.device, partials: int, squares: int, tickets: int) -> _W
     return ws
 
 
-def _workspace(device: torch.device, sh: "MmaShape", m_pad: int):
-    """(partials, squares, tickets) for a launch of `sh`'s tiling at m_pad rows."""
-    slots = sh.programs + sh.row_blocks  # the slot pid + r of `_combine` is below this
-    ws = _grow(device, slots * sh.block_n * m_pad, slots * m_pad, sh.row_blocks)
-    return ws.partials, ws.squares, ws.tickets
+def _workspace(device: torch.device, n: int, row_blocks: int, split: int, m_pad: int):
+    """(partials [split, m_pad, n], squares [row_blocks, split, m_pad], tickets [row_blocks])."""
+    ws = _grow(device, split * m_pad * n, row_blocks * split * m_pad, row_blocks)
+    return (ws.partials[:split * m_pad * n].view(split, m_pad, n),
+            ws.squares[:row_blocks * split * m_pad].view(row_blocks, split, m_pad), ws.tickets[:row_blocks])
 
 
 def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2: torch.Tensor,
                  out2: torch.Tensor, *, has_res: bool, row_scale_eps: float | None, silu_mul: bool,
                  block_n: int | None, block_k: int, stages: int, num_warps: int, split: int | None,
-                 sms: int, min_m_pad: int = 1, programs_per_sm: int = 0) -> None:
+                 sms: int, min_m_pad: int = 1) -> None:
     """Launch over x2 [M, K or 2K] (M <= 16, unit stride along K) into out2 [M, N]. block_n:
     None: `mma_columns`; block_k: the K tile (num_warps slices); block weights take slices of
-    their block's width. programs_per_sm, split: the grid (`mma_shape`). The rows are padded to a power
+    their block's width. split: slices of K (None: `mma_split`). The rows are padded to a power
     of two, at least min_m_pad (Triton pads a narrow dot's side to the MMA's 8 itself: the
     input's work, loads, SiLU and splits, is then the real rows' only)."""
     m_pad = max(triton.next_power_of_2(x2.shape[0]), min_m_pad, _NARROW_FLOOR[0])
     try:
         _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
-                num_warps, split, sms, programs_per_sm)
+                num_warps, split, sms)
     except CompilationError:
         if m_pad >= 8:
             raise
@@ -367,7 +295,7 @@ def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2
         _NARROW_FLOOR[0] = 8
         logger.warning("fp8_gemv: this Triton refuses dots of %d columns; rows are padded to 8", 2 * m_pad)
         _launch(x2, w, bias, res2, out2, 8, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
-                num_warps, split, sms, programs_per_sm)
+                num_warps, split, sms)
 
 
 _NARROW_FLOOR = [1]  # the least row padding this Triton compiles (8 once a narrower dot failed)
@@ -375,69 +303,44 @@ _NARROW_FLOOR = [1]  # the least row padding this Triton compiles (8 once a narr
 
 @dataclass(frozen=True)
 class MmaShape:
-    """A launch's tiling: weight rows a program's row block, K's slice a warp, row blocks, K
-    tiles a row block, and programs: the row blocks' K tiles in row-major order are cut into
-    `programs` runs of equal length (to a tile), one a program (`_fp8_gemv_mma_kernel`)."""
+    """A launch's tiling: weight rows a program, K's slice a warp, row blocks, slices of K."""
     block_n: int
     k_slice: int
     row_blocks: int
-    k_tiles: int
-    programs: int
-
-    @property
-    def most_tiles(self) -> int:
-        """The longest run of K tiles a program takes within one row block."""
-        return min(self.k_tiles, triton.cdiv(self.row_blocks * self.k_tiles, self.programs))
-
-    @property
-    def whole(self) -> bool:
-        """Every run is one whole row block (no combine)."""
-        return self.programs == self.row_blocks
-
-    @property
-    def crossing(self) -> bool:
-        """Some run ends in the row block after the one it starts in (a second segment)."""
-        total = self.row_blocks * self.k_tiles
-        return any(p * total // self.programs // self.k_tiles != ((p + 1) * total // self.programs - 1) // self.k_tiles
-                   for p in range(self.programs))
+    split: int
+    k_per_split: int
 
 
 def mma_shape(n: int, k: int, block_n: int | None, block_k: int, num_warps: int, block: tuple[int, int] | None,
-              split: int | None, sms: int, programs_per_sm: int = 0) -> MmaShape:
-    """The tiling `fp8_gemv_mma` launches for an [n, k] weight (`block`: its scale blocks, if
-    any): programs_per_sm > 0 gives every multiprocessor that many programs, each an equal run
-    of the tiles (a program's run may end in one row block and go on in the next, so every
-    multiprocessor streams the same bytes), where that is at least one program a row block;
-    else (and with 0) `split` slices of K a row block (None: `mma_split`)."""
+              split: int | None, sms: int) -> MmaShape:
+    """The tiling `fp8_gemv_mma` launches for an [n, k] weight (`block`: its scale blocks, if any)."""
     block_n = block_n or mma_columns(n)
     k_slice = block[1] if block is not None else max(16, block_k // num_warps)
     tile = num_warps * k_slice
     row_blocks = triton.cdiv(n, block_n)
     k_tiles = triton.cdiv(k, tile)
-    programs = min(row_blocks * k_tiles, min(programs_per_sm, MAX_PROGRAMS_PER_SM) * sms)
-    if programs < row_blocks:  # runs of more than a row block's tiles: the slices below
-        programs = 0
-    if not programs:
-        split = max(1, min(split or mma_split(row_blocks, k_tiles, sms), k_tiles))
-        programs = row_blocks * triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))  # no empty slice
-    return MmaShape(block_n, k_slice, row_blocks, k_tiles, programs)
+    split = split or mma_split(row_blocks, k_tiles, sms)
+    split = max(1, min(split, k_tiles))
+    k_per_split = triton.cdiv(k_tiles, split) * tile
+    return MmaShape(block_n, k_slice, row_blocks, triton.cdiv(k, k_per_split), k_per_split)  # no empty slice
 
 
 def _launch(x2, w, bias, res2, out2, m_pad, has_res, row_scale_eps, silu_mul, block_n, block_k, stages,
-            num_warps, split, sms, programs_per_sm) -> None:
+            num_warps, split, sms) -> None:
     qw, scale, gamma, block = w.qweight, w.scale, w.gamma, w.block
     m = x2.shape[0]
     n, k = qw.shape
-    sh = mma_shape(n, k, block_n, block_k, num_warps, block, split, sms, programs_per_sm)
+    sh = mma_shape(n, k, block_n, block_k, num_warps, block, split, sms)
     tile = num_warps * sh.k_slice
+    ws = _workspace(x2.device, n, sh.row_blocks, sh.split, m_pad) if sh.split > 1 else (out2, out2, out2)
     pdl = pdl_launch(x2.device)
-    pre_k, pre_groups, pre_unroll = prepass_steps(m_pad, sh.most_tiles * tile, silu_mul)
-    _fp8_gemv_mma_kernel[(sh.programs,)](
+    pre_k, pre_groups, pre_unroll = prepass_steps(m_pad, sh.k_per_split, silu_mul)
+    _fp8_gemv_mma_kernel[(sh.row_blocks, sh.split)](
         x2, qw, scale, gamma if gamma is not None else scale, bias if bias is not None else scale,
-        res2, out2, *_workspace(x2.device, sh, m_pad), m, n, float(row_scale_eps or 0.0), sh.programs,
+        res2, out2, *ws, m, n, float(row_scale_eps or 0.0), sh.k_per_split,
         x2.stride(0), qw.stride(0), scale.stride(0), res2.stride(0), out2.stride(0),
-        K=k, K_TILES=sh.k_tiles, M_PAD=m_pad, BLOCK_N=sh.block_n, K_SLICE=sh.k_slice, WARPS=num_warps,
-        STAGES=stages, EVEN_K=k % tile == 0, EVEN_N=n % sh.block_n == 0, WHOLE=sh.whole, CROSSING=sh.crossing,
+        K=k, M_PAD=m_pad, BLOCK_N=sh.block_n, K_SLICE=sh.k_slice, WARPS=num_warps, STAGES=stages, SPLIT=sh.split,
+        EVEN_K=k % sh.k_per_split == 0 and sh.k_per_split % tile == 0, EVEN_N=n % sh.block_n == 0,
         BN_S=block[0] if block else 1, BLOCK_SCALES=block is not None, HAS_GAMMA=gamma is not None,
         HAS_BIAS=bias is not None, HAS_RES=has_res, ROW_SCALE=row_scale_eps is not None, SILU_MUL=silu_mul,
         PRE_K=pre_k, PRE_GROUPS=pre_groups, PRE_UNROLL=pre_unroll,
