@@ -45,7 +45,7 @@ TINY = dict(block_n=16, block_m=16, block_k=32)
 
 @pytest.mark.parametrize("block", [None, (16, 32)])
 @pytest.mark.parametrize("split_k", [1, 2, 3])
-@pytest.mark.parametrize("m", [3, 19, 40])
+@pytest.mark.parametrize("m", [1, 3, 19, 40])
 def test_skinny_matches_the_activation_quantized_reference(block, split_k, m):
     """K = 160: 5 K-steps of 32, split 1, 2 (3 + 2 steps) or 3 ways (2 + 2 + 1); 48 weight rows
     in 3 tiles; rows in one to three tiles, the last one partial."""
@@ -252,7 +252,7 @@ SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", SHAPES_8B)
-@pytest.mark.parametrize("m", [17, 32, 64, 100, 256])
+@pytest.mark.parametrize("m", [1, 2, 8, 17, 32, 64, 100, 256])
 @pytest.mark.parametrize("block", [None, (128, 128)])
 def test_gpu_skinny_at_8b_sizes(n, k, m, block):
     w = _weight(n, k, block, True)

@@ -47,8 +47,11 @@ from slipstream.utils.overrides import config_from_env
 class Fp8GemvConfig:
     """Which kernel and tiles the FP8 GEMV takes; every field can be overridden from
     benchmarks/bench_fp8_gemv.py --variants (the lead's sweep picks the defaults)."""
-    # M up to this takes the GEMV (ops/fp8_linear.py), more rows the FP8 GEMMs; 0: never
-    max_rows: int = 16
+    # M up to this takes the GEMV (ops/fp8_linear.py), more rows the FP8 GEMMs; 0: never. One
+    # row: at 2-16 rows the skinny GEMM with the input quantized per token reads the 8B
+    # shape's weights at 1.18-1.54x their floor against the GEMV's 1.9-4.4x (H100), and a
+    # decode step of 8 rows took 4.13 ms against 7.45 (docs/fp8.md, "Small-batch GEMV")
+    max_rows: int = 1
     # 1: one row takes the FMA kernel, more rows the MMA kernel; 0: the MMA kernel always (the
     # FMA kernel takes one row only); by its
     # loop's SASS on sm_90 the MMA kernel issues 1.2 instructions a weight byte at one row
