@@ -35,9 +35,11 @@ class Fp8Linear(nn.Module):
         self.register_buffer("gamma", None, persistent=False)
         self.batch_invariant = False  # set by LlamaForCausalLM.set_batch_invariant
         self.fp8 = Fp8Weight(self.weight, self.weight_scale, scheme.block)
-        if self.weight.is_cuda:  # the small-batch GEMV's split-K memory, before any graph capture
+        if self.weight.is_cuda:  # the GEMV's and skinny GEMM's split-K memory, before any graph capture
+            from slipstream.ops.triton_fp8_gemm_skinny import reserve_skinny_tickets
             from slipstream.ops.triton_fp8_gemv_mma import reserve_mma_workspace
             reserve_mma_workspace(self.weight.device, out_features)
+            reserve_skinny_tickets(self.weight.device)
 
     @torch.no_grad()
     def fold_input_scale(self, gamma: torch.Tensor) -> None:

@@ -1,5 +1,5 @@
 """Which kernel multiplies an FP8 weight at how many rows, on CUDA (not batch-invariant; the
-1-16-row GEMV decides before this table: ops/fp8_linear.py `_gemv_applies`).
+one-row GEMV decides before this table: ops/fp8_linear.py `_gemv_applies`).
 
 The table is per weight layout (per-tensor / per-channel, 128x128 blocks): routes sorted by
 `up_to_rows`, the first that holds the batch's rows wins, the last one takes any count. The

@@ -4,9 +4,9 @@ norm's product, SiLU·mul into the down product), with these paths:
 
 - CPU (tests, CI): the reference. The weight is dequantized to the activation dtype and
   multiplied by the unquantized input (weight-only quantization: `fp8_linear_ref`).
-- CUDA, 1 to 16 rows (`Fp8GemvConfig.max_rows`; `SLIPSTREAM_GEMV` on, not batch-invariant):
-  the FP8 GEMV (ops/triton_fp8_gemv.py) streams the FP8 weight and multiplies the unquantized
-  input rows (on tensor cores in f16 with fp32 sums; one row optionally with FMAs in fp32);
+- CUDA, one row (up to `Fp8GemvConfig.max_rows`, 1: at 2-16 rows the skinny GEMM below is
+  faster; `SLIPSTREAM_GEMV` on, not batch-invariant): the FP8 GEMV (ops/triton_fp8_gemv.py)
+  streams the FP8 weight and multiplies the unquantized input rows (on tensor cores in f16 with fp32 sums; one row optionally with FMAs in fp32);
   per-channel or block scales, the folded norm's gamma and row scale, the bias, SiLU·mul and
   the residual are applied inside it.
 - CUDA, more rows: the input is quantized per token (per token and 128-column group for block
@@ -20,7 +20,7 @@ norm's product, SiLU·mul into the down product), with these paths:
 
 Batch invariance: the Triton FP8 GEMM and the per-token quantization give a row the same bits
 in any batch (one tile config for every M, no split over K); cuBLASLt picks its kernel from M
-and the GEMV runs at 1-16 rows only, so neither is used with `batch_invariant=True`.
+and the GEMV runs at one row only, so neither is used with `batch_invariant=True`.
 """
 from __future__ import annotations
 
@@ -114,8 +114,8 @@ def fp8_norm_linear(h: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, ep
 def fp8_silu_mul_linear_add_(out: torch.Tensor, gate_up: torch.Tensor, w: Fp8Weight,
                              hidden: torch.Tensor | None = None, eps: float = 1e-6,
                              batch_invariant: bool = False) -> torch.Tensor:
-    """out += silu_and_mul(gate_up, hidden, eps) W^T, in place: SiLU·mul inside the GEMV at 1-16
-    rows with gate_up finished, else inside the input's per-token quantization."""
+    """out += silu_and_mul(gate_up, hidden, eps) W^T, in place: SiLU·mul inside the GEMV at its
+    rows (one) with gate_up finished, else inside the input's per-token quantization."""
     if hidden is None and _gemv_applies(gate_up, batch_invariant) and out.is_contiguous():
         from slipstream.ops.triton_fp8_gemv import fp8_gemv
         return fp8_gemv(gate_up, w, residual=out, out=out, silu_mul=True)

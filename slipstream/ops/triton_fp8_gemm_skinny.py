@@ -1,5 +1,5 @@
-"""FP8 GEMM for few rows (8-256): y[M, N] = x[M, K] @ (q * scale)[N, K]^T (+ bias)
-(+ residual), x quantized per token (ops/triton_fp8_quant.py), products on FP8 tensor cores
+"""FP8 GEMM for few rows (2-256; one row takes the GEMV): y[M, N] = x[M, K] @ (q * scale)[N, K]^T
+(+ bias) (+ residual), x quantized per token (ops/triton_fp8_quant.py), products on FP8 tensor cores
 in fp32.
 
 Why a kernel of its own: at a few dozen rows the product reads the weight once and is bound
@@ -12,8 +12,9 @@ MMA's 64-row side and the activation rows its narrow side (Hopper's wgmma m64nXk
 `split_k` > 1 splits K over programs too (N = 4096 at BLOCK_N 64 gives 64 programs for 132
 SMs; `skinny_config_for`): each split writes its fp32 partial to a workspace and counts itself in done by one
 atomic; the split that arrives last sums the partials in split order (the same bits whatever
-the arrival order) and runs the epilogue. The counters come zeroed with each call
-(one memset), so launches stay shape-only and CUDA-graph safe.
+the arrival order), runs the epilogue and puts its tile's counter back to zero: the counters
+(ops/tickets.py, reserved at model load) need no memset kernel before a launch, which would
+break the step's PDL chain, and launches stay shape-only and CUDA-graph safe.
 
 Scales: per-channel weights (scale [N]) multiply the finished sum with the row scales;
 block weights (scale [N / bn, K / bk]) step K by bk, and each step's product is scaled by
@@ -30,6 +31,7 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.tickets import reserve_tickets, tickets
 from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
 from slipstream.quant.fp8 import Fp8Weight
 
@@ -52,6 +54,12 @@ DEFAULT_FP8_SKINNY_CONFIG = Fp8SkinnyConfig()
 
 
 SMS = 132  # an H100 SXM's (an H200's too): the programs a split aims at
+
+
+def reserve_skinny_tickets(device: torch.device) -> None:
+    """The counters any launch of `skinny_config_for`'s tiles can need (it splits K only where
+    the tiles are fewer than SMS), zeroed before any graph capture."""
+    reserve_tickets(device, SMS)
 
 
 def skinny_config_for(m: int, n: int, k: int) -> Fp8SkinnyConfig:
@@ -115,13 +123,14 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
         part = part_ptr + offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
         tl.store(part + pid_s.to(tl.int64) * M * N, acc, mask=omask)
         tl.debug_barrier()  # every thread's partial stored before the (releasing) count
-        done = tl.atomic_add(cnt_ptr + tile, 1)
+        done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if done == SPLIT_K - 1:
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(0, SPLIT_K):
                 acc += tl.load(part + s * M * N, mask=omask, other=0.0, cache_modifier=".cg")
             _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
                       HAS_BIAS, HAS_RES)
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # for the next launch
     else:
         _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
                   HAS_BIAS, HAS_RES)
@@ -163,9 +172,9 @@ def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Ten
     if m == 0:
         return out
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
-    if cfg.split_k > 1:  # (the counters' memset before the quantization: PDL chains the two kernels)
+    if cfg.split_k > 1:  # the counters: ops/tickets.py's, left at zero by every launch
         part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
-        cnt = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x.device)
+        cnt = tickets(x.device, grid[0] * grid[1])
     else:
         part = cnt = out  # unused
     q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)

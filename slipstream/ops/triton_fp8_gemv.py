@@ -1,6 +1,7 @@
 """Small-batch linear layers with FP8 weights: y[M, N] = (x * gamma)[M, K] @ (q * scale)[N, K]^T
-for M <= `Fp8GemvConfig.max_rows` (16), weight-only: the input rows stay in their dtype (no
-activation quantization), the FP8 weight is upcast in registers.
+for M <= 16 rows (the engine takes it up to `Fp8GemvConfig.max_rows`, one row), weight-only:
+the input rows stay in their dtype (no activation quantization), the FP8 weight is upcast in
+registers.
 
 At small batches a decode step reads every weight once; its time is the weight's bytes, half
 of bf16's in FP8. Two kernels stream them (`Fp8GemvConfig` picks one by the number of rows):

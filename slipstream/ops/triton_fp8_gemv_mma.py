@@ -55,6 +55,7 @@ import triton.language as tl
 from triton.compiler.errors import CompilationError
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.tickets import device_key, reserve_tickets, tickets
 from slipstream.ops.triton_f16_split import (
     prepass_steps,
     row_amax,
@@ -223,55 +224,48 @@ def mma_split(row_blocks: int, k_tiles: int, sms: int) -> int:
 
 @dataclass
 class _Workspace:
-    """Split-K's device memory: fp32 partials, the partial sums of x^2 a row, and the tickets,
-    which every launch leaves at zero (its last program resets each). One a device, shared by
-    every product: they run one after another on the compute stream, and with PDL a launch
-    touches it only after its wait, when the previous kernel has finished."""
+    """Split-K's device memory: fp32 partials and the partial sums of x^2 a row (the tickets
+    are ops/tickets.py's). One a device, shared by every product: they run one after another
+    on the compute stream, and with PDL a launch touches it only after its wait, when the
+    previous kernel has finished."""
     partials: torch.Tensor
     squares: torch.Tensor
-    tickets: torch.Tensor
 
 
 _WORKSPACES: dict[torch.device, _Workspace] = {}
 
 
 def reserve_mma_workspace(device: torch.device, n: int) -> None:
-    """Allocate (zeroed, eagerly) what a product of `n` output rows can need at any row count
-    and split (at most 8 slices, 16-row blocks): the model calls it at load, so that no
-    workspace is first allocated inside a CUDA graph capture, where its zeros would not be
-    written until the graph's first replay."""
-    _grow(torch.device(device), 8 * 16 * n, triton.cdiv(n, 16) * 8 * 16, triton.cdiv(n, 16))
+    """Allocate (the tickets zeroed, eagerly) what a product of `n` output rows can need at any
+    row count and split (at most 8 slices, 16-row blocks): the model calls it at load, so that
+    no workspace is first allocated inside a CUDA graph capture, where the tickets' zeros
+    would not be written until the graph's first replay."""
+    device = device_key(device)
+    _grow(device, 8 * 16 * n, triton.cdiv(n, 16) * 8 * 16)
+    reserve_tickets(device, triton.cdiv(n, 16))
 
 
-def workspace_key(device: torch.device) -> torch.device:
-    """`cuda` and `cuda:<current>` are one device."""
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _grow(device: torch.device, partials: int, squares: int, tickets: int) -> _Workspace:
-    device = workspace_key(device)
+def _grow(device: torch.device, partials: int, squares: int) -> _Workspace:
+    device = device_key(device)
     ws = _WORKSPACES.get(device)
-    if ws is not None and ws.partials.numel() >= partials and ws.squares.numel() >= squares \
-            and ws.tickets.numel() >= tickets:
+    if ws is not None and ws.partials.numel() >= partials and ws.squares.numel() >= squares:
         return ws
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("fp8_gemv: its split-K workspace would first be allocated inside a CUDA graph "
                            "capture (reserve_mma_workspace at model load reserves it)")
-    old = ws or _Workspace(*(torch.empty(0, device=device) for _ in range(3)))
+    old = ws or _Workspace(*(torch.empty(0, device=device) for _ in range(2)))
     ws = _Workspace(torch.empty(max(partials, old.partials.numel()), dtype=torch.float32, device=device),
-                    torch.empty(max(squares, old.squares.numel()), dtype=torch.float32, device=device),
-                    torch.zeros(max(tickets, old.tickets.numel()), dtype=torch.int32, device=device))
+                    torch.empty(max(squares, old.squares.numel()), dtype=torch.float32, device=device))
     _WORKSPACES[device] = ws
     return ws
 
 
 def _workspace(device: torch.device, n: int, row_blocks: int, split: int, m_pad: int):
     """(partials [split, m_pad, n], squares [row_blocks, split, m_pad], tickets [row_blocks])."""
-    ws = _grow(device, split * m_pad * n, row_blocks * split * m_pad, row_blocks)
+    ws = _grow(device, split * m_pad * n, row_blocks * split * m_pad)
     return (ws.partials[:split * m_pad * n].view(split, m_pad, n),
-            ws.squares[:row_blocks * split * m_pad].view(row_blocks, split, m_pad), ws.tickets[:row_blocks])
+            ws.squares[:row_blocks * split * m_pad].view(row_blocks, split, m_pad),
+            tickets(device, row_blocks)[:row_blocks])
 
 
 def fp8_gemv_mma(x2: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, res2: torch.Tensor,
