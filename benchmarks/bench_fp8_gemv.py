@@ -22,9 +22,8 @@ launch each, into Triton's on-disk cache, which the timing process then reads): 
 host's 16 cores `--rows 1,4,16 --variant-rows 1,4` took 24 s. Each variant is
 first checked against the weight-only reference on one copy (a failure is printed and the
 sweep goes on; `--variants` adds
-`Fp8GemvConfig` overrides: fma_rows, block_n, block_k, stages, num_warps, mma_block_n,
-mma_block_k, mma_stages, mma_warps, mma_split_k, mma_min_m_pad; the FMA
-kernel takes one row only, so its variants equal the default above one row).
+`Fp8GemvConfig` overrides: mma_block_n, mma_block_k, mma_stages, mma_warps, mma_split_k,
+mma_min_m_pad).
 GB/s counts the bytes the product reads of its weight (FP8 values, scales, gamma; bf16: the
 weight); `x floor` is the time over the FP8 weight's floor for every implementation (bf16's
 own floor is twice it). Where qkv, o, gate_up and down all ran at one row, a last table sums
@@ -66,12 +65,10 @@ SHAPES_8B = {"qkv": (6144, 4096, "norm"), "o": (4096, 4096, "residual"), "gate_u
              "down": (4096, 14336, "silu_mul"), "lm_head": (128256, 4096, "plain")}
 SHAPES_TINY = {"qkv": (48, 160, "norm"), "down": (32, 96, "silu_mul")}
 SHAPES_TINY_LAYER = {**SHAPES_TINY, "o": (32, 96, "residual"), "gate_up": (64, 128, "norm")}  # --tiny --shapes
-# the variants timed unless --no-default-variants: the FMA kernel at one row, then each MMA
-# field moved a step from the default (weight rows a program, the K tile, stages, warps, the K
+# the variants timed unless --no-default-variants: each MMA field moved a step from the default (weight rows a program, the K tile, stages, warps, the K
 # split, the row padding, the L2 prefetch before the PDL wait), at every row count where it
 # launches something new
 DEFAULT_VARIANTS = [
-    "fma:fma_rows=1", "fma-n16:fma_rows=1,block_n=16",
     "mma-n64:mma_block_n=64", "mma-n256:mma_block_n=256,mma_stages=2", "mma-k128:mma_block_k=128",
     "mma-k256:mma_block_k=256,mma_stages=3", "mma-s2:mma_stages=2", "mma-s3:mma_stages=3", "mma-s4:mma_stages=4",
     "mma-w8:mma_warps=8", "mma-split1:mma_split_k=1", "mma-split2:mma_split_k=2",
@@ -103,8 +100,6 @@ def layer_table(impls: list[str], rows: list[dict], same_as: dict, copy_bw: floa
 def launched(cfg: Fp8GemvConfig, n: int, k: int, m: int, sms: int) -> tuple:
     """What `fp8_gemv` launches for this config at m rows of an [n, k] per-channel weight: two
     configs with the same key run the same kernel, so only the first is timed."""
-    if m <= min(cfg.fma_rows, 1):
-        return ("fma", cfg.block_n, cfg.block_k, cfg.stages, cfg.num_warps)
     block_k, stages = cfg.mma_tiles(m)
     sh = mma_shape(n, k, cfg.mma_block_n, block_k, cfg.mma_warps, None, cfg.mma_split_k, sms)
     m_pad = max(triton.next_power_of_2(m), cfg.mma_min_m_pad)

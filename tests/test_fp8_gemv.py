@@ -1,5 +1,5 @@
-"""The small-batch FP8 GEMV (ops/triton_fp8_gemv.py: the FMA kernel at one row, the MMA
-kernel at 1-16 rows, ops/triton_fp8_gemv_mma.py) against the weight-only reference
+"""The small-batch FP8 GEMV (ops/triton_fp8_gemv.py: the MMA kernel at 1-16 rows,
+ops/triton_fp8_gemv_mma.py; the engine sends it one row) against the weight-only reference
 `fp8_linear_ref` in float32: every scale layout (per tensor, per channel, 128 x 128-style
 blocks) with every epilogue (bias, the folded norm's gamma and row scale, the residual added
 in place, SiLU·mul of [gate | up] as the input), split-K included.
@@ -32,8 +32,7 @@ from slipstream.quant.fp8 import (
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # tiny tiles for the interpreter: K = 160 is 2.5 K tiles of 64 (a partial last tile), N = 48
 # is 3 row blocks of 16
-FMA_TINY = Fp8GemvConfig(fma_rows=1, block_n=8, block_k=64)
-MMA_TINY = Fp8GemvConfig(fma_rows=0, mma_block_n=16, mma_block_k=64, mma_warps=2, mma_stages=2)
+MMA_TINY = Fp8GemvConfig(mma_block_n=16, mma_block_k=64, mma_warps=2, mma_stages=2)
 LAYOUTS = ["tensor", "channel", "block"]
 
 
@@ -88,14 +87,6 @@ def _case(epilogue: str, m: int, n: int, k: int, layout: str, cfg: Fp8GemvConfig
         extra = ROUNDING * (a.abs() @ w.dequantized(torch.float32).abs().T)
     assert out.data_ptr() == r.data_ptr()
     return r, expect, extra
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("epilogue", ["bias", "norm", "residual", "silu_mul"])
-def test_fma_kernel_one_row(layout, epilogue):
-    y, ref, extra = _case(epilogue, 1, 48, 160, layout, FMA_TINY)
-    assert y.shape == (1, 48) and y.dtype == torch.bfloat16
-    _close(y, ref, extra)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -167,17 +158,16 @@ def test_tile_rules():
 SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # qkv, o, gate_up, down
 
 
-GPU_KERNELS = {"fma": Fp8GemvConfig(fma_rows=1), "mma": Fp8GemvConfig(fma_rows=0),
-               "mma-pad8": Fp8GemvConfig(fma_rows=0, mma_min_m_pad=8)}
+GPU_KERNELS = {"mma": Fp8GemvConfig(), "mma-pad8": Fp8GemvConfig(mma_min_m_pad=8)}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", SHAPES_8B)
 @pytest.mark.parametrize("layout", ["channel", "block"])
-@pytest.mark.parametrize("kernel,m", [("fma", 1), ("mma", 1), ("mma-pad8", 1), ("mma", 2), ("mma", 5), ("mma", 8),
+@pytest.mark.parametrize("kernel,m", [("mma", 1), ("mma-pad8", 1), ("mma", 2), ("mma", 5), ("mma", 8),
                                       ("mma", 16)])
 def test_gpu_gemv_at_8b_sizes(n, k, layout, kernel, m):
-    """Each form the model runs (the FMA kernel takes one row), split-K where the shape has
+    """Each form the model runs, split-K where the shape has
     few row blocks (qkv, o, down)."""
     cfg = GPU_KERNELS[kernel]
     for epilogue in ("norm", "residual", "silu_mul"):
@@ -189,7 +179,7 @@ def test_gpu_gemv_at_8b_sizes(n, k, layout, kernel, m):
 def test_gpu_gemv_replays_in_a_cuda_graph(m):
     """Split-K's tickets and workspace under a graph: replays on new inputs equal eager."""
     w = _weight(4096, 4096, "channel", True)
-    cfg = Fp8GemvConfig(fma_rows=0)  # the o shape: split-K
+    cfg = Fp8GemvConfig()  # the o shape: split-K
     x = _x(m, 4096)
     out = torch.empty((m, 4096), dtype=torch.bfloat16, device=DEVICE)
     for _ in range(2):
@@ -216,7 +206,7 @@ def compile_gemv_for_hopper() -> int:
 
     import slipstream.ops.triton_fp8_gemv_mma as tm
     bf, f8 = torch.bfloat16, torch.float8_e4m3fn
-    mma = Fp8GemvConfig(fma_rows=0)
+    mma = Fp8GemvConfig()
 
     def weight(n, k, block=None, gamma=True):
         scale = torch.ones((n // 128, k // 128) if block else (n,))
