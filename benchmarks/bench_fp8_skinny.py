@@ -13,7 +13,9 @@ Per-channel weights (what `--quantization fp8` makes). Implementations, each a w
 
     bf16          ops.linear.linear (cuBLAS at these rows)
     mm, mm-fast   per-token quantization + torch._scaled_mm row-wise, fast accumulation off / on
-    fp8           ops.fp8_linear.fp8_linear: what the routing table picks (ops/fp8_dispatch.py)
+    fp8           ops.fp8_linear.fp8_linear: what the routing table picks (ops/fp8_dispatch.py;
+                  at the GEMV's rows, one, the weight-only GEMV, checked against the
+                  weight-only reference)
     skinny        the skinny kernel with `skinny_config_for`'s tile for the rows
     skinny-*      one `Fp8SkinnyConfig` field moved from that tile (activation rows a
                   program, weight rows a program, K step, stages, warps, K split, the L2
@@ -48,8 +50,9 @@ from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.ops.fp8_dispatch import fp8_product  # noqa: E402
 from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_ref  # noqa: E402
-from slipstream.ops.linear import linear  # noqa: E402
+from slipstream.ops.linear import GEMV_ENABLED, linear  # noqa: E402
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for  # noqa: E402
+from slipstream.ops.triton_fp8_gemv import DEFAULT_FP8_GEMV_CONFIG  # noqa: E402
 from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
 from slipstream.utils.overrides import parse_overrides  # noqa: E402
 
@@ -157,10 +160,14 @@ def main(argv=None) -> int:
             x[:, ::97] *= 20  # a few outlier channels, as real activations have
             x = x.to(torch.bfloat16)
             ref = fp8_linear_ref(x.float(), weights[0][0], quantize_input=True).double()
+            # the routed path's rows that the weight-only GEMV takes: its own reference
+            gemv_rows = x.is_cuda and GEMV_ENABLED and m <= DEFAULT_FP8_GEMV_CONFIG.max_rows
+            weight_only = fp8_linear_ref(x.float(), weights[0][0]).double() if gemv_rows else ref
             for _, _, impl, cfg in [p for p in plan if p[0] == name and p[1] == m]:
                 try:  # a variant that fails (compile, launch, bound) is reported, not fatal
                     y = call(impl, x, *weights[0], cfg)().double()
-                    err = ((y - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
+                    r = weight_only if impl == "fp8" else ref
+                    err = ((y - r).pow(2).mean() / r.pow(2).mean()).sqrt().item()
                     # (bf16 is not quantized; on the CPU fp8_linear is the unquantized reference)
                     if impl != "bf16" and (impl != "fp8" or x.is_cuda) and not err <= 2 ** -6:
                         raise AssertionError(f"relative RMS error {err:.2e} over 2^-6")
