@@ -65,9 +65,9 @@ SHAPES_8B = {"qkv": (6144, 4096, "norm"), "o": (4096, 4096, "residual"), "gate_u
              "down": (4096, 14336, "silu_mul"), "lm_head": (128256, 4096, "plain")}
 SHAPES_TINY = {"qkv": (48, 160, "norm"), "down": (32, 96, "silu_mul")}
 SHAPES_TINY_LAYER = {**SHAPES_TINY, "o": (32, 96, "residual"), "gate_up": (64, 128, "norm")}  # --tiny --shapes
-# the variants timed unless --no-default-variants: each MMA field moved a step from the default (weight rows a program, the K tile, stages, warps, the K
-# split, the row padding, the L2 prefetch before the PDL wait), at every row count where it
-# launches something new
+# the variants timed unless --no-default-variants: each MMA field moved a step from the
+# default (weight rows a program, the K tile, stages, warps, the K split, the row padding), at
+# every row count where it launches something new
 DEFAULT_VARIANTS = [
     "mma-n64:mma_block_n=64", "mma-n256:mma_block_n=256,mma_stages=2", "mma-k128:mma_block_k=128",
     "mma-k256:mma_block_k=256,mma_stages=3", "mma-s2:mma_stages=2", "mma-s3:mma_stages=3", "mma-s4:mma_stages=4",

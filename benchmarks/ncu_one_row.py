@@ -63,9 +63,9 @@ def launches(name: str, n: int, k: int, form: str, dev: torch.device) -> list[tu
         bf16 = lambda: gemv(x, w, residual=r, silu_mul=True)  # noqa: E731
         ref = fp8_linear_ref(silu_and_mul_ref(x), fw).float() + r.float()
     words = q.view(torch.int32) if k % 4 == 0 else None
-    sh = mma_shape(n, k, DEFAULT_FP8_GEMV_CONFIG.mma_block_n, DEFAULT_FP8_GEMV_CONFIG.mma_tiles(1)[0],
-                   DEFAULT_FP8_GEMV_CONFIG.mma_warps, None, DEFAULT_FP8_GEMV_CONFIG.mma_split_k, sm_count(dev))
     block_k, stages = DEFAULT_FP8_GEMV_CONFIG.mma_tiles(1)
+    sh = mma_shape(n, k, DEFAULT_FP8_GEMV_CONFIG.mma_block_n, block_k, DEFAULT_FP8_GEMV_CONFIG.mma_warps, None,
+                   DEFAULT_FP8_GEMV_CONFIG.mma_split_k, sm_count(dev))
     total = torch.zeros(1, device=dev, dtype=torch.int32)
     read = lambda: tile_read(words, total, sh.block_n, block_k // 4, sh.split, stages,  # noqa: E731
                              DEFAULT_FP8_GEMV_CONFIG.mma_warps)

@@ -6,8 +6,8 @@ norm's product, SiLU·mul into the down product), with these paths:
   multiplied by the unquantized input (weight-only quantization: `fp8_linear_ref`).
 - CUDA, one row (up to `Fp8GemvConfig.max_rows`, 1: at 2-16 rows the skinny GEMM below is
   faster; `SLIPSTREAM_GEMV` on, not batch-invariant): the FP8 GEMV (ops/triton_fp8_gemv.py)
-  streams the FP8 weight and multiplies the unquantized input rows (on tensor cores in f16 with fp32 sums; one row optionally with FMAs in fp32);
-  per-channel or block scales, the folded norm's gamma and row scale, the bias, SiLU·mul and
+  streams the FP8 weight and multiplies the unquantized input rows (on tensor cores in f16
+  with fp32 sums); per-channel or block scales, the folded norm's gamma and row scale, the bias, SiLU·mul and
   the residual are applied inside it.
 - CUDA, more rows: the input is quantized per token (per token and 128-column group for block
   weights; ops/triton_fp8_quant.py, gamma folded into that pass) and multiplied by the kernel

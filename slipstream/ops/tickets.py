@@ -21,6 +21,14 @@ def device_key(device: torch.device) -> torch.device:
     return device
 
 
+def refuse_in_capture(device: torch.device, what: str, reserve: str) -> None:
+    """A device buffer that would first be allocated inside a CUDA graph capture (its zeros or
+    contents not written until the first replay) is an error naming what reserves it."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{what} would first be allocated inside a CUDA graph capture ({reserve} at model "
+                           "load reserves it)")
+
+
 def reserve_tickets(device: torch.device, count: int) -> None:
     """Allocate (zeroed, eagerly) at least `count` tickets: the model calls it at load, so that
     none is first allocated inside a CUDA graph capture, where its zeros would not be written
@@ -34,9 +42,7 @@ def tickets(device: torch.device, count: int) -> torch.Tensor:
     have = _TICKETS.get(key)
     if have is not None and have.numel() >= count:
         return have
-    if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"{count} tickets would first be allocated inside a CUDA graph capture "
-                           "(reserve_tickets at model load reserves them)")
+    refuse_in_capture(key, f"{count} tickets", "reserve_tickets")
     grown = torch.zeros(max(count, have.numel() if have is not None else 0), dtype=torch.int32, device=key)
     _TICKETS[key] = grown
     return grown

@@ -55,7 +55,7 @@ import triton.language as tl
 from triton.compiler.errors import CompilationError
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
-from slipstream.ops.tickets import device_key, reserve_tickets, tickets
+from slipstream.ops.tickets import device_key, refuse_in_capture, reserve_tickets, tickets
 from slipstream.ops.triton_f16_split import (
     prepass_steps,
     row_amax,
@@ -250,9 +250,7 @@ def _grow(device: torch.device, partials: int, squares: int) -> _Workspace:
     ws = _WORKSPACES.get(device)
     if ws is not None and ws.partials.numel() >= partials and ws.squares.numel() >= squares:
         return ws
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("fp8_gemv: its split-K workspace would first be allocated inside a CUDA graph "
-                           "capture (reserve_mma_workspace at model load reserves it)")
+    refuse_in_capture(device, "fp8_gemv: its split-K workspace", "reserve_mma_workspace")
     old = ws or _Workspace(*(torch.empty(0, device=device) for _ in range(2)))
     ws = _Workspace(torch.empty(max(partials, old.partials.numel()), dtype=torch.float32, device=device),
                     torch.empty(max(squares, old.squares.numel()), dtype=torch.float32, device=device))
