@@ -8,22 +8,26 @@ variant's time against the floor of the FP8 weight's bytes at 3.0 TB/s
         [--variants NAME:field=v,... ...] [--no-default-variants] [--jobs N] [--floor-tbs 3.0]
         [--out DIR] [--tiny]
 
-Per-channel weights (what `--quantization fp8` makes). Implementations, each a whole call
+Per-channel weights (what `--quantization fp8` makes), qkv and gate_up with a folded norm's
+gamma as the engine's. Implementations, each a whole call
 (the input's per-token quantization included, as the engine runs it):
 
     bf16          ops.linear.linear (cuBLAS at these rows)
     mm, mm-fast   per-token quantization + torch._scaled_mm row-wise, fast accumulation off / on
     fp8           ops.fp8_linear.fp8_linear: what the routing table picks (ops/fp8_dispatch.py;
-                  at the GEMV's rows, one, the weight-only GEMV, checked against the
-                  weight-only reference)
-    skinny        the skinny kernel with `skinny_config_for`'s tile for the rows
+                  the weight-only GEMV at one row, the skinny GEMM weight-only up to its
+                  default `weight_only_rows`)
+    skinny        the skinny kernel with `skinny_config_for`'s tile for the rows (the input
+                  quantized per token above `weight_only_rows`, by default 0; skinny-wo: the
+                  input multiplied as it is up to 64 rows, the weight upcast in registers)
     skinny-*      one `Fp8SkinnyConfig` field moved from that tile (activation rows a
                   program, weight rows a program, K step, stages, warps, K split, the L2
                   prefetch), timed where it launches something new
 
 The weights rotate over copies of at least 100 MB of FP8 (the bf16 baseline reads twice
 that), so that every product reads its weight from memory, not L2. Each implementation is
-first checked against the activation-quantized reference on one copy (relative RMS error
+first checked against its reference on one copy (weight-only or activation-quantized, as it
+computes) (relative RMS error
 <= 2^-6: the same FP8 operands; a failure is printed and the sweep goes on). --jobs worker
 processes compile every launch first (benchmarks/precompile.py). `--tiny`: small shapes on
 the CPU under Triton's interpreter, a smoke test.
@@ -48,10 +52,15 @@ from weight_floor import FLOOR_TBS, best_table, floor_us  # noqa: E402
 
 from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
-from slipstream.ops.fp8_dispatch import fp8_product  # noqa: E402
+from slipstream.ops.fp8_dispatch import DISPATCH, fp8_product  # noqa: E402
 from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_ref  # noqa: E402
 from slipstream.ops.linear import GEMV_ENABLED, linear  # noqa: E402
-from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for  # noqa: E402
+from slipstream.ops.triton_fp8_gemm_skinny import (  # noqa: E402
+    DEFAULT_FP8_SKINNY_CONFIG,
+    Fp8SkinnyConfig,
+    fp8_gemm_skinny,
+    skinny_config_for,
+)
 from slipstream.ops.triton_fp8_gemv import DEFAULT_FP8_GEMV_CONFIG  # noqa: E402
 from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
 from slipstream.utils.overrides import parse_overrides  # noqa: E402
@@ -65,7 +74,9 @@ DEFAULT_VARIANTS = [
     "bm16:block_m=16", "bm32:block_m=32", "bm64:block_m=64", "bm128:block_m=128", "bn128:block_n=128",
     "bk256:block_k=256", "s3:num_stages=3", "s4:num_stages=4", "s6:num_stages=6", "w8:num_warps=8",
     "split1:split_k=1", "split2:split_k=2", "split4:split_k=4", "nopf:prefetch_k=0", "pf2048:prefetch_k=2048",
+    "wo:weight_only_rows=64",
 ]
+GAMMA_SHAPES = ("qkv", "gate_up")  # the engine folds the norm before them into the product
 COPY_BYTES = 100e6
 
 
@@ -85,12 +96,24 @@ def call(impl: str, x: torch.Tensor, w: Fp8Weight, wb: torch.Tensor, cfg: Fp8Ski
     return lambda: fp8_gemm_skinny(x, w, None, cfg)
 
 
-def make_weights(n: int, k: int, copies: int, dev: str, gen) -> list[tuple[Fp8Weight, torch.Tensor]]:
+def make_weights(n: int, k: int, copies: int, dev: str, gen, gamma: bool = False) -> list[tuple[Fp8Weight, torch.Tensor]]:
     out = []
     for _ in range(copies):
         wb = (torch.randn(n, k, generator=gen, device=dev) / k ** 0.5).to(torch.bfloat16)
-        out.append((Fp8Weight(*quantize_per_channel(wb)), wb))
+        g = torch.rand(k, generator=gen, device=dev) + 0.5 if gamma else None
+        out.append((Fp8Weight(*quantize_per_channel(wb), gamma=g), wb))
     return out
+
+
+def weight_only(impl: str, m: int, cfg: Fp8SkinnyConfig | None, dev: str) -> bool:
+    """Whether `impl` multiplies the input unquantized at m rows (its reference)."""
+    if impl == "fp8":
+        if dev != "cuda":
+            return True  # the CPU path is the weight-only reference
+        if GEMV_ENABLED and m <= DEFAULT_FP8_GEMV_CONFIG.max_rows:
+            return True
+        return DISPATCH.kernel_for(m, False) == "skinny" and m <= DEFAULT_FP8_SKINNY_CONFIG.weight_only_rows
+    return cfg is not None and m <= cfg.weight_only_rows
 
 
 def _compile_tasks(tasks: list[tuple], shapes: dict, dev: str) -> int:
@@ -100,7 +123,7 @@ def _compile_tasks(tasks: list[tuple], shapes: dict, dev: str) -> int:
     for name, m, impl, cfg in tasks:
         n, k = shapes[name]
         if name not in made:
-            made[name] = make_weights(n, k, 1, dev, gen)[0]
+            made[name] = make_weights(n, k, 1, dev, gen, name in GAMMA_SHAPES)[0]
         w, wb = made[name]
         x = torch.randn(m, k, generator=gen, device=dev).to(torch.bfloat16)
         try:
@@ -153,23 +176,21 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|")
     for name, (n, k) in shapes.items():
         copies = 1 if args.tiny else max(1, -(-int(COPY_BYTES) // (n * k)))
-        weights = make_weights(n, k, copies, dev, gen)
+        weights = make_weights(n, k, copies, dev, gen, name in GAMMA_SHAPES)
         fl = floor_us(weights[0][0].nbytes(), args.floor_tbs)
         for m in rows:
             x = torch.randn(m, k, generator=gen, device=dev)
             x[:, ::97] *= 20  # a few outlier channels, as real activations have
             x = x.to(torch.bfloat16)
-            ref = fp8_linear_ref(x.float(), weights[0][0], quantize_input=True).double()
-            # the routed path's rows that the weight-only GEMV takes: its own reference
-            gemv_rows = x.is_cuda and GEMV_ENABLED and m <= DEFAULT_FP8_GEMV_CONFIG.max_rows
-            weight_only = fp8_linear_ref(x.float(), weights[0][0]).double() if gemv_rows else ref
+            refs = {True: fp8_linear_ref(x.float(), weights[0][0]).double(),
+                    False: fp8_linear_ref(x.float(), weights[0][0], quantize_input=True).double()}
             for _, _, impl, cfg in [p for p in plan if p[0] == name and p[1] == m]:
                 try:  # a variant that fails (compile, launch, bound) is reported, not fatal
                     y = call(impl, x, *weights[0], cfg)().double()
-                    r = weight_only if impl == "fp8" else ref
+                    r = refs[weight_only(impl, m, cfg, dev)]
                     err = ((y - r).pow(2).mean() / r.pow(2).mean()).sqrt().item()
-                    # (bf16 is not quantized; on the CPU fp8_linear is the unquantized reference)
-                    if impl != "bf16" and (impl != "fp8" or x.is_cuda) and not err <= 2 ** -6:
+                    # (bf16 reads its own weight, not the FP8 one)
+                    if impl != "bf16" and not err <= 2 ** -6:
                         raise AssertionError(f"relative RMS error {err:.2e} over 2^-6")
                     us = time_graph([call(impl, x, w, wb, cfg) for w, wb in weights], device=dev) * 1e3
                 except Exception as e:  # noqa: BLE001

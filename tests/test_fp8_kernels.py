@@ -12,6 +12,7 @@ import torch
 
 from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_add_, fp8_linear_ref, fp8_norm_linear
 from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm
+from slipstream.ops.triton_fp8_gemm_skinny import DEFAULT_FP8_SKINNY_CONFIG
 from slipstream.ops.triton_fp8_gemv import fp8_gemv
 from slipstream.ops.triton_fp8_quant import quantize_rows
 from slipstream.quant.fp8 import Fp8Weight, quantize_blocks, quantize_per_channel, quantize_per_token
@@ -116,8 +117,10 @@ def test_gpu_gemm_and_scaled_mm_at_8b_sizes(n, k, m, block):
     # fp32 sums in another order, one bf16 rounding of the output
     tol = dict(atol=3e-2 * ref.abs().max().item() / 8, rtol=2e-2)
     torch.testing.assert_close(fp8_gemm(x, w, b).float(), ref, **tol)
-    # _scaled_mm or the block GEMM; up to 16 rows the weight-only GEMV (its own reference)
-    path_ref = ref if m > 16 else fp8_linear_ref(x.float(), w, b.float())
+    # _scaled_mm or the block GEMMs, the input quantized; the skinny GEMM weight-only up to
+    # its default `weight_only_rows`: that reference
+    weight_only = m <= DEFAULT_FP8_SKINNY_CONFIG.weight_only_rows
+    path_ref = fp8_linear_ref(x.float(), w, b.float()) if weight_only else ref
     torch.testing.assert_close(fp8_linear(x, w, b).float(), path_ref, **tol)
     r = _x(m, n, seed=7)
     torch.testing.assert_close(fp8_linear_add_(r.clone(), x, w, b).float(), r.float() + path_ref, **tol)
