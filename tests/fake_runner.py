@@ -18,7 +18,7 @@ import numpy as np
 
 from slipstream.runner.inputs import fill_inputs
 from slipstream.sampling.columns import ALL_COLUMNS
-from slipstream.sched.scheduler import BatchResult
+from slipstream.sched.batch import BatchResult
 
 VOCAB = 97
 

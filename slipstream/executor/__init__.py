@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from slipstream.runner.model_runner import Launched
-    from slipstream.sched.scheduler import BatchResult, ScheduledBatch
+    from slipstream.sched.batch import BatchResult, ScheduledBatch
 
 
 class Executor(Protocol):

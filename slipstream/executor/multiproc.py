@@ -36,7 +36,7 @@ from slipstream.runner.graphs import step_graphs
 from slipstream.runner.inputs import fill_inputs
 from slipstream.runner.model_runner import Launched, ModelRunner, RunnerOptions
 from slipstream.runner.slots import IOSlot
-from slipstream.sched.scheduler import BatchResult, ScheduledBatch
+from slipstream.sched.batch import BatchResult, ScheduledBatch
 
 POLL_MS = 100  # how often a waiting core looks at the workers' exit codes
 STEP_DEADLINE_S = COLLECTIVE_TIMEOUT_S + 30  # a step's tokens later than this: a rank hangs

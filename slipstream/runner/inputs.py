@@ -11,7 +11,7 @@ import numpy as np
 
 from slipstream.sampling.sampler import GREEDY_EPS, SamplerFlags
 from slipstream.sampling.columns import SAMPLING_COLUMNS
-from slipstream.sched.scheduler import ScheduledBatch
+from slipstream.sched.batch import ScheduledBatch
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from slipstream.runner.split_graphs import SplitGraphs
 from slipstream.runner.speculative import launch_speculative
 from slipstream.sampling.sampler import PenaltyState, SamplingTensors, sample
 from slipstream.sampling.columns import ALL_COLUMNS
-from slipstream.sched.scheduler import BatchResult, ScheduledBatch
+from slipstream.sched.batch import BatchResult, ScheduledBatch
 
 
 @dataclass

@@ -11,7 +11,7 @@ from slipstream.sched.speculative import SpecBatch
 
 class SpeculativeSteps:
     """Needs the Scheduler's running, table, speculative, _reserve, _add and _append_token
-    (`b` is its batch builder, `result` a BatchResult: sched/scheduler.py, which imports this)."""
+    (`b` is its batch builder, `result` a BatchResult, sched/batch.py: sched/scheduler.py imports this)."""
 
     def _schedule_drafting(self, b, budget: int, allowed: bool) -> tuple[int, bool]:
         """The running requests' part of `schedule` when rows draft (the loop of a plain step,
