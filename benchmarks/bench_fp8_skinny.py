@@ -52,16 +52,10 @@ from weight_floor import FLOOR_TBS, best_table, floor_us  # noqa: E402
 
 from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
-from slipstream.ops.fp8_dispatch import DISPATCH, fp8_product  # noqa: E402
-from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_ref  # noqa: E402
-from slipstream.ops.linear import GEMV_ENABLED, linear  # noqa: E402
-from slipstream.ops.triton_fp8_gemm_skinny import (  # noqa: E402
-    DEFAULT_FP8_SKINNY_CONFIG,
-    Fp8SkinnyConfig,
-    fp8_gemm_skinny,
-    skinny_config_for,
-)
-from slipstream.ops.triton_fp8_gemv import DEFAULT_FP8_GEMV_CONFIG  # noqa: E402
+from slipstream.ops.fp8_dispatch import fp8_product  # noqa: E402
+from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_ref, multiplies_unquantized  # noqa: E402
+from slipstream.ops.linear import linear  # noqa: E402
+from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for  # noqa: E402
 from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
 from slipstream.utils.overrides import parse_overrides  # noqa: E402
 
@@ -105,15 +99,11 @@ def make_weights(n: int, k: int, copies: int, dev: str, gen, gamma: bool = False
     return out
 
 
-def weight_only(impl: str, m: int, cfg: Fp8SkinnyConfig | None, dev: str) -> bool:
-    """Whether `impl` multiplies the input unquantized at m rows (its reference)."""
+def weight_only(impl: str, x: torch.Tensor, w: Fp8Weight, cfg: Fp8SkinnyConfig | None) -> bool:
+    """Whether `impl` multiplies the input x unquantized (its reference)."""
     if impl == "fp8":
-        if dev != "cuda":
-            return True  # the CPU path is the weight-only reference
-        if GEMV_ENABLED and m <= DEFAULT_FP8_GEMV_CONFIG.max_rows:
-            return True
-        return DISPATCH.kernel_for(m, False) == "skinny" and m <= DEFAULT_FP8_SKINNY_CONFIG.weight_only_rows
-    return cfg is not None and m <= cfg.weight_only_rows
+        return multiplies_unquantized(x, w)
+    return cfg is not None and x.shape[0] <= cfg.weight_only_rows
 
 
 def _compile_tasks(tasks: list[tuple], shapes: dict, dev: str) -> int:
@@ -187,7 +177,7 @@ def main(argv=None) -> int:
             for _, _, impl, cfg in [p for p in plan if p[0] == name and p[1] == m]:
                 try:  # a variant that fails (compile, launch, bound) is reported, not fatal
                     y = call(impl, x, *weights[0], cfg)().double()
-                    r = refs[weight_only(impl, m, cfg, dev)]
+                    r = refs[weight_only(impl, x, weights[0][0], cfg)]
                     err = ((y - r).pow(2).mean() / r.pow(2).mean()).sqrt().item()
                     # (bf16 reads its own weight, not the FP8 one)
                     if impl != "bf16" and not err <= 2 ** -6:

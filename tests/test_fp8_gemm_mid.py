@@ -57,6 +57,12 @@ def weight_only_input(x: torch.Tensor, w: Fp8Weight) -> tuple[torch.Tensor, Fp8W
     return (x.float() * w.gamma).to(x.dtype).float(), dataclasses.replace(w, gamma=None)
 
 
+def _rel_rms(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative RMS error of y against ref, in float64."""
+    y, ref = y.double(), ref.double()
+    return ((y - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
+
+
 def _skinny_ref(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, weight_only: bool) -> torch.Tensor:
     b = None if bias is None else bias.float()
     if weight_only:
@@ -88,12 +94,10 @@ def test_skinny_quantizes_the_input_past_its_weight_only_rows():
     cfg = Fp8SkinnyConfig(**TINY, weight_only_rows=17)
     plain, quantized = _skinny_ref(x, w, None, True), _skinny_ref(x, w, None, False)
 
-    def rel(a, b):
-        return ((a.float() - b).pow(2).mean() / b.pow(2).mean()).sqrt().item()
     y = fp8_gemm_skinny(x, w, None, cfg)
-    assert rel(y, plain) < 2 ** -7 < rel(y, quantized)
+    assert _rel_rms(y, plain) < 2 ** -7 < _rel_rms(y, quantized)
     y = fp8_gemm_skinny(x, w, None, dataclasses.replace(cfg, weight_only_rows=16))
-    assert rel(y, quantized) < 2 ** -7 < rel(y, plain)
+    assert _rel_rms(y, quantized) < 2 ** -7 < _rel_rms(y, plain)
 
 
 @pytest.mark.parametrize("split_k", [1, 2])
@@ -363,7 +367,7 @@ def test_gpu_routed_kernels_replay_in_a_cuda_graph(kernel):
         torch.cuda.synchronize()
         ref = _skinny_ref(x, w, None, weight_only=kernel == "skinny" and 32 <= WEIGHT_ONLY_ROWS)
         if kernel == "scaled_mm_fast":  # the tensor cores' own sum over K: its bound (test below)
-            err = ((y.double() - ref.double()).pow(2).mean() / ref.double().pow(2).mean()).sqrt().item()
+            err = _rel_rms(y, ref)
             assert err < 2 ** -6
         else:
             _close(y, ref)
@@ -384,7 +388,7 @@ def test_gpu_fast_accumulation_error_is_a_quarter_of_e4m3s(n, k):
     for fast in (False, True):
         y = torch._scaled_mm(q, w.qweight.t(), scale_a=s, scale_b=w.scale[None, :], out_dtype=torch.bfloat16,
                              use_fast_accum=fast)
-        err = ((y.double() - exact).pow(2).mean() / exact.pow(2).mean()).sqrt().item()
+        err = _rel_rms(y, exact)
         print(f"n={n} k={k} fast_accum={fast}: relative RMS error {err:.2e}")
         assert err < 2 ** -6
 

@@ -122,14 +122,11 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, g_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr,
                     v = round_bf16(v)
                 a = v.to(a.dtype)
             w = w.to(a.dtype)
-            if UPCAST:  # the interpreter cannot multiply bf16: fp32 holds the same products
-                w = w.to(tl.float32)
-                a = a.to(tl.float32)
             if BLOCK_SCALES:
                 w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
-                acc += _dot(w, a, tl.zeros_like(acc), IEEE or UPCAST) * w_s[:, None]
+                acc += _dot(w, a, tl.zeros_like(acc), IEEE, UPCAST) * w_s[:, None]
             else:
-                acc = _dot(w, a, acc, IEEE or UPCAST)
+                acc = _dot(w, a, acc, IEEE, UPCAST)
         elif BLOCK_SCALES:
             w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
             a_s = tl.load(as_ptr + offs_m * stride_asm + k // BLOCK_K, mask=mmask, other=0.0)
@@ -164,9 +161,14 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, g_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr,
 
 
 @triton.jit
-def _dot(w, a, acc, IEEE: tl.constexpr):
-    """acc + w @ a; IEEE: float32 operands multiplied exactly (not as TF32)."""
-    if IEEE:
+def _dot(w, a, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + w @ a; IEEE: float32 operands multiplied exactly (not as TF32). UPCAST: the
+    interpreter cannot multiply bf16, so the operands go to fp32, which holds the same
+    products exactly."""
+    if UPCAST:
+        w = w.to(tl.float32)
+        a = a.to(tl.float32)
+    if IEEE or UPCAST:
         return tl.dot(w, a, acc, input_precision="ieee")
     return tl.dot(w, a, acc)
 
@@ -213,12 +215,12 @@ def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Ten
     else:
         part = cnt = out  # unused
     weight_only = isinstance(x, torch.Tensor) and m <= cfg.weight_only_rows
-    ieee, upcast = dot_flags(x.dtype, x.device) if weight_only else (False, False)
     if weight_only:
-        q = x if x.stride(1) == 1 else x.contiguous()
-        s = w.scale  # unused
+        q, s = (x if x.stride(1) == 1 else x.contiguous()), w.scale  # (s unused)
+        ieee, upcast = dot_flags(x.dtype, x.device)
     else:
         q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
+        ieee = upcast = False
     res = residual if residual is not None else out
     pdl = pdl_launch(x.device)
     _fp8_skinny_kernel[grid](
