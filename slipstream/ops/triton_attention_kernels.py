@@ -2,7 +2,7 @@
 module docstring describes them): split-KV decode with the in-kernel split merge, the
 separate merge pass (the mixed prefill/decode kernel, which shares the tile helpers, is in
 `slipstream.ops.triton_prefill_kernel`).  Shared pieces: `_attend_tile`
-(one KV tile of online softmax), `_dot` (interpreter-safe tl.dot), `_chunk_len` (a row's
+(one KV tile of online softmax), `_chunk_len` (a row's
 split length, recomputed the same way by every kernel that needs it), `_merge_splits` (the
 log-sum-exp merge, in the decode kernel's last split or in the separate pass).
 
@@ -22,21 +22,10 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_start
+from slipstream.ops.triton_dot import dot
 from slipstream.ops.triton_qkv_epilogue import decode_epilogue, decode_epilogue_inputs
 
 _NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked rows never make NaN
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    # UPCAST: the interpreter cannot multiply bf16 (it multiplies the raw bits).
-    if UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 
 @triton.jit
@@ -104,7 +93,7 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_
         k = tl.load(k_ptrs)
     if KV_FP8:
         k = k.to(q.dtype)
-    s = _dot(q, tl.trans(k), IEEE, UPCAST) * qk_scale
+    s = dot(q, tl.trans(k), None, IEEE, UPCAST) * qk_scale
     if CAUSAL:
         keep = pos[None, :] <= row_pos[:, None]
         if WINDOW > 0:
@@ -121,7 +110,7 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_
         v = tl.load(v_ptrs)
     if KV_FP8:
         v = v.to(q.dtype)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE, UPCAST)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, None, IEEE, UPCAST)
     return acc, l_i, m_new
 
 
@@ -259,10 +248,10 @@ def _attend_prefetched_tile(acc, l_i, m_i, q, pos0, k0_ptrs, v0_ptrs, k0, v0, se
     else:
         k0 = tl.where(newest, tl.load(k0_ptrs, mask=newest, other=0.0), k0)
         v0 = tl.where(newest, tl.load(v0_ptrs, mask=newest, other=0.0), v0)
-    s = _dot(q, tl.trans(k0), IEEE, UPCAST) * qk_scale
+    s = dot(q, tl.trans(k0), None, IEEE, UPCAST) * qk_scale
     s = tl.where((pos0 < end)[None, :], s, float("-inf"))
     p, alpha, l_i, m_new = _softmax_weights(s, m_i, l_i)
-    acc = acc * alpha[:, None] + _dot(p.to(v0.dtype), v0, IEEE, UPCAST)
+    acc = acc * alpha[:, None] + dot(p.to(v0.dtype), v0, None, IEEE, UPCAST)
     return acc, l_i, m_new
 
 

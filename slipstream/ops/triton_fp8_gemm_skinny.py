@@ -33,6 +33,7 @@ import triton.language as tl
 from slipstream.ops.device import dot_flags
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.tickets import reserve_tickets, tickets
+from slipstream.ops.triton_dot import dot
 from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows, round_bf16
 from slipstream.quant.fp8 import Fp8Weight
 
@@ -124,9 +125,9 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, g_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr,
             w = w.to(a.dtype)
             if BLOCK_SCALES:
                 w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
-                acc += _dot(w, a, tl.zeros_like(acc), IEEE, UPCAST) * w_s[:, None]
+                acc += dot(w, a, tl.zeros_like(acc), IEEE or UPCAST, UPCAST) * w_s[:, None]
             else:
-                acc = _dot(w, a, acc, IEEE, UPCAST)
+                acc = dot(w, a, acc, IEEE or UPCAST, UPCAST)
         elif BLOCK_SCALES:
             w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
             a_s = tl.load(as_ptr + offs_m * stride_asm + k // BLOCK_K, mask=mmask, other=0.0)
@@ -158,19 +159,6 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, g_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr,
     else:
         _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
                   HAS_BIAS, HAS_RES)
-
-
-@triton.jit
-def _dot(w, a, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + w @ a; IEEE: float32 operands multiplied exactly (not as TF32). UPCAST: the
-    interpreter cannot multiply bf16, so the operands go to fp32, which holds the same
-    products exactly."""
-    if UPCAST:
-        w = w.to(tl.float32)
-        a = a.to(tl.float32)
-    if IEEE or UPCAST:
-        return tl.dot(w, a, acc, input_precision="ieee")
-    return tl.dot(w, a, acc)
 
 
 @triton.jit

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from slipstream.ops.device import dot_flags
 from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.triton_dot import dot
 
 
 @dataclass(frozen=True)
@@ -136,17 +137,6 @@ def _block_rows(sorted_ptr, expert_of_block_ptr, num_padded_ptr, N, BLOCK_M: tl.
     return rows, rows < N, expert.to(tl.int64), used
 
 
-@triton.jit
-def _dot(a, w, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """a [M, K] @ w[N, K]^T in float32."""
-    if UPCAST:  # the interpreter cannot multiply bf16
-        a = a.to(tl.float32)
-        w = w.to(tl.float32)
-    if IEEE:
-        return tl.dot(a, tl.trans(w), input_precision="ieee")
-    return tl.dot(a, tl.trans(w))
-
-
 @triton.jit(do_not_specialize=["N"])  # N changes with the step: no recompiles
 def _gate_up_kernel(x_ptr, w_ptr, act_ptr, sorted_ptr, expert_of_block_ptr, num_padded_ptr,
                     N, H, I, stride_x, stride_we, stride_wn, stride_act,
@@ -170,8 +160,8 @@ def _gate_up_kernel(x_ptr, w_ptr, act_ptr, sorted_ptr, expert_of_block_ptr, num_
             a = tl.load(x_rows + offs_k[None, :], mask=valid[:, None] & k_ok, other=0.0)
             wg = tl.load(w_gate + offs_k[None, :], mask=col_ok[:, None] & k_ok, other=0.0)
             wu = tl.load(w_up + offs_k[None, :], mask=col_ok[:, None] & k_ok, other=0.0)
-            gate += _dot(a, wg, IEEE, UPCAST)
-            up += _dot(a, wu, IEEE, UPCAST)
+            gate += dot(a, tl.trans(wg), None, IEEE, UPCAST)
+            up += dot(a, tl.trans(wu), None, IEEE, UPCAST)
         act = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(act_ptr + rows.to(tl.int64)[:, None] * stride_act + cols[None, :],
                  act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & col_ok[None, :])
@@ -196,7 +186,7 @@ def _down_kernel(act_ptr, w_ptr, y_ptr, weights_ptr, sorted_ptr, expert_of_block
             k_ok = offs_k[None, :] < I
             a = tl.load(a_rows + offs_k[None, :], mask=valid[:, None] & k_ok, other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=col_ok[:, None] & k_ok, other=0.0)
-            acc += _dot(a, w, IEEE, UPCAST)
+            acc += dot(a, tl.trans(w), None, IEEE, UPCAST)
         acc *= tl.load(weights_ptr + rows64, mask=valid, other=0.0)[:, None]
         tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=valid[:, None] & col_ok[None, :])
