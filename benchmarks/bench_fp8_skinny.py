@@ -15,11 +15,8 @@ gamma as the engine's. Implementations, each a whole call
     bf16          ops.linear.linear (cuBLAS at these rows)
     mm, mm-fast   per-token quantization + torch._scaled_mm row-wise, fast accumulation off / on
     fp8           ops.fp8_linear.fp8_linear: what the routing table picks (ops/fp8_dispatch.py;
-                  the weight-only GEMV at one row, the skinny GEMM weight-only up to its
-                  default `weight_only_rows`)
-    skinny        the skinny kernel with `skinny_config_for`'s tile for the rows (the input
-                  quantized per token above `weight_only_rows`, by default 0; skinny-wo: the
-                  input multiplied as it is up to 64 rows, the weight upcast in registers)
+                  the weight-only GEMV at one row, checked against the weight-only reference)
+    skinny        the skinny kernel with `skinny_config_for`'s tile for the rows
     skinny-*      one `Fp8SkinnyConfig` field moved from that tile (activation rows a
                   program, weight rows a program, K step, stages, warps, K split, the L2
                   prefetch), timed where it launches something new
@@ -27,8 +24,8 @@ gamma as the engine's. Implementations, each a whole call
 The weights rotate over copies of at least 100 MB of FP8 (the bf16 baseline reads twice
 that), so that every product reads its weight from memory, not L2. Each implementation is
 first checked against its reference on one copy (weight-only or activation-quantized, as it
-computes) (relative RMS error
-<= 2^-6: the same FP8 operands; a failure is printed and the sweep goes on). --jobs worker
+computes; relative RMS error <= 2^-6: the same FP8 operands; a failure is printed and the
+sweep goes on). --jobs worker
 processes compile every launch first (benchmarks/precompile.py). `--tiny`: small shapes on
 the CPU under Triton's interpreter, a smoke test.
 """
@@ -68,7 +65,6 @@ DEFAULT_VARIANTS = [
     "bm16:block_m=16", "bm32:block_m=32", "bm64:block_m=64", "bm128:block_m=128", "bn128:block_n=128",
     "bk256:block_k=256", "s3:num_stages=3", "s4:num_stages=4", "s6:num_stages=6", "w8:num_warps=8",
     "split1:split_k=1", "split2:split_k=2", "split4:split_k=4", "nopf:prefetch_k=0", "pf2048:prefetch_k=2048",
-    "wo:weight_only_rows=64",
 ]
 GAMMA_SHAPES = ("qkv", "gate_up")  # the engine folds the norm before them into the product
 COPY_BYTES = 100e6
@@ -97,13 +93,6 @@ def make_weights(n: int, k: int, copies: int, dev: str, gen, gamma: bool = False
         g = torch.rand(k, generator=gen, device=dev) + 0.5 if gamma else None
         out.append((Fp8Weight(*quantize_per_channel(wb), gamma=g), wb))
     return out
-
-
-def weight_only(impl: str, x: torch.Tensor, w: Fp8Weight, cfg: Fp8SkinnyConfig | None) -> bool:
-    """Whether `impl` multiplies the input x unquantized (its reference)."""
-    if impl == "fp8":
-        return multiplies_unquantized(x, w)
-    return cfg is not None and x.shape[0] <= cfg.weight_only_rows
 
 
 def _compile_tasks(tasks: list[tuple], shapes: dict, dev: str) -> int:
@@ -177,7 +166,7 @@ def main(argv=None) -> int:
             for _, _, impl, cfg in [p for p in plan if p[0] == name and p[1] == m]:
                 try:  # a variant that fails (compile, launch, bound) is reported, not fatal
                     y = call(impl, x, *weights[0], cfg)().double()
-                    r = refs[weight_only(impl, x, weights[0][0], cfg)]
+                    r = refs[impl == "fp8" and multiplies_unquantized(x)]
                     err = ((y - r).pow(2).mean() / r.pow(2).mean()).sqrt().item()
                     # (bf16 reads its own weight, not the FP8 one)
                     if impl != "bf16" and not err <= 2 ** -6:

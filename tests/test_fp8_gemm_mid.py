@@ -1,6 +1,5 @@
 """FP8 products at 2-256 rows and in prefill: the skinny Triton GEMM
-(ops/triton_fp8_gemm_skinny.py) against the weight-only reference up to its
-`weight_only_rows` and against the activation-quantized reference above, the row-count
+(ops/triton_fp8_gemm_skinny.py) against the activation-quantized reference, the row-count
 routing table (ops/fp8_dispatch.py) and each kernel it routes to, fast accumulation's error.
 
 On the CPU the Triton kernels run under Triton's interpreter (tests/conftest.py) at tiny
@@ -9,7 +8,6 @@ kernel at the 8B shape's sizes and under a CUDA graph.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest
@@ -20,8 +18,7 @@ from slipstream.ops.fp8_dispatch import (ANY_ROWS, DISPATCH, Fp8Dispatch, Fp8Rou
                                          parse_dispatch)
 from slipstream.ops.fp8_linear import fp8_linear_add_, fp8_linear_ref
 from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm, parse_tile_name
-from slipstream.ops.triton_fp8_gemm_skinny import (DEFAULT_FP8_SKINNY_CONFIG, Fp8SkinnyConfig, fp8_gemm_skinny,
-                                                   skinny_config_for)
+from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for
 from slipstream.quant.fp8 import Fp8Weight
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,17 +41,6 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 TINY = dict(block_n=16, block_m=16, block_k=32)
-QUANTIZED = dict(weight_only_rows=0)  # every row count quantizes its input per token
-WEIGHT_ONLY = dict(weight_only_rows=64)  # a plain input up to 64 rows multiplied as it is
-WEIGHT_ONLY_ROWS = DEFAULT_FP8_SKINNY_CONFIG.weight_only_rows  # what the routed launches do
-
-
-def weight_only_input(x: torch.Tensor, w: Fp8Weight) -> tuple[torch.Tensor, Fp8Weight]:
-    """(x times gamma rounded to x's dtype, as float32; w without its gamma): what the skinny
-    GEMM's weight-only launches multiply (the MMA takes the input in its own dtype)."""
-    if w.gamma is None:
-        return x.float(), w
-    return (x.float() * w.gamma).to(x.dtype).float(), dataclasses.replace(w, gamma=None)
 
 
 def _rel_rms(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -63,51 +49,26 @@ def _rel_rms(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
 
 
-def _skinny_ref(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, weight_only: bool) -> torch.Tensor:
-    b = None if bias is None else bias.float()
-    if weight_only:
-        return fp8_linear_ref(*weight_only_input(x, w), b)
-    return fp8_linear_ref(x.float(), w, b, quantize_input=True)
-
-
 @pytest.mark.parametrize("block", [None, (16, 32)])
 @pytest.mark.parametrize("split_k", [1, 2, 3])
 @pytest.mark.parametrize("m", [1, 3, 19, 40])
-@pytest.mark.parametrize("weight_only", [True, False])
-def test_skinny_matches_its_reference(block, split_k, m, weight_only):
+def test_skinny_matches_the_activation_quantized_reference(block, split_k, m):
     """K = 160: 5 K-steps of 32, split 1, 2 (3 + 2 steps) or 3 ways (2 + 2 + 1); 48 weight rows
-    in 3 tiles; rows in one to three tiles, the last one partial. Weight-only (the input as
-    it is, times gamma) or the input quantized per token (per 32-column group for blocks)."""
+    in 3 tiles; rows in one to three tiles, the last one partial."""
     w = _weight(48, 160, block, True)
     x, b = _x(m, 160), _x(1, 48, seed=2)[0]
-    y = fp8_gemm_skinny(x, w, b, Fp8SkinnyConfig(**TINY, split_k=split_k, **(WEIGHT_ONLY if weight_only else QUANTIZED)))
+    ref = fp8_linear_ref(x.float(), w, b.float(), quantize_input=True)
+    y = fp8_gemm_skinny(x, w, b, Fp8SkinnyConfig(**TINY, split_k=split_k))
     assert y.shape == (m, 48) and y.dtype == torch.bfloat16
-    _close(y, _skinny_ref(x, w, b, weight_only))
-
-
-def test_skinny_quantizes_the_input_past_its_weight_only_rows():
-    """The same launch either side of `weight_only_rows`: at the limit the weight-only
-    reference holds and the activation-quantized one does not, one row past it the reverse
-    (the two differ by the input's e4m3 rounding, ~2^-5 relative)."""
-    w = _weight(48, 160, None, True)
-    x = _x(17, 160)
-    cfg = Fp8SkinnyConfig(**TINY, weight_only_rows=17)
-    plain, quantized = _skinny_ref(x, w, None, True), _skinny_ref(x, w, None, False)
-
-    y = fp8_gemm_skinny(x, w, None, cfg)
-    assert _rel_rms(y, plain) < 2 ** -7 < _rel_rms(y, quantized)
-    y = fp8_gemm_skinny(x, w, None, dataclasses.replace(cfg, weight_only_rows=16))
-    assert _rel_rms(y, quantized) < 2 ** -7 < _rel_rms(y, plain)
+    _close(y, ref)
 
 
 @pytest.mark.parametrize("split_k", [1, 2])
-@pytest.mark.parametrize("weight_only", [True, False])
-def test_skinny_adds_the_residual_in_place_rounded_once(split_k, weight_only):
+def test_skinny_adds_the_residual_in_place_rounded_once(split_k):
     w = _weight(48, 96, (16, 32), False)
     x, r = _x(21, 96), _x(21, 48, seed=6)
-    expect = (r.float() + _skinny_ref(x, w, None, weight_only)).to(r.dtype)
-    cfg = Fp8SkinnyConfig(**TINY, split_k=split_k, **(WEIGHT_ONLY if weight_only else QUANTIZED))
-    out = fp8_gemm_skinny(x, w, None, cfg, residual=r, out=r)
+    expect = (r.float() + fp8_linear_ref(x.float(), w, quantize_input=True)).to(r.dtype)
+    out = fp8_gemm_skinny(x, w, None, Fp8SkinnyConfig(**TINY, split_k=split_k), residual=r, out=r)
     assert out.data_ptr() == r.data_ptr()
     _close(r, expect)
 
@@ -126,11 +87,11 @@ def test_skinny_split_leaves_its_counters_at_zero():
 
 
 def test_skinny_without_a_split_sums_as_the_gemm():
-    """One split and the same K step, the input quantized: the same fp32 sums in the same order
-    as the 64-row GEMM, so the same bits (the swap of operands changes no product)."""
+    """One split and the same K step: the same fp32 sums in the same order as the 64-row GEMM,
+    so the same bits (the swap of operands changes no product)."""
     w = _weight(48, 160, None, True)
     x = _x(19, 160)
-    a = fp8_gemm_skinny(x, w, None, Fp8SkinnyConfig(**TINY, **QUANTIZED))
+    a = fp8_gemm_skinny(x, w, None, Fp8SkinnyConfig(**TINY))
     b = fp8_gemm(x, w, None, Fp8GemmConfig(block_m=16, block_n=16, block_k=32))
     assert torch.equal(a, b)
 
@@ -204,23 +165,22 @@ def test_bad_routes_are_one_line_errors(text, words):
 @pytest.mark.parametrize("kernel,block", [("skinny", None), ("skinny", (16, 32)), ("triton", None),
                                           ("triton", (16, 32)), ("scaled_mm", None), ("scaled_mm_fast", None)])
 def test_each_routed_kernel_matches_the_reference(kernel, block):
-    """The kernels as the table calls them (their default tiles: interpreter-sized shapes; the
-    skinny GEMM weight-only if its default `weight_only_rows` takes these rows)."""
+    """The kernels as the table calls them (their default tiles: interpreter-sized shapes)."""
     if kernel.startswith("scaled_mm") and DEVICE == "cpu" and not hasattr(torch, "_scaled_mm"):
         pytest.skip("this torch has no _scaled_mm")
     w = _weight(64, 256, block, True)
     x, b = _x(24, 256), _x(1, 64, seed=2)[0]
-    _close(fp8_product(x, w, b, kernel), _skinny_ref(x, w, b, weight_only=kernel == "skinny" and 24 <= WEIGHT_ONLY_ROWS))
+    _close(fp8_product(x, w, b, kernel), fp8_linear_ref(x.float(), w, b.float(), quantize_input=True))
 
 
 def test_linear_add_takes_the_routed_kernel_with_its_residual(monkeypatch):
     """`fp8_linear_add_` on CUDA adds in the routed Triton kernel's epilogue (the table says
-    skinny at these rows); on the CPU it is the weight-only reference: both equal r + x W^T."""
+    skinny at these rows); on the CPU it is the reference: both equal r + x W^T."""
     import slipstream.ops.fp8_dispatch as fd
     monkeypatch.setattr(fd, "DISPATCH", parse_dispatch("channel=skinny:64,scaled_mm"))
     w = _weight(48, 96, None, False)
     x, r = _x(20, 96), _x(20, 48, seed=6)
-    expect = r.float() + fp8_linear_ref(x.float(), w, quantize_input=DEVICE == "cuda" and 20 > WEIGHT_ONLY_ROWS)
+    expect = r.float() + fp8_linear_ref(x.float(), w, quantize_input=DEVICE == "cuda")
     out = fp8_linear_add_(r, x, w)
     assert out is r
     _close(r, expect)
@@ -261,12 +221,7 @@ def test_routed_kernels_take_a_silu_mul_input_with_the_same_bits(kernel, block):
     gate_up, hidden = _x(20, 192, seed=13), _x(20, 64, seed=14)
     r1, r2 = _x(20, 48, seed=15), _x(20, 48, seed=15)
     assert fp8_product(SiluMulRows(gate_up, hidden, 1e-6), w, None, kernel, residual=r1, out=r1) is r1
-    act = silu_and_mul(gate_up, hidden=hidden, eps=1e-6)
-    if kernel == "skinny":  # a plain input may be weight-only at these rows: quantize it as SiLU·mul's is
-        cfg = dataclasses.replace(skinny_config_for(20, 48, 96), weight_only_rows=0)
-        fp8_gemm_skinny(act, w, None, cfg, residual=r2, out=r2)
-    else:
-        fp8_product(act, w, None, kernel, residual=r2, out=r2)
+    fp8_product(silu_and_mul(gate_up, hidden=hidden, eps=1e-6), w, None, kernel, residual=r2, out=r2)
     assert torch.equal(r1, r2)
 
 
@@ -319,20 +274,13 @@ SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 @pytest.mark.parametrize("m", [1, 2, 8, 17, 32, 64, 100, 256])
 @pytest.mark.parametrize("block", [None, (128, 128)])
 def test_gpu_skinny_at_8b_sizes(n, k, m, block):
-    """The default launch (weight-only up to the default `weight_only_rows`, the input
-    quantized above) and, up to 64 rows, the weight-only launch, each also into the residual."""
     w = _weight(n, k, block, True)
-    x = _x(m, k)
-    cfgs = [(None, m <= WEIGHT_ONLY_ROWS)]
-    if m <= 64:
-        cfgs.append((dataclasses.replace(skinny_config_for(m, n, k), **WEIGHT_ONLY), True))
-    for cfg, weight_only in cfgs:
-        ref = _skinny_ref(x, w, None, weight_only)
-        _close(fp8_gemm_skinny(x, w, cfg=cfg), ref)
-        r = _x(m, n, seed=4)
-        expect = r.float() + ref
-        fp8_gemm_skinny(x, w, cfg=cfg, residual=r, out=r)
-        _close(r, expect)
+    x, r = _x(m, k), _x(m, n, seed=4)
+    ref = fp8_linear_ref(x.float(), w, quantize_input=True)
+    _close(fp8_gemm_skinny(x, w), ref)
+    expect = r.float() + ref
+    fp8_gemm_skinny(x, w, residual=r, out=r)
+    _close(r, expect)
 
 
 @pytest.mark.gpu
@@ -365,7 +313,7 @@ def test_gpu_routed_kernels_replay_in_a_cuda_graph(kernel):
         x.copy_(_x(32, 14336, seed=seed))
         graph.replay()
         torch.cuda.synchronize()
-        ref = _skinny_ref(x, w, None, weight_only=kernel == "skinny" and 32 <= WEIGHT_ONLY_ROWS)
+        ref = fp8_linear_ref(x.float(), w, quantize_input=True)
         if kernel == "scaled_mm_fast":  # the tensor cores' own sum over K: its bound (test below)
             err = _rel_rms(y, ref)
             assert err < 2 ** -6
@@ -408,10 +356,9 @@ def test_gpu_block_scaled_mm_matches_the_reference_where_torch_has_it():
 # --- compiled for Hopper without a GPU ---
 
 def compile_skinny_for_hopper() -> list[str]:
-    """The skinny GEMM's launches at the 8B shape (per channel at 32 rows, K split, weight-only;
-    128x128 blocks at 17 rows, the input quantized; the down product into the residual at 64
-    rows, weight-only; each with its weight prefetch before the PDL wait, which the
-    interpreter cannot run) and the
+    """The skinny GEMM's launches at the 8B shape (per channel at 32 rows, K split; 128x128
+    blocks at 17 rows; the down product into the residual at 64 rows; each with its weight
+    prefetch before the PDL wait, which the interpreter cannot run) and the
     persistent 128x128 Triton GEMM on block weights at 2048 rows, and the per-tensor
     quantization's two kernels, compiled for sm_90: returns each launch's wgmma instruction."""
     import re
@@ -427,18 +374,13 @@ def compile_skinny_for_hopper() -> list[str]:
         scale = torch.ones((n // 128, k // 128) if block else (n,))
         return Fp8Weight(torch.zeros(n, k, dtype=f8), scale, block, None)
 
-    def weight_only(m, n, k):
-        return dataclasses.replace(ts.skinny_config_for(m, n, k), **WEIGHT_ONLY)
-
     launches: list = []
     with recorded_launches(tq, ["_quant_rows_kernel"], []), recorded_launches(ts, ["_fp8_skinny_kernel"], launches), \
             recorded_launches(tm, ["_fp8_gemm_kernel"], launches):
-        ts.fp8_gemm_skinny(torch.zeros(32, 4096, dtype=bf), weight(4096, 4096, None), cfg=weight_only(32, 4096, 4096))
-        ts.fp8_gemm_skinny(torch.zeros(17, 4096, dtype=bf), weight(6144, 4096, (128, 128)),
-                           cfg=dataclasses.replace(ts.skinny_config_for(17, 6144, 4096), **QUANTIZED))
+        ts.fp8_gemm_skinny(torch.zeros(32, 4096, dtype=bf), weight(4096, 4096, None))
+        ts.fp8_gemm_skinny(torch.zeros(17, 4096, dtype=bf), weight(6144, 4096, (128, 128)))
         h = torch.zeros(64, 4096, dtype=bf)
-        ts.fp8_gemm_skinny(torch.zeros(64, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h,
-                           cfg=weight_only(64, 4096, 14336))
+        ts.fp8_gemm_skinny(torch.zeros(64, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h)
         tm.fp8_gemm(torch.zeros(2048, 4096, dtype=bf), weight(6144, 4096, (128, 128)),
                     cfg=tm.Fp8GemmConfig(128, 128, 128, 8, 8, 4, persistent=True))
     import slipstream.ops.triton_fp8_quant_tensor as tt
@@ -463,13 +405,11 @@ def test_skinny_and_persistent_gemm_compile_for_hopper_on_fp8_wgmma():
     from helpers import run_hopper_compile
     out = run_hopper_compile(__file__)
     lines = [ln for ln in out.splitlines() if ln.startswith("compiled")]
-    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64; weight-only
-    # launches multiply bf16 (the FP8 weight upcast in registers), quantized ones e4m3; the
+    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64; the
     # persistent 128x128 tile on two warpgroups of m64n128; the per-tensor quantization's two kernels
-    assert lines == ["compiled wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16",
-                     "compiled wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3",
-                     "compiled wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
-                     "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "compiled ", "compiled "], out
+    assert lines == ["compiled wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"] * 2 + \
+        ["compiled wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3",
+         "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "compiled ", "compiled "], out
 
 
 if __name__ == "__main__":

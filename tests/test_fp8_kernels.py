@@ -7,12 +7,14 @@ sizes; the `gpu` tests run them at the 8B shape's sizes.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
+from slipstream.ops.fp8_dispatch import DISPATCH
 from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_add_, fp8_linear_ref, fp8_norm_linear
 from slipstream.ops.triton_fp8_gemm import Fp8GemmConfig, fp8_gemm
-from slipstream.ops.triton_fp8_gemm_skinny import DEFAULT_FP8_SKINNY_CONFIG
 from slipstream.ops.triton_fp8_gemv import fp8_gemv
 from slipstream.ops.triton_fp8_quant import quantize_rows
 from slipstream.quant.fp8 import Fp8Weight, quantize_blocks, quantize_per_channel, quantize_per_token
@@ -93,6 +95,15 @@ def test_the_cpu_path_is_the_reference_and_adds_in_place():
 
 # --- the GPU: real sizes (the 8B shape), the kernels each path launches ---
 
+def _rel_rms_within(bound: float):
+    """An assertion that y's relative RMS error against ref is under `bound`."""
+    def check(y: torch.Tensor, ref: torch.Tensor) -> None:
+        y, ref = y.double(), ref.double()
+        err = ((y - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
+        assert err < bound, f"relative RMS error {err:.2e} over {bound:.2e}"
+    return check
+
+
 SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # qkv, o, gate_up, down
 
 
@@ -117,13 +128,14 @@ def test_gpu_gemm_and_scaled_mm_at_8b_sizes(n, k, m, block):
     # fp32 sums in another order, one bf16 rounding of the output
     tol = dict(atol=3e-2 * ref.abs().max().item() / 8, rtol=2e-2)
     torch.testing.assert_close(fp8_gemm(x, w, b).float(), ref, **tol)
-    # _scaled_mm or the block GEMMs, the input quantized; the skinny GEMM weight-only up to
-    # its default `weight_only_rows`: that reference
-    weight_only = m <= DEFAULT_FP8_SKINNY_CONFIG.weight_only_rows
-    path_ref = fp8_linear_ref(x.float(), w, b.float()) if weight_only else ref
-    torch.testing.assert_close(fp8_linear(x, w, b).float(), path_ref, **tol)
+    # the routed kernel (skinny, _scaled_mm or the block GEMMs), the input quantized as ref's;
+    # fast-accumulating _scaled_mm sums K in the tensor cores: its bound is relative RMS
+    # (tests/test_fp8_gemm_mid.py, fast accumulation), not each output's
+    check = _rel_rms_within(2 ** -6) if DISPATCH.kernel_for(m, block is not None) == "scaled_mm_fast" else \
+        functools.partial(torch.testing.assert_close, **tol)
+    check(fp8_linear(x, w, b).float(), ref)
     r = _x(m, n, seed=7)
-    torch.testing.assert_close(fp8_linear_add_(r.clone(), x, w, b).float(), r.float() + path_ref, **tol)
+    check(fp8_linear_add_(r.clone(), x, w, b).float(), r.float() + ref)
     inv = fp8_linear(x, w, batch_invariant=True)
     assert torch.equal(fp8_linear(x[:1], w, batch_invariant=True), inv[:1])
 

@@ -34,7 +34,8 @@ from slipstream.executor.worker import worker_main
 from slipstream.model.parallel import COLLECTIVE_TIMEOUT_S
 from slipstream.runner.graphs import step_graphs
 from slipstream.runner.inputs import fill_inputs
-from slipstream.runner.model_runner import Launched, ModelRunner, RunnerOptions
+from slipstream.runner.model_runner import Launched, RunnerOptions
+from slipstream.runner.prompt_logprobs import step_prompt_spans
 from slipstream.runner.slots import IOSlot
 from slipstream.sched.batch import BatchResult, ScheduledBatch
 
@@ -97,7 +98,7 @@ class MultiprocExecutor:
         shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
         cols = -(-batch.max_seq_len // self.block_size)
         ints, floats = slot.pack(shape.num_tokens, shape.num_seqs, shape.num_samples, batch.num_seqs, cols)
-        spans = [(f, c, t.tolist(), k) for f, c, t, k in ModelRunner._prompt_spans(batch, slot)] \
+        spans = [(f, c, t.tolist(), k) for f, c, t, k in step_prompt_spans(batch, slot.host.query_start_loc)] \
             if batch.prompt_logprobs else []
         f = shape.flags
         header = Step(batch.batch_id, shape.num_tokens, shape.num_seqs, shape.num_samples, shape.max_query_len,

@@ -62,15 +62,11 @@ def _routed_kernel(rows: int, w: Fp8Weight, batch_invariant: bool) -> str:
     return "triton" if batch_invariant else DISPATCH.kernel_for(rows, w.block is not None)
 
 
-def multiplies_unquantized(x: torch.Tensor, w: Fp8Weight, batch_invariant: bool = False) -> bool:
+def multiplies_unquantized(x: torch.Tensor, batch_invariant: bool = False) -> bool:
     """Whether `fp8_linear(x, w)` multiplies x as it is (its reference is `fp8_linear_ref`
-    without `quantize_input`): on the CPU, at the GEMV's rows, and at the skinny GEMM's
-    weight-only rows; elsewhere the input is quantized per token first."""
-    if not x.is_cuda or _gemv_applies(x, batch_invariant):
-        return True
-    from slipstream.ops.triton_fp8_gemm_skinny import DEFAULT_FP8_SKINNY_CONFIG
-    rows = x.numel() // x.shape[-1]
-    return _routed_kernel(rows, w, batch_invariant) == "skinny" and rows <= DEFAULT_FP8_SKINNY_CONFIG.weight_only_rows
+    without `quantize_input`): on the CPU and at the one-row GEMV's rows; every other path
+    quantizes the input per token first."""
+    return not x.is_cuda or _gemv_applies(x, batch_invariant)
 
 
 def _product(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, batch_invariant: bool) -> torch.Tensor:

@@ -30,11 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.device import dot_flags
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.tickets import reserve_tickets, tickets
-from slipstream.ops.triton_dot import dot
-from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows, round_bf16
+from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
 from slipstream.quant.fp8 import Fp8Weight
 
 
@@ -47,15 +45,9 @@ class Fp8SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 5  # weight bytes in flight: the product is bound by them
     # with PDL, the first prefetch_k columns of each of the program's weight rows are asked
-    # into L2 before the wait for the input (weights are written by no kernel of a step): the
-    # weight stream starts while the kernel before finishes. 0: off.
+    # into L2 before the wait for the input's quantization (weights are written by no kernel
+    # of a step): the weight stream starts while the quantization runs. 0: off.
     prefetch_k: int = 1024
-    # up to this many rows a plain input is multiplied as it is, the FP8 weight upcast to its
-    # dtype in registers (weight-only, as the one-row GEMV): no quantization kernel before the
-    # product, at the price of a bf16 MMA and the weight's conversion in the K loop. More rows
-    # and SiLU·mul inputs are quantized per token. 0 (off) until a GPU A/B shows the saved
-    # kernel outweighs the conversion (docs/fp8.md, "Weight-only skinny launches").
-    weight_only_rows: int = 0
 
 
 DEFAULT_FP8_SKINNY_CONFIG = Fp8SkinnyConfig()
@@ -80,13 +72,11 @@ def skinny_config_for(m: int, n: int, k: int) -> Fp8SkinnyConfig:
 
 
 @triton.jit
-def _fp8_skinny_kernel(a_ptr, as_ptr, g_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_ptr, cnt_ptr, M, N, K,
+def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_ptr, cnt_ptr, M, N, K,
                        stride_am, stride_asm, stride_wn, stride_wsn, stride_rm, stride_cm,
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT_K: tl.constexpr, BN_S: tl.constexpr, BLOCK_SCALES: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, USE_PDL: tl.constexpr,
-                       WEIGHT_ONLY: tl.constexpr = False, HAS_GAMMA: tl.constexpr = False,
-                       UPCAST: tl.constexpr = False, IEEE: tl.constexpr = False,
                        PREFETCH_K: tl.constexpr = 0):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -113,22 +103,7 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, g_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr,
         kmask = (offs_k + k) < K
         w = tl.load(w_ptrs + k, mask=nmask[:, None] & kmask[None, :], other=0.0)
         a = tl.load(a_ptrs + k, mask=kmask[:, None] & mmask[None, :], other=0.0)
-        if WEIGHT_ONLY:
-            # the input as it is (times gamma, rounded to its dtype as the reference rounds it),
-            # the weight upcast exactly (e4m3 is a subset of bf16 and f16) in registers
-            if HAS_GAMMA:
-                gamma = tl.load(g_ptr + k + offs_k, mask=kmask, other=0.0)
-                v = a.to(tl.float32) * gamma[:, None]
-                if UPCAST:  # the interpreter's cast truncates: round to nearest as the GPU's does
-                    v = round_bf16(v)
-                a = v.to(a.dtype)
-            w = w.to(a.dtype)
-            if BLOCK_SCALES:
-                w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
-                acc += dot(w, a, tl.zeros_like(acc), IEEE or UPCAST, UPCAST) * w_s[:, None]
-            else:
-                acc = dot(w, a, acc, IEEE or UPCAST, UPCAST)
-        elif BLOCK_SCALES:
+        if BLOCK_SCALES:
             w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
             a_s = tl.load(as_ptr + offs_m * stride_asm + k // BLOCK_K, mask=mmask, other=0.0)
             acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
@@ -138,9 +113,9 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, g_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr,
             # which at K = 14336 put outputs 2-3x past the reference's rounding bound
             acc = tl.dot(w, a, acc, max_num_imprecise_acc=BLOCK_K)
     if not BLOCK_SCALES:
-        acc = acc * tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)[:, None]
-    if not BLOCK_SCALES and not WEIGHT_ONLY:
-        acc = acc * tl.load(as_ptr + offs_m * stride_asm, mask=mmask, other=0.0)[None, :]
+        w_s = tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)
+        a_s = tl.load(as_ptr + offs_m * stride_asm, mask=mmask, other=0.0)
+        acc = acc * w_s[:, None] * a_s[None, :]
     omask = nmask[:, None] & mmask[None, :]
     if SPLIT_K > 1:
         # partial [split, M, N] in fp32; the last split of this tile to arrive finishes it
@@ -202,23 +177,14 @@ def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Ten
         cnt = tickets(x.device, grid[0] * grid[1])
     else:
         part = cnt = out  # unused
-    weight_only = isinstance(x, torch.Tensor) and m <= cfg.weight_only_rows
-    if weight_only:
-        q, s = (x if x.stride(1) == 1 else x.contiguous()), w.scale  # (s unused)
-        ieee, upcast = dot_flags(x.dtype, x.device)
-    else:
-        q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
-        ieee = upcast = False
+    q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
     res = residual if residual is not None else out
     pdl = pdl_launch(x.device)
     _fp8_skinny_kernel[grid](
-        q, s, w.gamma if w.gamma is not None else w.scale, w.qweight, w.scale,
-        bias if bias is not None else w.scale, res, out, part, cnt, m, n, k,
+        q, s, w.qweight, w.scale, bias if bias is not None else w.scale, res, out, part, cnt, m, n, k,
         q.stride(0), s.stride(0), w.qweight.stride(0), w.scale.stride(0), res.stride(0), out.stride(0),
         BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         BN_S=w.block[0] if w.block is not None else 1, BLOCK_SCALES=w.block is not None,
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        WEIGHT_ONLY=weight_only, HAS_GAMMA=weight_only and w.gamma is not None,
-        UPCAST=upcast, IEEE=ieee, num_warps=cfg.num_warps,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, PREFETCH_K=cfg.prefetch_k if pdl["USE_PDL"] else 0, **pdl)
     return out

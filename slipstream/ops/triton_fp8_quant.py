@@ -52,7 +52,7 @@ class SiluMulRows:
 
 
 @triton.jit
-def round_bf16(x):
+def _round_bf16(x):
     """fp32 x rounded to the nearest bf16 value (ties to even), kept in fp32: integer
     arithmetic, so the value is the GPU's bf16 cast's whatever the cast's implementation
     (Triton's interpreter, which runs the CPU tests, truncates)."""
@@ -74,7 +74,7 @@ def _load_scaled(x_ptr, g_ptr, offs, mask, K, r, HAS_GAMMA: tl.constexpr, SILU_M
             g = g * r
             u = u * r
         y = silu_mul(g, u)
-        x = round_bf16(y) if x.dtype == tl.bfloat16 else y.to(x.dtype).to(tl.float32)
+        x = _round_bf16(y) if x.dtype == tl.bfloat16 else y.to(x.dtype).to(tl.float32)
     x = x.to(tl.float32)
     if HAS_GAMMA:
         x = x * tl.load(g_ptr + offs, mask=mask, other=0.0)

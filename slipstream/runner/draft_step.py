@@ -18,6 +18,7 @@ from __future__ import annotations
 from slipstream.runner.device_drafter import DraftStepInputs
 from slipstream.runner.draft_graphs import launch_drafting_padded, padded_drafting_shape
 from slipstream.runner.inputs import fill_inputs
+from slipstream.runner.prompt_logprobs import step_prompt_spans
 from slipstream.runner.spec_device import prepare_device_drafts
 from slipstream.runner.speculative import (_stack_probs, download_verified, spec_buffers, suppress_tokens,
                                            upload_verify_inputs, verify)
@@ -32,7 +33,7 @@ def launch_device_drafting(runner, batch, launched_cls):
     if padded is not None:
         return launch_drafting_padded(runner, batch, slot, padded, launched_cls)
     shape = fill_inputs(batch, slot.host, runner.block_size, None, runner.max_model_len)
-    spans = runner._prompt_spans(batch, slot) if batch.prompt_logprobs else None
+    spans = step_prompt_spans(batch, slot.host.query_start_loc) if batch.prompt_logprobs else None
     S, spec = len(batch.sampled), batch.spec
     bufs = spec_buffers(runner, slot.index, spec.k)
     device_drafting = spec.draft_tokens is None

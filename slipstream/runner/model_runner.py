@@ -29,6 +29,7 @@ from slipstream.runner.inputs import StepPad, StepShape, fill_inputs, pad_batch
 from slipstream.ops.kv_quant import kv_cache_torch_dtype
 from slipstream.runner.kv_memory import KVCacheSpec, allocate_kv_caches, num_kv_blocks
 from slipstream.runner.pipeline import Streams
+from slipstream.runner.prompt_logprobs import PromptSpan, score_prompt_spans, step_prompt_spans
 from slipstream.runner.slots import IOSlot
 from slipstream.runner.split_graphs import SplitGraphs
 from slipstream.runner.speculative import launch_speculative
@@ -214,23 +215,8 @@ class ModelRunner:
             hidden = hidden.index_select(0, slot.dev.logits_indices[:shape.num_samples])
         return self.model.compute_logits(hidden)
 
-    def prompt_logprobs(self, hidden: torch.Tensor, spans: list[tuple[int, int, np.ndarray, int]]) -> list:
-        """For each span (first token index in the step, count, the prompt tokens they score,
-        top k): float32 [count, 1 + k] (that token's logprob, then the top k) and int32 ids
-        [count, k]."""
-        out = []
-        for first, count, targets, k in spans:
-            tgt = torch.as_tensor(targets, dtype=torch.long).to(self.device)
-            lps, ids = [], []
-            for a in range(0, count, 512):  # [512, vocab] float32 logits at a time
-                b = min(a + 512, count)
-                lp = torch.log_softmax(self.model.compute_logits(hidden[first + a:first + b]).float(), dim=-1)
-                chosen = lp.gather(1, tgt[a:b, None])
-                top, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
-                lps.append(torch.cat([chosen, top], dim=1))
-                ids.append(top_ids.to(torch.int32))
-            out.append((torch.cat(lps), torch.cat(ids)))
-        return out
+    def prompt_logprobs(self, hidden: torch.Tensor, spans: list[PromptSpan]) -> list:
+        return score_prompt_spans(self.model.compute_logits, hidden, spans)
 
     def sample(self, slot: IOSlot, shape: StepShape, logits: torch.Tensor,
                bitmask: torch.Tensor | None = None) -> None:
@@ -267,7 +253,7 @@ class ModelRunner:
         if self.graphs is not None:
             pad = self.graphs.padding(batch.num_tokens, batch.num_seqs, batch.is_decode_only)
         shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
-        spans = self._prompt_spans(batch, slot) if batch.prompt_logprobs else None
+        spans = step_prompt_spans(batch, slot.host.query_start_loc) if batch.prompt_logprobs else None
         return self.issue(batch, slot, shape, batch.num_seqs, batch.suppress, batch.penalty_resets,
                           spans, len(batch.sampled), defer_sampling=batch.num_constrained > 0)
 
@@ -369,19 +355,6 @@ class ModelRunner:
             slot.compute_done.record()
         launched.pending_shape = None
         self._download(launched)
-
-    @staticmethod
-    def _prompt_spans(batch: ScheduledBatch, slot: IOSlot) -> list[tuple[int, int, np.ndarray, int]]:
-        """batch.prompt_logprobs as token spans of the step: position p of sequence row j is
-        token qsl[j] + p - start[j]; it scores prompt token p + 1."""
-        qsl = slot.host.query_start_loc
-        spans = []
-        for j, first_pos, count, k in batch.prompt_logprobs:
-            req = batch.requests[j]
-            first = int(qsl[j]) + first_pos - int(batch.start[j])
-            targets = np.asarray(req.prompt_token_ids[first_pos + 1:first_pos + 1 + count], np.int64)
-            spans.append((first, count, targets, k))
-        return spans
 
     def wait(self, launched: Launched) -> BatchResult:
         if launched.needs_mask:

@@ -40,6 +40,7 @@ import torch
 
 from slipstream.runner.acceptance import emit_point_mass, synthetic_from_target, write_emitted
 from slipstream.runner.inputs import fill_inputs
+from slipstream.runner.prompt_logprobs import step_prompt_spans
 from slipstream.runner.slots import MAX_LOGPROBS
 from slipstream.runner.spec_device import DeviceDraftInputs, prepare_device_drafts, to_device
 from slipstream.runner.verify_graphs import VerifyInputs, verify_graphs, verify_inputs, verify_route, verify_shape
@@ -117,7 +118,7 @@ def launch_speculative(runner, batch, launched_cls):
     graphs = verify_graphs(runner) if route is not None and route.pad is not None else None
     if graphs is not None and graphs.applies(shape, batch, batch.spec):
         return _launch_padded(runner, batch, slot, shape, graphs, launched_cls)
-    spans = runner._prompt_spans(batch, slot) if batch.prompt_logprobs else None
+    spans = step_prompt_spans(batch, slot.host.query_start_loc) if batch.prompt_logprobs else None
     S, spec = len(batch.sampled), batch.spec
     bufs = spec_buffers(runner, slot.index, spec.k)
     device_drafting = spec.draft_tokens is None
