@@ -44,6 +44,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
+from bench_fp8_gemm import rel_rms  # noqa: E402
 from precompile import precompile  # noqa: E402
 from weight_floor import FLOOR_TBS, best_table, floor_us  # noqa: E402
 
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
                 try:  # a variant that fails (compile, launch, bound) is reported, not fatal
                     y = call(impl, x, *weights[0], cfg)().double()
                     r = refs[impl == "fp8" and multiplies_unquantized(x)]
-                    err = ((y - r).pow(2).mean() / r.pow(2).mean()).sqrt().item()
+                    err = rel_rms(y, r)
                     # (bf16 reads its own weight, not the FP8 one)
                     if impl != "bf16" and not err <= 2 ** -6:
                         raise AssertionError(f"relative RMS error {err:.2e} over 2^-6")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh, quick when .venv is already set up) and runs the tests, in tiers:
-#   bash scripts/test.sh           the full suite; what CI runs (.ci/run): ~15 minutes on two
+#   bash scripts/test.sh           the full suite; what CI runs (.ci/run): ~11 minutes on two
 #       cores (two pytest-xdist workers, one OpenMP thread each; then the `ray` tests on one)
 #   bash scripts/test.sh --quick   the quick tier, for every change: under a minute of tests
 #       on two cores; it leaves out the tests marked (pyproject.toml) `slow` (the transformers

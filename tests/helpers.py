@@ -322,6 +322,12 @@ def drain_core(core) -> tuple[dict[str, tuple[str, str | None]], dict[str, list[
     return ends, tokens
 
 
+def rel_rms(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative RMS error of y against ref, in float64."""
+    y, ref = y.double(), ref.double()
+    return ((y - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
+
+
 def run_hopper_compile(test_file: str, timeout: float = 600) -> str:
     """Run `test_file --compile-for-hopper` in a subprocess without TRITON_INTERPRET (its
     kernels compiled for sm_90 on a machine with no GPU) and return what it printed; a failed

@@ -12,6 +12,7 @@ import functools
 
 import pytest
 import torch
+from helpers import rel_rms
 from test_fp8_kernels import _weight as fp8_kernels_weight
 
 from slipstream.ops.fp8_dispatch import (ANY_ROWS, DISPATCH, Fp8Dispatch, Fp8Route, fp8_product,
@@ -41,12 +42,6 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 TINY = dict(block_n=16, block_m=16, block_k=32)
-
-
-def _rel_rms(y: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative RMS error of y against ref, in float64."""
-    y, ref = y.double(), ref.double()
-    return ((y - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
 
 
 @pytest.mark.parametrize("block", [None, (16, 32)])
@@ -315,7 +310,7 @@ def test_gpu_routed_kernels_replay_in_a_cuda_graph(kernel):
         torch.cuda.synchronize()
         ref = fp8_linear_ref(x.float(), w, quantize_input=True)
         if kernel == "scaled_mm_fast":  # the tensor cores' own sum over K: its bound (test below)
-            err = _rel_rms(y, ref)
+            err = rel_rms(y, ref)
             assert err < 2 ** -6
         else:
             _close(y, ref)
@@ -336,7 +331,7 @@ def test_gpu_fast_accumulation_error_is_a_quarter_of_e4m3s(n, k):
     for fast in (False, True):
         y = torch._scaled_mm(q, w.qweight.t(), scale_a=s, scale_b=w.scale[None, :], out_dtype=torch.bfloat16,
                              use_fast_accum=fast)
-        err = _rel_rms(y, exact)
+        err = rel_rms(y, exact)
         print(f"n={n} k={k} fast_accum={fast}: relative RMS error {err:.2e}")
         assert err < 2 ** -6
 

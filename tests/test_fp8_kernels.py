@@ -11,6 +11,7 @@ import functools
 
 import pytest
 import torch
+from helpers import rel_rms
 
 from slipstream.ops.fp8_dispatch import DISPATCH
 from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_add_, fp8_linear_ref, fp8_norm_linear
@@ -98,8 +99,7 @@ def test_the_cpu_path_is_the_reference_and_adds_in_place():
 def _rel_rms_within(bound: float):
     """An assertion that y's relative RMS error against ref is under `bound`."""
     def check(y: torch.Tensor, ref: torch.Tensor) -> None:
-        y, ref = y.double(), ref.double()
-        err = ((y - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
+        err = rel_rms(y, ref)
         assert err < bound, f"relative RMS error {err:.2e} over {bound:.2e}"
     return check
 
