@@ -23,7 +23,7 @@ import triton.language as tl
 
 from slipstream.ops.pdl import pdl_start
 from slipstream.ops.triton_dot import dot
-from slipstream.ops.triton_qkv_epilogue import decode_epilogue, decode_epilogue_inputs
+from slipstream.ops.triton_qkv_heads import decode_epilogue, decode_epilogue_inputs
 
 _NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked rows never make NaN
 
