@@ -1,16 +1,15 @@
-"""The Triton kernels of paged attention (launched by `slipstream.ops.triton_attention`, whose
-module docstring describes them): split-KV decode with the in-kernel split merge, the
-separate merge pass (the mixed prefill/decode kernel, which shares the tile helpers, is in
-`slipstream.ops.triton_prefill_kernel`).  Shared pieces: `_attend_tile`
-(one KV tile of online softmax), `_chunk_len` (a row's
-split length, recomputed the same way by every kernel that needs it), `_merge_splits` (the
-log-sum-exp merge, in the decode kernel's last split or in the separate pass).
+"""The Triton decode kernels of paged attention (launched by `slipstream.ops.triton_attention`,
+whose module docstring describes them): split-KV decode with the in-kernel split merge, and
+the separate merge pass. The pieces they share with the verify and the mixed prefill/decode
+kernels (ops/triton_verify_kernel.py, ops/triton_prefill_kernel.py) are in
+`slipstream.ops.triton_attention_tiles`; here are the decode kernel's own: the first tile
+loaded before the PDL wait and attended after it.
 
 An FP8 cache (KV_FP8, `ops/kv_quant.py`): K and V tiles are loaded as float8_e4m3fn and
 upcast before their dots to float16 (float32 for a float32 q), exactly: every e4m3 value is
 a float16 value, and e4m3 -> float16 is one conversion for two values on sm_89+, where
 bf16 would take a second one a value.  A bf16 q is cast to float16 once
-(`_fp8_dot_q`: exact for |q| in [2^-14, 65504], the range of attention's queries), so the
+(`fp8_dot_q`: exact for |q| in [2^-14, 65504], the range of attention's queries), so the
 products are those of the bf16 kernel and P is rounded to float16 (3 more bits than bf16).
 The host folds k_scale into qk_scale and the kernels multiply the output by v_scale
 (attention is linear in V).  Without KV_FP8 the kernels compile as they did
@@ -22,188 +21,10 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_start
+from slipstream.ops.triton_attention_tiles import (attend_tile, decode_row, fp8_dot_q, kv_rows, merge_splits, row_start,
+                                                    softmax_weights, split_range, zero_tail)
 from slipstream.ops.triton_dot import dot
 from slipstream.ops.triton_qkv_heads import decode_epilogue, decode_epilogue_inputs
-
-_NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked rows never make NaN
-
-
-@triton.jit
-def _fp8_dot_q(q):
-    """q in the dtype of the FP8 cache's dots (module doc): float16 for a bf16 q."""
-    return q.to(tl.float16 if q.dtype == tl.bfloat16 else q.dtype)
-
-
-@triton.jit
-def _kv_rows(bt_row_ptr, k_head_off, v_head_off, t, kv_end, stride_kcb, stride_kcs, stride_vcb,
-             stride_vcs, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK_END: tl.constexpr,
-             kv_lo, WINDOW: tl.constexpr):
-    """Positions [t, t + BLOCK_N) and their cache row offsets in K and V (MASK_END: positions
-    >= kv_end read no block-table entry), and the mask pos < kv_end (MASK_END only); with a
-    WINDOW, positions below kv_lo are masked too (their blocks may have been freed)."""
-    pos = t + tl.arange(0, BLOCK_N)
-    if MASK_END:
-        nmask = pos < kv_end
-        if WINDOW > 0:
-            nmask = nmask & (pos >= kv_lo)
-        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-    else:
-        nmask = pos >= 0  # unused
-        blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE).to(tl.int64)
-    in_blk = pos % BLOCK_SIZE
-    k_rows = blk * stride_kcb + in_blk * stride_kcs + k_head_off
-    v_rows = blk * stride_vcb + in_blk * stride_vcs + v_head_off
-    return pos, nmask, k_rows, v_rows
-
-
-@triton.jit
-def _softmax_weights(s, m_i, l_i):
-    """Online softmax over one tile of scores s [rows, BLOCK_N] (masked ones -inf): the
-    tile's weights p, the rescale alpha of what came before, and the new l and m."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    return p, alpha, l_i, m_new
-
-
-@triton.jit
-def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_off, v_head_off,
-                 t, kv_end, row_pos, qk_scale, stride_kcb, stride_kcs, stride_vcb, stride_vcs,
-                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 MASK_END: tl.constexpr, CAUSAL: tl.constexpr,
-                 IEEE: tl.constexpr, UPCAST: tl.constexpr, kv_lo=0, WINDOW: tl.constexpr = 0,
-                 KV_FP8: tl.constexpr = False):
-    """One online-softmax step over KV positions [t, t + BLOCK_N) of one sequence/KV head.
-
-    MASK_END: positions >= kv_end are masked (else the whole tile must be valid).
-    CAUSAL: position p is masked for a row whose absolute position row_pos < p, and with a
-    WINDOW for a row with row_pos - WINDOW >= p (keys in (row_pos - WINDOW, row_pos]).
-    V is loaded after the softmax arithmetic (the order its pipelining was measured in).
-    """
-    offs_d = tl.arange(0, HEAD_DIM)
-    pos, nmask, k_rows, v_rows = _kv_rows(bt_row_ptr, k_head_off, v_head_off, t, kv_end, stride_kcb,
-                                          stride_kcs, stride_vcb, stride_vcs, BLOCK_SIZE, BLOCK_N,
-                                          MASK_END, kv_lo, WINDOW)
-    k_ptrs = k_cache_ptr + (k_rows[:, None] + offs_d[None, :])
-    v_ptrs = v_cache_ptr + (v_rows[:, None] + offs_d[None, :])
-    if MASK_END:
-        k = tl.load(k_ptrs, mask=nmask[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-    if KV_FP8:
-        k = k.to(q.dtype)
-    s = dot(q, tl.trans(k), None, IEEE, UPCAST) * qk_scale
-    if CAUSAL:
-        keep = pos[None, :] <= row_pos[:, None]
-        if WINDOW > 0:
-            keep = keep & (pos[None, :] > row_pos[:, None] - WINDOW)
-        if MASK_END:
-            keep = keep & nmask[None, :]
-        s = tl.where(keep, s, float("-inf"))
-    elif MASK_END:
-        s = tl.where(nmask[None, :], s, float("-inf"))
-    p, alpha, l_i, m_new = _softmax_weights(s, m_i, l_i)
-    if MASK_END:
-        v = tl.load(v_ptrs, mask=nmask[:, None], other=0.0)
-    else:
-        v = tl.load(v_ptrs)
-    if KV_FP8:
-        v = v.to(q.dtype)
-    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, None, IEEE, UPCAST)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
-               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Zero the heads [head0, head0 + GROUP) of tokens past the last sequence."""
-    first = tl.load(qsl_ptr + num_seqs)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, HEAD_DIM)
-    gmask = offs_g[:, None] < GROUP
-    zeros = tl.zeros([BLOCK_G, HEAD_DIM], dtype=out_ptr.dtype.element_ty)
-    ptrs = out_ptr + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
-    for t in range(first, num_tokens):
-        tl.store(ptrs + t * stride_ot, zeros, mask=gmask)
-
-
-@triton.jit
-def _chunk_len(seq_len, num_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    return tl.maximum(chunk, MIN_CHUNK)
-
-
-@triton.jit
-def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
-                 WINDOW: tl.constexpr):
-    """A decode row's keys are [seq_len - span, seq_len) (span = seq_len, or at most WINDOW of
-    them): its split length, this split's first position, and the span."""
-    if WINDOW > 0:
-        span = tl.minimum(seq_len, WINDOW)
-        chunk = _chunk_len(span, num_splits, BLOCK_N, MIN_CHUNK)
-        start = seq_len - span + split * chunk
-    else:
-        span = seq_len
-        chunk = _chunk_len(seq_len, num_splits, BLOCK_N, MIN_CHUNK)
-        start = split * chunk
-    return chunk, start, span
-
-
-@triton.jit
-def _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch, stride_vch, ROWS: tl.constexpr,
-               HEAD_DIM: tl.constexpr):
-    """Online-softmax state (acc, l, m) of ROWS query rows, and the row's block-table
-    pointer and KV-head offsets into the caches."""
-    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
-    l_i = tl.zeros([ROWS], dtype=tl.float32)
-    m_i = tl.full([ROWS], _NEG_INIT, dtype=tl.float32)
-    return acc, l_i, m_i, bt_ptr + seq.to(tl.int64) * stride_bt, kvh * stride_kch, kvh * stride_vch
-
-
-@triton.jit
-def _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
-                  stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
-                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Log-sum-exp merge of a row's `n_valid` split partials for heads [head0, head0 + GROUP),
-    in split order (deterministic); n_valid == 0 (a padding row) writes zeros.  Loads bypass
-    L1: the partials come from other SMs."""
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, HEAD_DIM)
-    gmask = offs_g < GROUP
-    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    m_i = tl.full([BLOCK_G], _NEG_INIT, dtype=tl.float32)
-    po = part_out_ptr + seq.to(tl.int64) * stride_pos + (head0 + offs_g[:, None]) * stride_poh + offs_d[None, :]
-    pl = part_lse_ptr + seq * stride_pls + (head0 + offs_g) * stride_plh
-    for sp in range(0, n_valid):
-        lse = tl.load(pl + sp, mask=gmask, other=0.0, cache_modifier=".cg")
-        part = tl.load(po + sp * stride_pok, mask=gmask[:, None], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_i, lse)
-        alpha = tl.exp2(m_i - m_new)
-        w = tl.exp2(lse - m_new)
-        acc = acc * alpha[:, None] + part * w[:, None]
-        l_i = l_i * alpha + w
-        m_i = m_new
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # l_i >= 1 once a split is merged
-    o = acc / l_safe[:, None]
-    optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
-    tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
-
-
-@triton.jit
-def _decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER: tl.constexpr):
-    """The batch row a decode program serves, and its query tokens [q_tok, q_end).
-    HAS_ORDER: programs take rows longest first (order = argsort(-seq_lens), built on the
-    host), so the last programs to start are the short rows: no long tail on ragged batches."""
-    if HAS_ORDER:
-        seq = tl.load(order_ptr + pid)
-    else:
-        seq = pid
-    q_tok = tl.load(qsl_ptr + seq)
-    q_end = tl.load(qsl_ptr + seq + 1)
-    return seq, q_tok, q_end
-
 
 @triton.jit
 def _prefetch_first_tile(k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, bt_ptr, order_ptr, pid, split,
@@ -216,14 +37,14 @@ def _prefetch_first_tile(k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, bt_ptr
     below seq_len - 1 (written by earlier steps).  The newest position, seq_len - 1, is the
     one the qkv epilogue (the kernel before) is writing: `_attend_prefetched_tile` reads it
     after the wait.  Loads only, no stores; a row with nothing to do here loads no K/V."""
-    seq, q_tok, q_end = _decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER)
+    seq, q_tok, q_end = decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER)
     seq_len = tl.load(seq_lens_ptr + seq)
-    chunk, start, span = _split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK, WINDOW)
+    chunk, start, span = split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK, WINDOW)
     end = tl.minimum(start + chunk, seq_len)
-    acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
+    acc, l_i, m_i, bt_row, k_head_off, v_head_off = row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
                                                                stride_vch, BLOCK_G, HEAD_DIM)
     live = (q_end - q_tok == 1) & (start < end)  # a decode row with work in this split
-    pos0, _, k_rows, v_rows = _kv_rows(bt_row, k_head_off, v_head_off, start, tl.where(live, end, 0),
+    pos0, _, k_rows, v_rows = kv_rows(bt_row, k_head_off, v_head_off, start, tl.where(live, end, 0),
                                        stride_kcb, stride_kcs, stride_vcb, stride_vcs, BLOCK_SIZE,
                                        BLOCK_N, True, 0, 0)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -250,7 +71,7 @@ def _attend_prefetched_tile(acc, l_i, m_i, q, pos0, k0_ptrs, v0_ptrs, k0, v0, se
         v0 = tl.where(newest, tl.load(v0_ptrs, mask=newest, other=0.0), v0)
     s = dot(q, tl.trans(k0), None, IEEE, UPCAST) * qk_scale
     s = tl.where((pos0 < end)[None, :], s, float("-inf"))
-    p, alpha, l_i, m_new = _softmax_weights(s, m_i, l_i)
+    p, alpha, l_i, m_new = softmax_weights(s, m_i, l_i)
     acc = acc * alpha[:, None] + dot(p.to(v0.dtype), v0, None, IEEE, UPCAST)
     return acc, l_i, m_new
 
@@ -305,10 +126,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
         pdl_start(USE_PDL)
     if pid == 0:
         if split == 0:
-            _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
+            zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
                        GROUP, BLOCK_G, HEAD_DIM)
     if not PREFETCH:
-        seq, q_tok, q_end = _decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER)
+        seq, q_tok, q_end = decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER)
     if q_end <= q_tok:
         return  # no query token in this row
     if SINGLE_ONLY:
@@ -316,7 +137,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
             return  # a mixed batch's prefill row: the prefill kernel's
     if not PREFETCH:
         seq_len = tl.load(seq_lens_ptr + seq)
-    chunk, start, span = _split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK, WINDOW)
+    chunk, start, span = split_range(seq_len, split, num_splits, BLOCK_N, MIN_CHUNK, WINDOW)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
     gmask = offs_g < GROUP
@@ -342,9 +163,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
         q = tl.load(q_ptr + q_tok * stride_qt + (head0 + offs_g[:, None]) * stride_qh + offs_d[None, :],
                     mask=gmask[:, None], other=0.0)
     if KV_FP8:
-        q = _fp8_dot_q(q)
+        q = fp8_dot_q(q)
     if not PREFETCH:
-        acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
+        acc, l_i, m_i, bt_row, k_head_off, v_head_off = row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
                                                                    stride_vch, BLOCK_G, HEAD_DIM)
     full_end = start + ((end - start) // BLOCK_N) * BLOCK_N
     first = start
@@ -354,13 +175,13 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
         first = start + BLOCK_N
         full_end = tl.maximum(full_end, first)
     for t in range(first, full_end, BLOCK_N):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, end, offs_g, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                      BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST,
                                      KV_FP8=KV_FP8)
     if full_end < end:
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, full_end, end, offs_g, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                      BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, False, IEEE, UPCAST,
@@ -384,7 +205,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
             n_valid = tl.cdiv(span, chunk)
             if done == n_valid - 1:
                 tl.atomic_xchg(cnt, 0)
-                _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
+                merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
                               stride_ot, stride_oh, stride_pos, stride_poh, stride_pok,
                               stride_pls, stride_plh, GROUP, BLOCK_G, HEAD_DIM)
     else:
@@ -410,8 +231,8 @@ def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, qsl_ptr, seq_lens
     if q_end <= q_tok:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    chunk, _, span = _split_range(seq_len, 0, num_splits, BLOCK_N, MIN_CHUNK, WINDOW)
+    chunk, _, span = split_range(seq_len, 0, num_splits, BLOCK_N, MIN_CHUNK, WINDOW)
     n_valid = tl.cdiv(span, chunk)
-    _merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, tl.program_id(1) * GROUP, n_valid,
+    merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, tl.program_id(1) * GROUP, n_valid,
                   stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
                   GROUP, BLOCK_G, HEAD_DIM)

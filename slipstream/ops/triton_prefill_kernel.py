@@ -1,13 +1,13 @@
 """The Triton prefill / mixed-batch paged-attention kernel (launched by
 `slipstream.ops.triton_attention.prefill_attention`; the tile helpers it shares with the
-decode kernel are in `slipstream.ops.triton_attention_kernels`)."""
+decode kernel are in `slipstream.ops.triton_attention_tiles`)."""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_start
-from slipstream.ops.triton_attention_kernels import _attend_tile, _fp8_dot_q, _row_start, _zero_tail
+from slipstream.ops.triton_attention_tiles import attend_tile, fp8_dot_q, row_start, zero_tail
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_tokens"])  # vary per step: no recompiles
@@ -31,7 +31,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
     kvh = tl.program_id(1)
     head0 = kvh * GROUP
     if tl.program_id(0) == 0:
-        _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
+        zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
                    GROUP, GROUP_P, HEAD_DIM)
     # Find the sequence: the number of s with  qsl[s] // BLOCK_Q + s <= pid, minus one.
     count = tl.zeros([SEQ_CHUNK], dtype=tl.int32)
@@ -61,10 +61,10 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
     q = tl.load(q_ptr + (q_start + r_tok[:, None]) * stride_qt + (head0 + r_head[:, None]) * stride_qh
                 + offs_d[None, :], mask=rmask[:, None], other=0.0)
     if KV_FP8:
-        q = _fp8_dot_q(q)
+        q = fp8_dot_q(q)
     row_pos = ctx + r_tok
 
-    acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
+    acc, l_i, m_i, bt_row, k_head_off, v_head_off = row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
                                                                stride_vch, BLOCK_M, HEAD_DIM)
     # KV positions every row of the tile sees: [0, ctx + tok0]; the last row sees up to
     # ctx + tok0 + BLOCK_Q - 1 (clipped to the sequence).
@@ -80,7 +80,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
         win_full = tl.cdiv(tl.maximum(ctx + tok0 + BLOCK_Q - WINDOW, 0), BLOCK_N) * BLOCK_N
         win_full = tl.minimum(win_full, full_end)
         for t in range((kv_lo // BLOCK_N) * BLOCK_N, win_full, BLOCK_N):
-            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+            acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                          k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                          stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                          BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST,
@@ -89,7 +89,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
         if WIDE_N > 0:
             wide_end = win_full + ((seen_by_all - win_full) // WIDE_N) * WIDE_N
             for t in range(win_full, wide_end, WIDE_N):
-                acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+                acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                              k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                              stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                              BLOCK_SIZE, WIDE_N, HEAD_DIM, False, False, IEEE, UPCAST,
@@ -98,19 +98,19 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_
     elif WIDE_N > 0:  # the tiles every row sees in full, WIDE_N at a time (fewer, larger dots)
         t_narrow = (seen_by_all // WIDE_N) * WIDE_N
         for t in range(0, t_narrow, WIDE_N):
-            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+            acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                          k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                          stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                          BLOCK_SIZE, WIDE_N, HEAD_DIM, False, False, IEEE, UPCAST,
                                          KV_FP8=KV_FP8)
     for t in range(t_narrow, full_end, BLOCK_N):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                      BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST,
                                      KV_FP8=KV_FP8)
     for t in range(full_end, kv_end, BLOCK_N):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, kv_end, row_pos, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                      BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST,

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_start
-from slipstream.ops.triton_attention_kernels import (_NEG_INIT, _attend_tile, _chunk_len, _decode_row,
-                                                     _fp8_dot_q, _row_start, _zero_tail)
+from slipstream.ops.triton_attention_tiles import (NEG_INIT, attend_tile, chunk_len, decode_row,
+                                                     fp8_dot_q, row_start, zero_tail)
 
 
 @triton.jit
@@ -38,7 +38,7 @@ def _verify_split_range(seq_len, n_q, split, num_splits, BLOCK_N: tl.constexpr, 
         span = tl.minimum(seq_len, WINDOW + n_q - 1)
     else:
         span = seq_len
-    chunk = _chunk_len(span, num_splits, BLOCK_N, MIN_CHUNK)
+    chunk = chunk_len(span, num_splits, BLOCK_N, MIN_CHUNK)
     return chunk, seq_len - span + split * chunk, span
 
 
@@ -62,7 +62,7 @@ def _verify_merge(out_ptr, part_out_ptr, part_lse_ptr, tok, head, mmask, n_valid
     offs_d = tl.arange(0, HEAD_DIM)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], _NEG_INIT, dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], NEG_INIT, dtype=tl.float32)
     po = part_out_ptr + tok[:, None] * stride_pot + head[:, None] * stride_poh + offs_d[None, :]
     pl = part_lse_ptr + tok * stride_plt + head * stride_plh
     for sp in range(0, n_valid):
@@ -99,9 +99,9 @@ def _verify_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
     head0 = kvh * GROUP
     if pid == 0:
         if split == 0:
-            _zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
+            zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
                        GROUP, BLOCK_G, HEAD_DIM)
-    seq, q_tok, q_end = _decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER)
+    seq, q_tok, q_end = decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER)
     n_q = q_end - q_tok
     if n_q <= 0:
         return  # no query token in this row
@@ -121,8 +121,8 @@ def _verify_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
     q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=mmask[:, None], other=0.0)
     if KV_FP8:
-        q = _fp8_dot_q(q)
-    acc, l_i, m_i, bt_row, k_head_off, v_head_off = _row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
+        q = fp8_dot_q(q)
+    acc, l_i, m_i, bt_row, k_head_off, v_head_off = row_start(bt_ptr, seq, stride_bt, kvh, stride_kch,
                                                                stride_vch, BLOCK_M, HEAD_DIM)
     row_pos = seq_len - n_q + qi
     # unmasked: whole tiles of keys every query sees (below the oldest query's position + 1)
@@ -132,13 +132,13 @@ def _verify_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
         seen = tl.maximum(tl.minimum(end, seq_len - n_q + 1) - start, 0)
         full_end = start + (seen // BLOCK_N) * BLOCK_N
     for t in range(start, full_end, BLOCK_N):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, end, row_pos, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                      BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, False, IEEE, UPCAST,
                                      KV_FP8=KV_FP8)
     for t in range(full_end, end, BLOCK_N):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row,
                                      k_head_off, v_head_off, t, end, row_pos, qk_scale,
                                      stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                                      BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, True, IEEE, UPCAST,
