@@ -227,12 +227,12 @@ def test_num_workers_split_load_and_keep_order(servers, tmp_path):
 
 
 def test_peak_output_throughput_window():
-    from slipstream.bench.serve import RequestResult, _peak_tokens_per_s
+    from slipstream.bench.serve_report import RequestResult, peak_tokens_per_s
     a = RequestResult(success=True, output_tokens=4, chunk_times=[0.0, 0.5, 0.9, 1.2])
     b = RequestResult(success=True, output_tokens=6, chunk_times=[1.0, 1.1, 3.0])  # 2 each
     # window (0.2, 1.2]: a@0.5, a@0.9, b@1.0, b@1.1, a@1.2 -> 1 + 1 + 2 + 2 + 1
-    assert _peak_tokens_per_s([a, b]) == 7.0
-    assert _peak_tokens_per_s([]) == 0.0
+    assert peak_tokens_per_s([a, b]) == 7.0
+    assert peak_tokens_per_s([]) == 0.0
 
 
 def test_request_rate_arrivals(servers, tmp_path):

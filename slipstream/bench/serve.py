@@ -20,16 +20,8 @@ import sys
 import time
 
 from slipstream.bench.serve_datasets import ServeRequest, load_requests
-from slipstream.bench.serve_report import (METRICS, SLO_KEYS, RequestResult, _parse_goodput,
-                                           _peak_concurrency, _peak_tokens_per_s, compute_metrics,
-                                           format_block, format_sweep_table, plot_sweep,
-                                           save_result)
-
-# The report's names stay importable from here (tests import RequestResult, _peak_tokens_per_s).
-__all__ = ["METRICS", "SLO_KEYS", "RequestResult", "_parse_goodput", "_peak_concurrency",
-           "_peak_tokens_per_s", "arrival_offsets", "build_parser", "build_payload",
-           "compute_metrics", "format_block", "format_sweep_table", "is_chat", "main",
-           "plot_sweep", "run_once", "save_result", "send_request"]
+from slipstream.bench.serve_report import (METRICS, RequestResult, compute_metrics, format_block,
+                                           format_sweep_table, parse_goodput, plot_sweep, save_result)
 
 try:  # a third of json.loads's time per chunk
     from msgspec.json import decode as _loads
@@ -349,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        goodput = _parse_goodput(args.goodput)
+        goodput = parse_goodput(args.goodput)
         percentiles = [float(x) for x in args.metric_percentiles.split(",") if x.strip()]
         selected = [k.strip() for k in args.percentile_metrics.split(",") if k.strip()]
         if bad := [k for k in selected if k not in METRICS]:

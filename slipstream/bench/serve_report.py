@@ -36,7 +36,7 @@ METRICS = {"ttft": ("Time to First Token", "TTFT"),
            "e2el": ("End-to-end Latency", "E2EL")}
 
 
-def _parse_goodput(items: list[str] | None) -> dict[str, float]:
+def parse_goodput(items: list[str] | None) -> dict[str, float]:
     out = {}
     for item in items or []:
         key, sep, val = item.partition(":")
@@ -62,7 +62,7 @@ class RequestResult:
     text: str = ""
 
 
-def _peak_tokens_per_s(ok: list[RequestResult]) -> float:
+def peak_tokens_per_s(ok: list[RequestResult]) -> float:
     """Most output tokens in any 1-second window (each chunk weighted by its share)."""
     events = sorted((t, r.output_tokens / len(r.chunk_times)) for r in ok for t in r.chunk_times)
     best = acc = 0.0
@@ -76,7 +76,7 @@ def _peak_tokens_per_s(ok: list[RequestResult]) -> float:
     return best
 
 
-def _peak_concurrency(ok: list[RequestResult]) -> int:
+def peak_concurrency(ok: list[RequestResult]) -> int:
     """Most successful requests in flight at once (POST to last content chunk)."""
     edges = sorted([(r.start, 1) for r in ok] + [(r.start + r.e2e, -1) for r in ok],
                    key=lambda e: (e[0], e[1]))  # an end before a start at the same time
@@ -112,8 +112,8 @@ def compute_metrics(results: list[RequestResult], requests: list[ServeRequest],
         "request_throughput": len(ok) / duration,
         "request_goodput": good / duration if goodput else None,
         "output_throughput": total_out / duration,
-        "max_output_tokens_per_s": _peak_tokens_per_s(ok),
-        "max_concurrent_requests": _peak_concurrency(ok),
+        "max_output_tokens_per_s": peak_tokens_per_s(ok),
+        "max_concurrent_requests": peak_concurrency(ok),
         "total_token_throughput": (total_in + total_out) / duration,
     }
     for key, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):

@@ -47,7 +47,7 @@ from slipstream.ops.fused import build_cos_sin_cache, rms_norm, silu_and_mul
 from slipstream.ops.linear import linear, linear_add_, linear_into_, norm_linear, silu_mul_linear_add_
 
 
-def _empty(shape, dtype, device) -> nn.Parameter:
+def empty_parameter(shape, dtype, device) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
@@ -56,8 +56,8 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype, device):
         super().__init__()
-        self.weight = _empty((out_features, in_features), dtype, device)
-        self.bias = _empty((out_features,), dtype, device) if bias else None
+        self.weight = empty_parameter((out_features, in_features), dtype, device)
+        self.bias = empty_parameter((out_features,), dtype, device) if bias else None
         self.batch_invariant = False  # set by LlamaForCausalLM.set_batch_invariant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -124,7 +124,7 @@ def make_linear(in_features: int, out_features: int, bias: bool, dtype, device, 
 class Embedding(nn.Module):
     def __init__(self, num: int, size: int, dtype, device):
         super().__init__()
-        self.weight = _empty((num, size), dtype, device)
+        self.weight = empty_parameter((num, size), dtype, device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from slipstream.model.config import ModelConfig
-from slipstream.model.llama import Attention, Linear, LlamaForCausalLM, RMSNorm, _empty, fold_norm
+from slipstream.model.llama import Attention, Linear, LlamaForCausalLM, RMSNorm, empty_parameter, fold_norm
 from slipstream.model.parallel import TPGroup
 from slipstream.ops.fused import rms_norm
 from slipstream.ops.moe import fused_moe, route, route_linear, route_linear_applies
@@ -45,8 +45,8 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, hidden: int, inter: int, dtype, device):
         super().__init__()
-        self.gate_up_proj = _empty((num_experts, 2 * inter, hidden), dtype, device)
-        self.down_proj = _empty((num_experts, hidden, inter), dtype, device)
+        self.gate_up_proj = empty_parameter((num_experts, 2 * inter, hidden), dtype, device)
+        self.down_proj = empty_parameter((num_experts, hidden, inter), dtype, device)
 
 
 class SparseMoeBlock(nn.Module):

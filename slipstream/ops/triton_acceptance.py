@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
-from slipstream.ops.triton_sampling import _mix32, _row_keys
+from slipstream.ops.triton_sampling import mix32, row_keys
 
 
 @triton.jit
@@ -36,8 +36,8 @@ def _point_mass_kernel(drawn_ptr, drafts_ptr, drafts_stride, num_drafts_ptr, num
     if SYNTHETIC:
         accepted = tl.minimum(nd, WHOLE)
         if FRACTION:
-            k1, k2 = _row_keys(seed_ptr, tidx_ptr, row)
-            h = _mix32(_mix32(k1 ^ 0xFFFFFFFE) ^ k2)  # the lane runner/acceptance.SYNTHETIC_LANE
+            k1, k2 = row_keys(seed_ptr, tidx_ptr, row)
+            h = mix32(mix32(k1 ^ 0xFFFFFFFE) ^ k2)  # the lane runner/acceptance.SYNTHETIC_LANE
             extra = ((h >> 8).to(tl.int32) < threshold).to(tl.int32)
             accepted = tl.minimum(nd, accepted + extra)
     token = tl.sum(tl.where(j == accepted, drawn, 0), axis=0)

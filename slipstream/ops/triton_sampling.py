@@ -33,7 +33,7 @@ __all__ = ["sample_tokens_triton", "gumbel_noise_triton", "random_bits_triton"]
 
 
 @triton.jit
-def _mix32(x):
+def mix32(x):
     # 32-bit integer finaliser (xorshift-multiply, two rounds); x is uint32, wraps mod 2**32
     x = x ^ (x >> 16)
     x = x * 0x21F0AAAD
@@ -44,22 +44,22 @@ def _mix32(x):
 
 
 @triton.jit
-def _row_keys(seed_ptr, tidx_ptr, row):
+def row_keys(seed_ptr, tidx_ptr, row):
     seed = tl.load(seed_ptr + row)  # int64
     lo = seed.to(tl.uint32)  # low word (truncation)
     hi = (seed >> 32).to(tl.uint32)  # high word
     ti = tl.load(tidx_ptr + row).to(tl.uint32)
-    k1 = _mix32(lo ^ 0x2545F491)
-    k1 = _mix32(k1 ^ hi)
-    k1 = _mix32(k1 ^ ti)
-    k2 = _mix32(k1 ^ 0x68E31DA4)
+    k1 = mix32(lo ^ 0x2545F491)
+    k1 = mix32(k1 ^ hi)
+    k1 = mix32(k1 ^ ti)
+    k2 = mix32(k1 ^ 0x68E31DA4)
     return k1, k2
 
 
 @triton.jit
 def _bits(v, k1, k2):
     # v: uint32 token ids -> uint32 random bits
-    return _mix32(_mix32(v ^ k1) ^ k2)
+    return mix32(mix32(v ^ k1) ^ k2)
 
 
 @triton.jit
@@ -136,7 +136,7 @@ def _sample_kernel(
                     mx = tl.maximum(mx, tl.max(x, axis=0))
                 smax = mx * inv_t
                 thr = tl.minimum(smax + lmp, smax)
-        k1, k2 = _row_keys(seed_ptr, tidx_ptr, row)
+        k1, k2 = row_keys(seed_ptr, tidx_ptr, row)
         s_run = tl.zeros([], tl.float32) - float("inf")  # max kept scaled value so far
         for start in range(v_lo, v_hi, BLOCK_V):
             offs = start + arange
@@ -190,7 +190,7 @@ def _noise_kernel(seed_ptr, tidx_ptr, out_ptr, V, stride_out,
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     mask = offs < V
-    k1, k2 = _row_keys(seed_ptr, tidx_ptr, row)
+    k1, k2 = row_keys(seed_ptr, tidx_ptr, row)
     h = _bits(offs.to(tl.uint32), k1, k2)
     if GUMBEL:
         tl.store(out_ptr + row.to(tl.int64) * stride_out + offs, _gumbel(h), mask=mask)

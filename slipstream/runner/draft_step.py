@@ -20,7 +20,7 @@ from slipstream.runner.draft_graphs import launch_drafting_padded, padded_drafti
 from slipstream.runner.inputs import fill_inputs
 from slipstream.runner.prompt_logprobs import step_prompt_spans
 from slipstream.runner.spec_device import prepare_device_drafts
-from slipstream.runner.speculative import (_stack_probs, download_verified, spec_buffers, suppress_tokens,
+from slipstream.runner.speculative import (stack_draft_probs, download_verified, spec_buffers, suppress_tokens,
                                            upload_verify_inputs, verify)
 
 
@@ -51,7 +51,7 @@ def launch_device_drafting(runner, batch, launched_cls):
         for row, prompt, outputs in batch.penalty_resets:
             runner.penalties.reset_row(row, prompt, outputs)
         # (an all-greedy step's acceptance takes no q, and its drafter writes none)
-        draft_probs = _stack_probs(spec.draft_probs, spec.k, s) if spec.draft_probs and not shape.greedy else None
+        draft_probs = stack_draft_probs(spec.draft_probs, spec.k, s) if spec.draft_probs and not shape.greedy else None
         if device_drafting:
             prev = spec_buffers(runner, 1 - slot.index, spec.k)
             verify_in += prepare_device_drafts(runner, slot, shape, spec, dd_in, prev.num_emitted)

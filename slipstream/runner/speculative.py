@@ -130,7 +130,7 @@ def launch_speculative(runner, batch, launched_cls):
     with s.computing(slot, uploaded):
         for row, prompt, outputs in batch.penalty_resets:
             runner.penalties.reset_row(row, prompt, outputs)
-        draft_probs = _stack_probs(spec.draft_probs, spec.k, s) if spec.draft_probs else None
+        draft_probs = stack_draft_probs(spec.draft_probs, spec.k, s) if spec.draft_probs else None
         if device_drafting:
             prev = spec_buffers(runner, 1 - slot.index, spec.k)
             verify_in += prepare_device_drafts(runner, slot, _unpadded(shape, batch), spec, dd_in, prev.num_emitted)
@@ -280,7 +280,7 @@ def _penalty_state_per_position(pen, state_rows: torch.Tensor, drawn: torch.Tens
                            prompt_mask=pen.prompt_mask.index_select(0, state_rows).repeat_interleave(k + 1, dim=0))
 
 
-def _stack_probs(probs: list, k: int, streams) -> torch.Tensor:
+def stack_draft_probs(probs: list, k: int, streams) -> torch.Tensor:
     """A draft model's q of each drafting row ([m, V] each) as one [R, k, V] tensor, on the
     compute stream; the padding past a row's m drafts is never read.  The q were made on the
     default stream, which the host has waited for (it read the drafts)."""
