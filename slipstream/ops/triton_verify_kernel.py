@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_start
-from slipstream.ops.triton_attention_tiles import (NEG_INIT, attend_tile, chunk_len, decode_row,
-                                                     fp8_dot_q, row_start, zero_tail)
+from slipstream.ops.triton_attention_tiles import (NEG_INIT, attend_tile, chunk_len, decode_row, fp8_dot_q,
+                                                   row_start, zero_tail)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ from slipstream.runner.draft_graphs import launch_drafting_padded, padded_drafti
 from slipstream.runner.inputs import fill_inputs
 from slipstream.runner.prompt_logprobs import step_prompt_spans
 from slipstream.runner.spec_device import prepare_device_drafts
-from slipstream.runner.speculative import (stack_draft_probs, download_verified, spec_buffers, suppress_tokens,
+from slipstream.runner.speculative import (download_verified, spec_buffers, stack_draft_probs, suppress_tokens,
                                            upload_verify_inputs, verify)
 
 
