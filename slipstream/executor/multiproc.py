@@ -98,8 +98,7 @@ class MultiprocExecutor:
         shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
         cols = -(-batch.max_seq_len // self.block_size)
         ints, floats = slot.pack(shape.num_tokens, shape.num_seqs, shape.num_samples, batch.num_seqs, cols)
-        spans = [(f, c, t.tolist(), k) for f, c, t, k in step_prompt_spans(batch, slot.host.query_start_loc)] \
-            if batch.prompt_logprobs else []
+        spans = [(f, c, t.tolist(), k) for f, c, t, k in step_prompt_spans(batch, slot.host.query_start_loc)]
         f = shape.flags
         header = Step(batch.batch_id, shape.num_tokens, shape.num_seqs, shape.num_samples, shape.max_query_len,
                       shape.max_seq_len, f.use_top_k_top_p, f.use_penalties, f.num_logprobs, shape.padded,

@@ -33,7 +33,7 @@ def launch_device_drafting(runner, batch, launched_cls):
     if padded is not None:
         return launch_drafting_padded(runner, batch, slot, padded, launched_cls)
     shape = fill_inputs(batch, slot.host, runner.block_size, None, runner.max_model_len)
-    spans = step_prompt_spans(batch, slot.host.query_start_loc) if batch.prompt_logprobs else None
+    spans = step_prompt_spans(batch, slot.host.query_start_loc)
     S, spec = len(batch.sampled), batch.spec
     bufs = spec_buffers(runner, slot.index, spec.k)
     device_drafting = spec.draft_tokens is None

@@ -253,7 +253,7 @@ class ModelRunner:
         if self.graphs is not None:
             pad = self.graphs.padding(batch.num_tokens, batch.num_seqs, batch.is_decode_only)
         shape = fill_inputs(batch, slot.host, self.block_size, pad, self.max_model_len)
-        spans = step_prompt_spans(batch, slot.host.query_start_loc) if batch.prompt_logprobs else None
+        spans = step_prompt_spans(batch, slot.host.query_start_loc)
         return self.issue(batch, slot, shape, batch.num_seqs, batch.suppress, batch.penalty_resets,
                           spans, len(batch.sampled), defer_sampling=batch.num_constrained > 0)
 

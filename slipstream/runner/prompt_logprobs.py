@@ -22,7 +22,8 @@ _CHUNK = 512  # [512, vocab] float32 logits at a time
 
 def step_prompt_spans(batch: ScheduledBatch, query_start_loc: np.ndarray) -> list[PromptSpan]:
     """batch.prompt_logprobs as token spans of the step: position p of sequence row j is
-    token query_start_loc[j] + p - start[j]; it scores prompt token p + 1."""
+    token query_start_loc[j] + p - start[j]; it scores prompt token p + 1. Empty when no
+    request of the batch asks for prompt logprobs."""
     spans = []
     for j, first_pos, count, k in batch.prompt_logprobs:
         req = batch.requests[j]

@@ -118,7 +118,7 @@ def launch_speculative(runner, batch, launched_cls):
     graphs = verify_graphs(runner) if route is not None and route.pad is not None else None
     if graphs is not None and graphs.applies(shape, batch, batch.spec):
         return _launch_padded(runner, batch, slot, shape, graphs, launched_cls)
-    spans = step_prompt_spans(batch, slot.host.query_start_loc) if batch.prompt_logprobs else None
+    spans = step_prompt_spans(batch, slot.host.query_start_loc)
     S, spec = len(batch.sampled), batch.spec
     bufs = spec_buffers(runner, slot.index, spec.k)
     device_drafting = spec.draft_tokens is None
