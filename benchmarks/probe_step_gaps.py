@@ -102,6 +102,24 @@ def gap_causes(trace: dict, min_gap_us: float = 20.0, top: int = 8) -> list[tupl
     return sorted(rows, key=lambda r: -r[3])[:top]
 
 
+def kernel_summary(trace: dict, steps: int, top: int = 14) -> list[tuple]:
+    """(kernel name, µs a step, launches a step, µs a step it adds to the busiest stream's span)
+    for the `top` kernels by the span they add: under PDL a kernel starts before the one before
+    it ends, so its own duration overstates what it costs the step; what it adds is its end past
+    the latest end before it (idle time before it included)."""
+    evs = busiest_stream(trace.get("traceEvents", []))
+    kinds = collections.defaultdict(lambda: [0.0, 0, 0.0])
+    end = evs[0]["ts"]
+    for e in evs:
+        k = kinds[e["name"][:60]]
+        k[0] += e["dur"]
+        k[1] += 1
+        k[2] += max(0.0, e["ts"] + e["dur"] - end)
+        end = max(end, e["ts"] + e["dur"])
+    rows = [(name, us / steps, n / steps, adds / steps) for name, (us, n, adds) in kinds.items()]
+    return sorted(rows, key=lambda r: -r[3])[:top]
+
+
 def api_summary(trace: dict, steps: int, top: int = 6) -> list[tuple]:
     """(API call, µs a step, calls a step, longest µs) of the CUDA runtime and driver calls
     the host made in the window, the `top` costliest: a launch that blocks shows here."""
@@ -156,6 +174,9 @@ def main() -> None:
     for stream, span, kern, count, copies, gaps, largest in stream_summary(trace, args.steps):
         cp = "; ".join(f"{k}: {us:.1f}, {n:.1f}" for k, (us, n) in copies.items()) or "-"
         print(f"| {stream} | {span:.1f} | {kern:.1f} | {count:.1f} | {cp} | {gaps:.1f} | {largest:.1f} |")
+    print("| kernel (busiest stream) | µs a step | launches a step | µs it adds to the span |\n|---|---|---|---|")
+    for name, us, n, adds in kernel_summary(trace, args.steps):
+        print(f"| {name} | {us:.1f} | {n:.1f} | {adds:.1f} |")
     print("| host API call | µs a step | calls a step | longest µs |\n|---|---|---|---|")
     for name, us, n, longest in api_summary(trace, args.steps):
         print(f"| {name} | {us:.1f} | {n:.1f} | {longest:.1f} |")
