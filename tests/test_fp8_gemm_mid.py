@@ -129,6 +129,17 @@ def test_skinny_config_follows_rows_and_splits_narrow_weights():
     assert skinny_config_for(256, 4096, 4096).split_k == 1  # 4 row tiles: 256 programs
 
 
+def test_skinny_stages_drop_one_only_where_that_avoids_a_second_wave():
+    # gate_up at 17-32 rows: 448 programs of 12 KB stages, 3 an SM at 5 stages (396), 4 at 4
+    assert skinny_config_for(17, 28672, 4096).num_stages == 4
+    assert skinny_config_for(32, 28672, 4096).num_stages == 4
+    # 16 rows (10 KB stages): 4 an SM at 5 stages already hold 448; 64 rows: 4 stages hold 396
+    assert skinny_config_for(16, 28672, 4096).num_stages == 5
+    assert skinny_config_for(64, 28672, 4096).num_stages == 5
+    for n, k in ((6144, 4096), (4096, 4096), (4096, 14336)):  # 192 programs: one wave at 5
+        assert skinny_config_for(32, n, k).num_stages == 5
+
+
 def test_dispatch_routes_by_rows_and_layout():
     d = parse_dispatch("channel=scaled_mm_fast:16,skinny:128,scaled_mm/block=scaled_mm_block")
     assert parse_dispatch("channel=scaled_mm_fast:16,skinny:128,scaled_mm;block=scaled_mm_block") == d

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, replace
 import torch
 import triton
 
+from slipstream.utils.overrides import config_from_env
+
 
 # ----------------------------------------------------------------------------- tunables
 
@@ -86,7 +88,8 @@ class PrefillConfig:
     wide_n: int | None = None
 
 
-DEFAULT_DECODE_CONFIG = DecodeConfig()
+# the defaults with SLIPSTREAM_DECODE_CONFIG's "field=value,..." changes (A/B runs in the engine)
+DEFAULT_DECODE_CONFIG = config_from_env(DecodeConfig, "SLIPSTREAM_DECODE_CONFIG")
 DEFAULT_PREFILL_CONFIG = PrefillConfig()
 
 

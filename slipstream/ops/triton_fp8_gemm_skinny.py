@@ -64,11 +64,33 @@ def reserve_skinny_tickets(device: torch.device) -> None:
 
 def skinny_config_for(m: int, n: int, k: int) -> Fp8SkinnyConfig:
     """The tile for `m` rows: the narrowest activation tile that holds them (16-64); K split
-    (up to 4 ways, at least 512 columns a split) when the tiles alone leave SMs idle."""
+    (up to 4 ways, at least 512 columns a split) when the tiles alone leave SMs idle; stages
+    as `_stages_for` the grid."""
+    base = DEFAULT_FP8_SKINNY_CONFIG
     block_m = min(max(16, triton.next_power_of_2(m)), 64)
-    tiles = triton.cdiv(n, 64) * triton.cdiv(m, block_m)
+    tiles = triton.cdiv(n, base.block_n) * triton.cdiv(m, block_m)
     split = max(1, min(4, triton.cdiv(SMS, tiles), k // 512))
-    return Fp8SkinnyConfig(block_m=block_m, split_k=split)
+    stage_bytes = (base.block_n + block_m) * base.block_k  # one FP8 weight tile and input tile
+    return Fp8SkinnyConfig(block_m=block_m, split_k=split, num_stages=_stages_for(tiles * split, stage_bytes))
+
+
+SMEM_PER_SM = 228 * 1024  # an H100's (an H200's too); each resident program reserves 1 KB more
+
+
+def _stages_for(programs: int, stage_bytes: int) -> int:
+    """The default's stages, or one fewer where that alone lets every program be resident at
+    once: a grid a little larger than one wave runs its remainder as a second wave. On an H100,
+    gate_up at 17-32 rows (448 programs; 3 an SM at 5 stages, 4 at 4) took 50.4 / 50.9 us at 4
+    stages against 54.8 / 55.3 at 5; at 48-64 rows 4 stages still leave a second wave and lost
+    (58.6 against 52.8 us), and 5 stays (benchmarks/bench_fp8_skinny.py)."""
+    stages = DEFAULT_FP8_SKINNY_CONFIG.num_stages
+
+    def resident(s: int) -> int:
+        return SMS * (SMEM_PER_SM // (s * stage_bytes + 1024))
+
+    if resident(stages) < programs <= resident(stages - 1):
+        return stages - 1
+    return stages
 
 
 @triton.jit
