@@ -150,31 +150,40 @@ def row_start(bt_ptr, seq, stride_bt, kvh, stride_kch, stride_vch, ROWS: tl.cons
 
 
 @triton.jit
-def merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
-                  stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
-                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Log-sum-exp merge of a row's `n_valid` split partials for heads [head0, head0 + GROUP),
-    in split order (deterministic); n_valid == 0 (a padding row) writes zeros.  Loads bypass
-    L1: the partials come from other SMs."""
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, HEAD_DIM)
-    gmask = offs_g < GROUP
-    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    m_i = tl.full([BLOCK_G], NEG_INIT, dtype=tl.float32)
-    po = part_out_ptr + seq.to(tl.int64) * stride_pos + (head0 + offs_g[:, None]) * stride_poh + offs_d[None, :]
-    pl = part_lse_ptr + seq * stride_pls + (head0 + offs_g) * stride_plh
+def lse_merge(po, pl, mask, n_valid, stride_pok, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+              MASKED_LSE: tl.constexpr = 0.0):
+    """Log-sum-exp merge of `n_valid` split partials, in split order (deterministic): partial
+    `sp` of the BLOCK rows is at po + sp * stride_pok ([BLOCK, HEAD_DIM] pointers), its log2
+    sum-exp at pl + sp; the merged rows in float32, zeros when n_valid == 0.  Loads bypass
+    L1: the partials come from other SMs. MASKED_LSE: what masked-out rows load (they are
+    not stored; each caller keeps the constant its compiled code was measured with)."""
+    acc = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK], dtype=tl.float32)
+    m_i = tl.full([BLOCK], NEG_INIT, dtype=tl.float32)
     for sp in range(0, n_valid):
-        lse = tl.load(pl + sp, mask=gmask, other=0.0, cache_modifier=".cg")
-        part = tl.load(po + sp * stride_pok, mask=gmask[:, None], other=0.0, cache_modifier=".cg")
+        lse = tl.load(pl + sp, mask=mask, other=MASKED_LSE, cache_modifier=".cg")
+        part = tl.load(po + sp * stride_pok, mask=mask[:, None], other=0.0, cache_modifier=".cg")
         m_new = tl.maximum(m_i, lse)
         alpha = tl.exp2(m_i - m_new)
         w = tl.exp2(lse - m_new)
         acc = acc * alpha[:, None] + part * w[:, None]
         l_i = l_i * alpha + w
         m_i = m_new
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # l_i >= 1 once a split is merged
-    o = acc / l_safe[:, None]
+    return acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # l_i >= 1 once a split is merged
+
+
+@triton.jit
+def merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
+                  stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
+                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """`lse_merge` of a row's `n_valid` split partials for heads [head0, head0 + GROUP) into
+    the output; n_valid == 0 (a padding row) writes zeros."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    gmask = offs_g < GROUP
+    po = part_out_ptr + seq.to(tl.int64) * stride_pos + (head0 + offs_g[:, None]) * stride_poh + offs_d[None, :]
+    pl = part_lse_ptr + seq * stride_pls + (head0 + offs_g) * stride_plh
+    o = lse_merge(po, pl, gmask, n_valid, stride_pok, BLOCK_G, HEAD_DIM)
     optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
     tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 

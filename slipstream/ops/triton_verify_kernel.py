@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_start
-from slipstream.ops.triton_attention_tiles import (NEG_INIT, attend_tile, chunk_len, decode_row, fp8_dot_q,
-                                                   row_start, zero_tail)
+from slipstream.ops.triton_attention_tiles import (attend_tile, chunk_len, decode_row, fp8_dot_q, lse_merge, row_start,
+                                                   zero_tail)
 
 
 @triton.jit
@@ -57,24 +57,11 @@ def _query_rows(q_tok, n_q, head0, GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLO
 def _verify_merge(out_ptr, part_out_ptr, part_lse_ptr, tok, head, mmask, n_valid, stride_ot, stride_oh,
                   stride_pot, stride_poh, stride_pok, stride_plt, stride_plh,
                   BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Log-sum-exp merge of the rows' `n_valid` split partials, in split order; loads bypass
-    L1 (the partials come from other SMs)."""
+    """`lse_merge` of the rows' `n_valid` split partials into the output."""
     offs_d = tl.arange(0, HEAD_DIM)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], NEG_INIT, dtype=tl.float32)
     po = part_out_ptr + tok[:, None] * stride_pot + head[:, None] * stride_poh + offs_d[None, :]
     pl = part_lse_ptr + tok * stride_plt + head * stride_plh
-    for sp in range(0, n_valid):
-        lse = tl.load(pl + sp, mask=mmask, other=float("-inf"), cache_modifier=".cg")
-        part = tl.load(po + sp * stride_pok, mask=mmask[:, None], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_i, lse)
-        alpha = tl.exp2(m_i - m_new)
-        w = tl.exp2(lse - m_new)
-        acc = acc * alpha[:, None] + part * w[:, None]
-        l_i = l_i * alpha + w
-        m_i = m_new
-    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o = lse_merge(po, pl, mmask, n_valid, stride_pok, BLOCK_M, HEAD_DIM, float("-inf"))
     optrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=mmask[:, None])
 
