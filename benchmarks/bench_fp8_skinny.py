@@ -5,7 +5,7 @@ variant's time against the floor of the FP8 weight's bytes at 3.0 TB/s
 (benchmarks/weight_floor.py), then the fastest per (shape, rows) as a table to paste.
 
     python benchmarks/bench_fp8_skinny.py [--rows 32,64,128,256] [--shapes qkv,o,gate_up,down,lm_head]
-        [--variants NAME:field=v,... ...] [--no-default-variants] [--jobs N] [--floor-tbs 3.0]
+        [--variants NAME:field=v,... ...] [--no-default-variants] [--groups 64,128] [--jobs N] [--floor-tbs 3.0]
         [--out DIR] [--tiny]
 
 Per-channel weights (what `--quantization fp8` makes), qkv and gate_up with a folded norm's
@@ -20,6 +20,12 @@ gamma as the engine's. Implementations, each a whole call
     skinny-*      one `Fp8SkinnyConfig` field moved from that tile (activation rows a
                   program, weight rows a program, K step, stages, warps, K split, the L2
                   prefetch), timed where it launches something new
+    skinny-gG     (--groups G,...) the skinny kernel with the input quantized per token and
+                  G-column group and each step's dot scaled by its group's scales (the block
+                  weights' loop, the per-channel scale repeated as a 1 x G block): what a
+                  producer that quantizes its own output tiles would hand the product (a
+                  G-column tile of the GEMM before, a head of attention), priced here with
+                  the per-group quantization launch in its time as the default has its own
 
 The weights rotate over copies of at least 100 MB of FP8 (the bf16 baseline reads twice
 that), so that every product reads its weight from memory, not L2. Each implementation is
@@ -84,7 +90,18 @@ def call(impl: str, x: torch.Tensor, w: Fp8Weight, wb: torch.Tensor, cfg: Fp8Ski
         return lambda: fp8_product(x, w, None, kernel)
     if impl == "fp8":
         return lambda: fp8_linear(x, w)
+    if impl.startswith("skinny-g"):
+        wg = grouped(w, int(impl.removeprefix("skinny-g")))
+        return lambda: fp8_gemm_skinny(x, wg, None, cfg)
     return lambda: fp8_gemm_skinny(x, w, None, cfg)
+
+
+def grouped(w: Fp8Weight, group: int) -> Fp8Weight:
+    """A per-channel weight as 1 x `group` blocks (its scale repeated along K): the same
+    products, taken by the skinny kernel's block loop with per-group input scales."""
+    n, k = w.shape
+    scale = w.scale.reshape(n, 1).expand(n, -(-k // group)).contiguous()
+    return Fp8Weight(w.qweight, scale, (1, group), w.gamma)
 
 
 def make_weights(n: int, k: int, copies: int, dev: str, gen, gamma: bool = False) -> list[tuple[Fp8Weight, torch.Tensor]]:
@@ -121,6 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None)
     ap.add_argument("--variants", nargs="*", default=[])
     ap.add_argument("--no-default-variants", action="store_true")
+    ap.add_argument("--groups", default="", help="e.g. 64,128: the skinny-gG implementations")
     jobs = 0 if "--tiny" in sys.argv else max(1, min(14, (os.cpu_count() or 1) - 2))
     ap.add_argument("--jobs", type=int, default=jobs)
     ap.add_argument("--floor-tbs", type=float, default=FLOOR_TBS)
@@ -142,6 +160,8 @@ def main(argv=None) -> int:
         for m in rows:
             base = skinny_config_for(m, n, k)
             plan += [(name, m, impl, None) for impl in BASELINES] + [(name, m, "skinny", base)]
+            for g in filter(None, args.groups.split(",")):
+                plan.append((name, m, f"skinny-g{int(g)}", skinny_config_for(m, n, k)))
             seen = {base}
             for impl, kw in variants:
                 cfg = dataclasses.replace(base, **kw)
@@ -169,6 +189,9 @@ def main(argv=None) -> int:
                 try:  # a variant that fails (compile, launch, bound) is reported, not fatal
                     y = call(impl, x, *weights[0], cfg)().double()
                     r = unquantized if impl == "fp8" and unquantized is not None else quantized
+                    if impl.startswith("skinny-g"):  # its input is quantized per group
+                        wg = grouped(weights[0][0], int(impl.removeprefix("skinny-g")))
+                        r = fp8_linear_ref(x.float(), wg, quantize_input=True).double()
                     err = rel_rms(y, r)
                     # (bf16 reads its own weight, not the FP8 one)
                     if impl != "bf16" and not err <= 2 ** -6:
