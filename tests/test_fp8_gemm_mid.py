@@ -387,6 +387,12 @@ def compile_skinny_for_hopper() -> list[str]:
         ts.fp8_gemm_skinny(torch.zeros(17, 4096, dtype=bf), weight(6144, 4096, (128, 128)))
         h = torch.zeros(64, 4096, dtype=bf)
         ts.fp8_gemm_skinny(torch.zeros(64, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h)
+        # the handoff (tests/test_fp8_skinny_handoff.py): a producer quantizing its output, a consumer of it
+        h = torch.zeros(32, 4096, dtype=bf)
+        ts.fp8_gemm_skinny(torch.zeros(32, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h,
+                           quant_out=torch.ones(4096))
+        ts.fp8_gemm_skinny(tq.QuantizedRows(torch.zeros(32, 4096, dtype=f8), torch.ones(32, 64), 64, bf),
+                           weight(6144, 4096, None))
         tm.fp8_gemm(torch.zeros(2048, 4096, dtype=bf), weight(6144, 4096, (128, 128)),
                     cfg=tm.Fp8GemmConfig(128, 128, 128, 8, 8, 4, persistent=True))
     import slipstream.ops.triton_fp8_quant_tensor as tt
@@ -411,11 +417,11 @@ def test_skinny_and_persistent_gemm_compile_for_hopper_on_fp8_wgmma():
     from helpers import run_hopper_compile
     out = run_hopper_compile(__file__)
     lines = [ln for ln in out.splitlines() if ln.startswith("compiled")]
-    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64; the
-    # persistent 128x128 tile on two warpgroups of m64n128; the per-tensor quantization's two kernels
-    assert lines == ["compiled wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"] * 2 + \
-        ["compiled wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3",
-         "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "compiled ", "compiled "], out
+    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64, n32 for
+    # the handoff's two 32-row launches; the persistent 128x128 tile on two warpgroups of
+    # m64n128; the per-tensor quantization's two kernels
+    n32, n64, n128 = (f"compiled wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3" for n in (32, 64, 128))
+    assert lines == [n32] * 2 + [n64] + [n32] * 2 + [n128, "compiled ", "compiled "], out
 
 
 if __name__ == "__main__":

@@ -21,6 +21,13 @@ block weights (scale [N / bn, K / bk]) step K by bk, and each step's product is 
 its input-group and weight-block scales before it is added. The reference is
 `ops.fp8_linear.fp8_linear_ref(..., quantize_input=True)`. Not batch-invariant (the tile
 shape and split follow the rows): `batch_invariant=True` takes ops/triton_fp8_gemm.py.
+
+The handoff (`quant_out`, `QuantizedRows` inputs; the model does not use it yet: docs/fp8.md):
+every product's input is quantized by a launch of its own, which a row's per-token scale
+needs (the row is written by many programs of the GEMM before). A producer can instead
+quantize what it writes with one scale a row per BLOCK_N-column tile (QUANT_OUT, times the
+next product's gamma), and the next product scales each K step's dot by its group's scales
+(ACT_GROUPS, per-channel weights, BLOCK_K = the group): no launch in between.
 """
 from __future__ import annotations
 
@@ -32,8 +39,8 @@ import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.tickets import reserve_tickets, tickets
-from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
-from slipstream.quant.fp8 import Fp8Weight
+from slipstream.ops.triton_fp8_quant import QuantizedRows, SiluMulRows, quantize_chunk, quantize_rows, scale_from_amax
+from slipstream.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weight
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class Fp8SkinnyConfig:
 DEFAULT_FP8_SKINNY_CONFIG = Fp8SkinnyConfig()
 
 
+FP8_MAX_C = tl.constexpr(FP8_MAX)
+MIN_SCALE_C = tl.constexpr(MIN_SCALE)
 SMS = 132  # an H100 SXM's (an H200's too): the programs a split aims at
 
 
@@ -99,7 +108,10 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT_K: tl.constexpr, BN_S: tl.constexpr, BLOCK_SCALES: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, USE_PDL: tl.constexpr,
-                       PREFETCH_K: tl.constexpr = 0):
+                       PREFETCH_K: tl.constexpr = 0, ACT_GROUPS: tl.constexpr = False,
+                       # the output quantized too (QUANT_OUT, module doc): gamma, codes, scales
+                       go_ptr=None, qo_ptr=None, so_ptr=None, stride_qom=0, stride_som=0,
+                       QUANT_OUT: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -129,12 +141,17 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
             w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
             a_s = tl.load(as_ptr + offs_m * stride_asm + k // BLOCK_K, mask=mmask, other=0.0)
             acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
+        elif ACT_GROUPS:  # per-channel weights, the input scaled per BLOCK_K group
+            a_s = tl.load(as_ptr + offs_m * stride_asm + k // BLOCK_K, mask=mmask, other=0.0)
+            acc += tl.dot(w, a) * a_s[None, :]
         else:
             # the fp8 dot's sum moves into the fp32 accumulator every BLOCK_K: Triton's default
             # on sm_90 keeps all of K in the tensor cores' accumulator (~14 mantissa bits),
             # which at K = 14336 put outputs 2-3x past the reference's rounding bound
             acc = tl.dot(w, a, acc, max_num_imprecise_acc=BLOCK_K)
-    if not BLOCK_SCALES:
+    if ACT_GROUPS:
+        acc = acc * tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)[:, None]
+    elif not BLOCK_SCALES:
         w_s = tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)
         a_s = tl.load(as_ptr + offs_m * stride_asm, mask=mmask, other=0.0)
         acc = acc * w_s[:, None] * a_s[None, :]
@@ -150,12 +167,18 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(0, SPLIT_K):
                 acc += tl.load(part + s * M * N, mask=omask, other=0.0, cache_modifier=".cg")
-            _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
-                      HAS_BIAS, HAS_RES)
+            y = _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+                          HAS_BIAS, HAS_RES)
+            if QUANT_OUT:
+                _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr,
+                               so_ptr, stride_qom, stride_som)
             tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # for the next launch
     else:
-        _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
-                  HAS_BIAS, HAS_RES)
+        y = _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+                      HAS_BIAS, HAS_RES)
+        if QUANT_OUT:
+            _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr,
+                           so_ptr, stride_qom, stride_som)
 
 
 @triton.jit
@@ -168,45 +191,81 @@ def _prefetch_l2(ptrs, mask, base):
 
 
 @triton.jit
+def _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr, so_ptr, stride_qom, stride_som):
+    """The tile y [BLOCK_N, BLOCK_M] this program stored (its values as stored), times gamma,
+    quantized per row to e4m3 with one scale a row for its BLOCK_N columns (group pid_n): what
+    `quantize_rows(out, gamma, BLOCK_N)` gives for them, bit for bit."""
+    y = y.to(tl.float32) * tl.load(go_ptr + offs_n, mask=nmask, other=0.0)[:, None]
+    scale = scale_from_amax(tl.max(tl.abs(y), axis=0), FP8_MAX_C, MIN_SCALE_C)
+    q = quantize_chunk(y, scale[None, :], FP8_MAX_C)
+    rows = offs_m.to(tl.int64)[None, :]
+    tl.store(qo_ptr + rows * stride_qom + offs_n[:, None], q.to(qo_ptr.dtype.element_ty), mask=omask)
+    tl.store(so_ptr + offs_m * stride_som + pid_n, scale, mask=mmask)
+
+
+@triton.jit
 def _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] (+ bias) (+ residual) stored transposed into c [M, N]."""
+    """acc [BLOCK_N, BLOCK_M] (+ bias) (+ residual) stored transposed into c [M, N]; returns
+    the stored tile."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
     rows = offs_m.to(tl.int64)[None, :]
     if HAS_RES:  # out += product, rounded once (the residual stream may be `c` itself)
         acc += tl.load(r_ptr + rows * stride_rm + offs_n[:, None], mask=omask, other=0.0).to(tl.float32)
-    tl.store(c_ptr + rows * stride_cm + offs_n[:, None], acc.to(c_ptr.dtype.element_ty), mask=omask)
+    y = acc.to(c_ptr.dtype.element_ty)
+    tl.store(c_ptr + rows * stride_cm + offs_n[:, None], y, mask=omask)
+    return y
 
 
-def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Tensor | None = None,
+def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows | QuantizedRows, w: Fp8Weight, bias: torch.Tensor | None = None,
                     cfg: Fp8SkinnyConfig | None = None, residual: torch.Tensor | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, quant_out: torch.Tensor | None = None):
     """x [M, K] (times w.gamma) @ W^T (+ bias) (+ residual [M, N]) into `out` (new if None; it
-    may be `residual` itself), in x's dtype. `cfg` None: `skinny_config_for` the shape."""
+    may be `residual` itself), in x's dtype. `cfg` None: `skinny_config_for` the shape.
+    A `QuantizedRows` x (per-channel weights; its group is the K step) is multiplied as it is:
+    w.gamma is not applied again (its producer multiplied it in before quantizing).
+    `quant_out` (a gamma [N]): the output is also quantized, times it, per row and cfg.block_n
+    columns, and (out, QuantizedRows) is returned: the next product's input without a
+    quantization launch of its own."""
     n, k = w.shape
     m = x.shape[0]
     cfg = cfg or skinny_config_for(m, n, k)
     assert cfg.prefetch_k == 0 or (cfg.prefetch_k >= 128 and cfg.prefetch_k & (cfg.prefetch_k - 1) == 0), cfg
-    block_k = w.block[1] if w.block is not None else cfg.block_k
+    groups = isinstance(x, QuantizedRows)
+    if groups and (w.block is not None or x.group & (x.group - 1) or x.group < 32):
+        raise ValueError(f"fp8_gemm_skinny: a quantized input of {x.group}-column groups needs per-channel "
+                         "weights and a power-of-two group of 32 or more (the FP8 MMA's K step)")
+    block_k = w.block[1] if w.block is not None else (x.group if groups else cfg.block_k)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    quantized = None
+    if quant_out is not None:
+        quantized = QuantizedRows(torch.empty((m, n), dtype=FP8_DTYPE, device=x.device),
+                                  torch.empty((m, triton.cdiv(n, cfg.block_n)), dtype=torch.float32, device=x.device),
+                                  cfg.block_n, out.dtype)
     if m == 0:
-        return out
+        return out if quantized is None else (out, quantized)
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
     if cfg.split_k > 1:  # the counters: ops/tickets.py's, left at zero by every launch
         part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
         cnt = tickets(x.device, grid[0] * grid[1])
     else:
         part = cnt = out  # unused
-    q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
+    q, s = (x.q, x.scale) if groups else quantize_rows(x, w.gamma, block_k if w.block is not None else None)
     res = residual if residual is not None else out
     pdl = pdl_launch(x.device)
+    extra = {}
+    if quantized is not None:
+        extra = dict(go_ptr=quant_out, qo_ptr=quantized.q, so_ptr=quantized.scale, stride_qom=quantized.q.stride(0),
+                     stride_som=quantized.scale.stride(0), QUANT_OUT=True)
+    if groups:
+        extra["ACT_GROUPS"] = True
     _fp8_skinny_kernel[grid](
         q, s, w.qweight, w.scale, bias if bias is not None else w.scale, res, out, part, cnt, m, n, k,
         q.stride(0), s.stride(0), w.qweight.stride(0), w.scale.stride(0), res.stride(0), out.stride(0),
         BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         BN_S=w.block[0] if w.block is not None else 1, BLOCK_SCALES=w.block is not None,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, PREFETCH_K=cfg.prefetch_k if pdl["USE_PDL"] else 0, **pdl)
-    return out
+        num_stages=cfg.num_stages, PREFETCH_K=cfg.prefetch_k if pdl["USE_PDL"] else 0, **pdl, **extra)
+    return out if quantized is None else (out, quantized)

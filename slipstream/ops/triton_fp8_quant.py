@@ -51,6 +51,26 @@ class SiluMulRows:
         return self.gate_up.device
 
 
+@dataclass(frozen=True)
+class QuantizedRows:
+    """An input already quantized: e4m3 codes `q` [M, K] with float32 scales [M, K / group],
+    one a row's `group`-wide slice of K (what `quantize_rows(x, gamma, group)` returns, and
+    what a producer that quantizes its own output tiles writes: the skinny GEMM's QUANT_OUT);
+    `dtype` is the unquantized activations' (the product's output dtype)."""
+    q: torch.Tensor
+    scale: torch.Tensor
+    group: int
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+
 @triton.jit
 def _round_bf16(x):
     """fp32 x rounded to the nearest bf16 value (ties to even), kept in fp32: integer
