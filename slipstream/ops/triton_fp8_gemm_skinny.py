@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.pdl import pdl_launch, pdl_start
+from slipstream.ops.pdl import pdl_launch, pdl_start, prefetch_l2
 from slipstream.ops.tickets import reserve_tickets, tickets
 from slipstream.ops.triton_fp8_quant import QuantizedRows, SiluMulRows, quantize_chunk, quantize_rows, scale_from_amax
 from slipstream.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weight
@@ -128,7 +128,7 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
     if PREFETCH_K > 0:  # one L2 prefetch a 128-byte line, before the wait (pdl.py's exception)
         lines = k_lo + tl.arange(0, PREFETCH_K // 128) * 128
         addr = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + lines[None, :]
-        _prefetch_l2(addr, nmask[:, None] & (lines < k_hi)[None, :], w_ptr)
+        prefetch_l2(addr, nmask[:, None] & (lines < k_hi)[None, :], w_ptr)
     pdl_start(USE_PDL)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     a_ptrs = a_ptr + offs_m.to(tl.int64)[None, :] * stride_am + offs_k[:, None]
@@ -179,15 +179,6 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
         if QUANT_OUT:
             _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr,
                            so_ptr, stride_qom, stride_som)
-
-
-@triton.jit
-def _prefetch_l2(ptrs, mask, base):
-    """`prefetch.global.L2` of each masked-in address (no value comes back); masked-out lanes
-    prefetch `base` (a valid address) instead."""
-    safe = tl.where(mask, ptrs, base)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [safe],
-                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
