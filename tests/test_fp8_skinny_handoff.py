@@ -85,3 +85,106 @@ def test_a_quantized_input_needs_per_channel_weights_and_a_group_of_32_or_more()
     q, s = quantize_rows(x, None, group=16)
     with pytest.raises(ValueError, match="group of 32 or more"):
         fp8_gemm_skinny(QuantizedRows(q, s, 16, x.dtype), _weight(48, 96, None, False), None, Fp8SkinnyConfig(**TINY))
+
+
+# ----------------------------------------------------------------------------- the model's wiring
+
+def _load(src: str, handoff: bool, monkeypatch, **kw):
+    import slipstream.ops.fp8_linear as fl
+    from slipstream.model.loader import load_model
+    monkeypatch.setattr(fl, "HANDOFF", handoff)  # read when the loader folds the norms
+    return load_model(src, quantization="fp8", **kw)[0]
+
+
+def test_the_model_wires_the_handoff_where_an_fp8_product_feeds_another(tiny_model, monkeypatch):
+    """o hands on to gate_up, down to the next layer's qkv (the last layer's down to nobody);
+    off by default; on the CPU the products are the reference's, so the logits are the same."""
+    from helpers import PagedModelRunner
+    src, _ = tiny_model("llama")
+    on, off = _load(src, True, monkeypatch), _load(src, False, monkeypatch)
+    for i, layer in enumerate(on.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        assert attn.o_proj.handoff_gamma is mlp.gate_up_proj.gamma is not None
+        nxt = on.layers[i + 1].self_attn.qkv_proj.gamma if i + 1 < len(on.layers) else None
+        assert mlp.down_proj.handoff_gamma is nxt
+        assert attn.qkv_proj.handoff_gamma is None and mlp.gate_up_proj.handoff_gamma is None
+    assert on.layers[0].mlp.down_proj.handoff_gamma is not None
+    assert all(p.handoff_gamma is None for p in off.modules() if hasattr(p, "handoff_gamma"))
+    chunks = [(0, list(range(3, 20))), (1, [7, 8, 9])]
+    assert torch.equal(PagedModelRunner(on).step(chunks), PagedModelRunner(off).step(chunks))
+
+
+def test_block_weights_and_bf16_models_hand_nothing_on(tiny_model, tmp_path, monkeypatch):
+    from test_fp8_weights import _write_fp8_checkpoint
+
+    import slipstream.ops.fp8_linear as fl
+    from slipstream.model.loader import load_model
+    src, _ = tiny_model("llama")
+    _write_fp8_checkpoint(src, str(tmp_path), "fp8-block")
+    block = _load(str(tmp_path), True, monkeypatch)
+    assert block.layers[0].self_attn.o_proj.fp8.block is not None
+    assert all(p.handoff_gamma is None for p in block.modules() if hasattr(p, "handoff_gamma"))
+    monkeypatch.setattr(fl, "HANDOFF", True)
+    plain, _ = load_model(src)
+    assert not any(hasattr(p, "handoff_gamma") for p in plain.modules())
+
+
+def test_the_handing_ops_fall_back_to_the_plain_products_on_the_cpu():
+    from slipstream.ops.fp8_linear import fp8_linear_add_, fp8_linear_add_handing_
+    w = _weight(48, 96, None, False)
+    x, res = _x(5, 96), _x(5, 48, seed=3)
+    got = res.clone()
+    assert fp8_linear_add_handing_(got, x, w, None, _gamma(48)) is None
+    assert torch.equal(got, fp8_linear_add_(res.clone(), x, w))
+
+
+@pytest.mark.gpu
+def test_smollm2_fp8_with_the_handoff_against_bf16(monkeypatch):
+    """SmolLM2-135M quantized at load, 12 sequences decoded together (12 rows a step: the
+    skinny route, where o and down hand their outputs on quantized per 64 columns) and fed
+    bf16's greedy continuations: FP8 with the handoff against bf16 within the bound of
+    tests/test_gpu_fp8.py's test (85% greedy agreement, 0.16 nat), and its handoffs counted."""
+    from helpers import PagedModelRunner
+    from test_gpu_engine import QUESTIONS
+
+    import slipstream.model.fp8_layers as layers
+    import slipstream.ops.fp8_linear as fl
+    from slipstream import LLM, SamplingParams
+    from slipstream.model.loader import load_model
+    from slipstream.model.tokenizer import load_tokenizer
+    tok = load_tokenizer(None)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS[:12]]
+    with LLM(device="cuda", dtype="bfloat16", max_model_len=512, max_num_seqs=16) as llm:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+    conts = [o.token_ids for o in outs]
+    handed = []
+    real = layers.fp8_linear_add_handing_
+
+    def counting(*args, **kw):
+        q = real(*args, **kw)
+        handed.append(q is not None)
+        return q
+    monkeypatch.setattr(layers, "fp8_linear_add_handing_", counting)
+    logps = {}
+    for name, quant, handoff in (("bf16", None, False), ("fp8", "fp8", False), ("handoff", "fp8", True)):
+        monkeypatch.setattr(fl, "HANDOFF", handoff)
+        model, _ = load_model(None, dtype="bfloat16", device="cuda", quantization=quant)
+        runner = PagedModelRunner(model, num_blocks=1024, block_size=16)
+        last = [runner.step([(i, p)])[-1] for i, p in enumerate(prompts)]  # each prompt's prefill alone
+        steps = [torch.stack(last)]
+        for t in range(len(conts[0]) - 1):
+            steps.append(runner.step([(i, [c[t]]) for i, c in enumerate(conts)]))
+        logps[name] = torch.log_softmax(torch.stack(steps).float(), -1)  # [steps, 12, vocab]
+        del model, runner
+    target = torch.tensor(conts, device="cuda").T  # [steps, 12]: bf16's next tokens
+    results = {}
+    for name in ("fp8", "handoff"):
+        agree = (logps[name].argmax(-1) == logps["bf16"].argmax(-1)).float().mean().item()
+        pick = lambda lp: lp.gather(-1, target[..., None])[..., 0]  # noqa: E731
+        diff = (pick(logps[name]) - pick(logps["bf16"])).abs().mean().item()
+        results[name] = (agree, diff)
+    print(f"\nSmolLM2-135M decode rows against bf16 (agreement, mean |d logprob|): {results}; "
+          f"products that handed on: {sum(handed)} of {len(handed)}")
+    assert sum(handed) > 0
+    for agree, diff in results.values():
+        assert agree >= 0.85 and diff <= 0.16, results

@@ -22,7 +22,7 @@ its input-group and weight-block scales before it is added. The reference is
 `ops.fp8_linear.fp8_linear_ref(..., quantize_input=True)`. Not batch-invariant (the tile
 shape and split follow the rows): `batch_invariant=True` takes ops/triton_fp8_gemm.py.
 
-The handoff (`quant_out`, `QuantizedRows` inputs; the model does not use it yet: docs/fp8.md):
+The handoff (`quant_out`, `QuantizedRows` inputs; ops/fp8_linear.py, off by default: docs/fp8.md):
 every product's input is quantized by a launch of its own, which a row's per-token scale
 needs (the row is written by many programs of the GEMM before). A producer can instead
 quantize what it writes with one scale a row per BLOCK_N-column tile (QUANT_OUT, times the
