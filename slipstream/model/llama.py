@@ -23,6 +23,10 @@ layer. The rounding differs from transformers' (normalised x rounded to bf16, ti
 gamma, rounded; the sum rounded twice) by about one bf16 step: the tests hold us to
 transformers' logits within their tolerances.
 
+FP8 handoff (`SLIPSTREAM_FP8_HANDOFF=1`, ops/fp8_linear.py): a layer's forward passes along
+what its last FP8 product handed on, the residual stream already quantized for the next
+product (`pre`); None where nothing was (bf16, one row, large steps, the switch off).
+
 Tensor parallelism (`tp`, slipstream.model.parallel): qkv and gate_up are column-parallel
 (each rank holds its heads' rows, its slice of the intermediate columns), o and down are
 row-parallel (`RowParallelLinear`: rank 0 adds the residual inside its GEMM, the others
@@ -40,6 +44,7 @@ from torch import nn
 from slipstream.model.config import ModelConfig
 from slipstream.model.fp8_layers import Fp8Linear, Fp8RowParallelLinear
 from slipstream.model.parallel import TPGroup, TPShard
+from slipstream.ops import fp8_linear as fp8_ops
 from slipstream.ops.attention import attention_after_qkv
 from slipstream.ops.kv_quant import KVScales
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
@@ -270,11 +275,6 @@ class DecoderLayer(nn.Module):
         fold_norm(self.post_attention_layernorm, self.mlp.gate_up_proj)
 
 
-def fp8_handoff_enabled() -> bool:
-    from slipstream.ops import fp8_linear
-    return fp8_linear.HANDOFF
-
-
 def wire_fp8_handoff(layers) -> None:
     """Where one FP8 product feeds another through the residual stream on one rank (o ->
     gate_up, down -> the next layer's qkv; per-channel weights), give the first the
@@ -292,7 +292,7 @@ def wire_fp8_handoff(layers) -> None:
         if producer_ok(o) and consumer_ok(gate_up):
             o.handoff_gamma = gate_up.gamma
         nxt = layers[i + 1] if i + 1 < len(layers) else None
-        if nxt is not None and isinstance(nxt, DecoderLayer) and producer_ok(down) and consumer_ok(nxt.self_attn.qkv_proj):
+        if isinstance(nxt, DecoderLayer) and producer_ok(down) and consumer_ok(nxt.self_attn.qkv_proj):
             down.handoff_gamma = nxt.self_attn.qkv_proj.gamma
 
 
@@ -350,7 +350,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             layer.fold_norms()
         self.norms_folded = True
-        if fp8_handoff_enabled():
+        if fp8_ops.HANDOFF:
             wire_fp8_handoff(self.layers)
 
     @property
