@@ -178,9 +178,10 @@ def main(argv=None) -> int:
             base = skinny_config_for(m, n, k)
             plan += [(name, m, impl, None) for impl in BASELINES] + [(name, m, "skinny", base)]
             for g in filter(None, args.groups.split(",")):
-                plan.append((name, m, f"skinny-g{int(g)}", skinny_config_for(m, n, k)))
-            if args.handoff:
-                plan += [(name, m, impl, skinny_config_for(m, n, k)) for impl in HANDOFF]
+                plan.append((name, m, f"skinny-g{int(g)}", skinny_config_for(m, n, k, int(g))))
+            if args.handoff:  # (the consumer's K step is its input's 64-column group)
+                plan += [(name, m, impl, skinny_config_for(m, n, k, 64 if impl == "skinny-in64" else None))
+                         for impl in HANDOFF]
             seen = {base}
             for impl, kw in variants:
                 cfg = dataclasses.replace(base, **kw)

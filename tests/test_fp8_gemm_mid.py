@@ -138,6 +138,10 @@ def test_skinny_stages_drop_one_only_where_that_avoids_a_second_wave():
     assert skinny_config_for(64, 28672, 4096).num_stages == 5
     for n, k in ((6144, 4096), (4096, 4096), (4096, 14336)):  # 192 programs: one wave at 5
         assert skinny_config_for(32, n, k).num_stages == 5
+    # a 64-column K step (a handed-on input's group) keeps as many bytes in flight: twice the stages
+    assert skinny_config_for(8, 28672, 4096, 64).num_stages == 10
+    assert skinny_config_for(32, 28672, 4096, 64).num_stages == 9  # 10 leave a second wave, 9 do not
+    assert skinny_config_for(32, 28672, 4096, 64).block_k == 64
 
 
 def test_dispatch_routes_by_rows_and_layout():

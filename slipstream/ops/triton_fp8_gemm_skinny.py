@@ -71,28 +71,31 @@ def reserve_skinny_tickets(device: torch.device) -> None:
     reserve_tickets(device, SMS)
 
 
-def skinny_config_for(m: int, n: int, k: int) -> Fp8SkinnyConfig:
+def skinny_config_for(m: int, n: int, k: int, block_k: int | None = None) -> Fp8SkinnyConfig:
     """The tile for `m` rows: the narrowest activation tile that holds them (16-64); K split
     (up to 4 ways, at least 512 columns a split) when the tiles alone leave SMs idle; stages
-    as `_stages_for` the grid."""
+    as `_stages_for` the grid. `block_k`: a narrower K step (a `QuantizedRows` input's group)
+    takes proportionally more stages, so that as many weight bytes are in flight."""
     base = DEFAULT_FP8_SKINNY_CONFIG
+    block_k = block_k or base.block_k
     block_m = min(max(16, triton.next_power_of_2(m)), 64)
     tiles = triton.cdiv(n, base.block_n) * triton.cdiv(m, block_m)
     split = max(1, min(4, triton.cdiv(SMS, tiles), k // 512))
-    stage_bytes = (base.block_n + block_m) * base.block_k  # one FP8 weight tile and input tile
-    return Fp8SkinnyConfig(block_m=block_m, split_k=split, num_stages=_stages_for(tiles * split, stage_bytes))
+    stage_bytes = (base.block_n + block_m) * block_k  # one FP8 weight tile and input tile
+    stages = max(2, base.num_stages * base.block_k // block_k)
+    return Fp8SkinnyConfig(block_m=block_m, block_k=block_k, split_k=split,
+                           num_stages=_stages_for(tiles * split, stage_bytes, stages))
 
 
 SMEM_PER_SM = 228 * 1024  # an H100's (an H200's too); each resident program reserves 1 KB more
 
 
-def _stages_for(programs: int, stage_bytes: int) -> int:
+def _stages_for(programs: int, stage_bytes: int, stages: int) -> int:
     """The default's stages, or one fewer where that alone lets every program be resident at
     once: a grid a little larger than one wave runs its remainder as a second wave. On an H100,
     gate_up at 17-32 rows (448 programs; 3 an SM at 5 stages, 4 at 4) took 50.4 / 50.9 us at 4
     stages against 54.8 / 55.3 at 5; at 48-64 rows 4 stages still leave a second wave and lost
     (58.6 against 52.8 us), and 5 stays (benchmarks/bench_fp8_skinny.py)."""
-    stages = DEFAULT_FP8_SKINNY_CONFIG.num_stages
 
     def resident(s: int) -> int:
         return SMS * (SMEM_PER_SM // (s * stage_bytes + 1024))
@@ -221,9 +224,9 @@ def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows | QuantizedRows, w: Fp8Weight,
     quantization launch of its own."""
     n, k = w.shape
     m = x.shape[0]
-    cfg = cfg or skinny_config_for(m, n, k)
-    assert cfg.prefetch_k == 0 or (cfg.prefetch_k >= 128 and cfg.prefetch_k & (cfg.prefetch_k - 1) == 0), cfg
     groups = isinstance(x, QuantizedRows)
+    cfg = cfg or skinny_config_for(m, n, k, x.group if groups else None)
+    assert cfg.prefetch_k == 0 or (cfg.prefetch_k >= 128 and cfg.prefetch_k & (cfg.prefetch_k - 1) == 0), cfg
     if groups and (w.block is not None or x.group & (x.group - 1) or x.group < 32):
         raise ValueError(f"fp8_gemm_skinny: a quantized input of {x.group}-column groups needs per-channel "
                          "weights and a power-of-two group of 32 or more (the FP8 MMA's K step)")
