@@ -56,13 +56,16 @@ def fp8_linear_ref(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = No
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
 def _gemv_applies(x: torch.Tensor, batch_invariant: bool) -> bool:
     if batch_invariant or not x.is_cuda:
         return False
     from slipstream.ops.linear import GEMV_ENABLED
     from slipstream.ops.triton_fp8_gemv import DEFAULT_FP8_GEMV_CONFIG
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return GEMV_ENABLED and 0 < rows <= min(DEFAULT_FP8_GEMV_CONFIG.max_rows, 16)
+    return GEMV_ENABLED and 0 < _rows(x) <= min(DEFAULT_FP8_GEMV_CONFIG.max_rows, 16)
 
 
 def _routed_kernel(rows: int, w: Fp8Weight, batch_invariant: bool) -> str:
@@ -157,9 +160,8 @@ def fp8_silu_mul_linear_add_(out: torch.Tensor, gate_up: torch.Tensor, w: Fp8Wei
 def hands_off(x: torch.Tensor, w: Fp8Weight, batch_invariant: bool = False) -> bool:
     """Whether the product of x's rows with `w` can hand its output on quantized: the skinny
     route, per-channel weights, outside batch-invariant mode."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (x.is_cuda and w.block is None and not _gemv_applies(x, batch_invariant)
-            and _routed_kernel(rows, w, batch_invariant) == "skinny")
+            and _routed_kernel(_rows(x), w, batch_invariant) == "skinny")
 
 
 def fp8_linear_add_handing_(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None,

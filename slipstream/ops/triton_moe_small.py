@@ -180,19 +180,19 @@ def fused_moe_small(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tens
         STAGES=cfg.num_stages, **launch)
     block_n_down, block_k_down = _tile(cfg.down_block_n, hidden), _tile(cfg.down_block_k, inter)
     res = residual if residual is not None else out
+    line = 128 // w_down.element_size()  # elements a 128-byte line holds (the prefetch's step)
     _small_down_kernel[(num_tokens, triton.cdiv(hidden, block_n_down))](
         act, ids, weights, w_down, res, out, act.stride(0), w_down.stride(0), w_down.stride(1),
         res.stride(0), out.stride(0), H=hidden, I=inter, TOP_K=top_k, HAS_RESIDUAL=residual is not None,
         BLOCK_N=block_n_down, BLOCK_K=block_k_down, CHUNKS=triton.cdiv(inter, block_k_down),
-        STAGES=cfg.num_stages, PREFETCH_COLS=_prefetch_cols(cfg, inter, w_down, launch["USE_PDL"]),
-        LINE=128 // w_down.element_size(), **launch)
+        STAGES=cfg.num_stages, PREFETCH_COLS=_prefetch_cols(cfg, inter, line, launch["USE_PDL"]), LINE=line,
+        **launch)
     return out
 
 
-def _prefetch_cols(cfg: SmallMoEConfig, inter: int, w_down: torch.Tensor, pdl: bool) -> int:
+def _prefetch_cols(cfg: SmallMoEConfig, inter: int, line: int, pdl: bool) -> int:
     """The down kernel's prefetch before its PDL wait: cfg's columns, at most a row's, whole
-    128-byte lines; none without PDL (nothing to overlap)."""
+    `line`-element (128-byte) lines; none without PDL (nothing to overlap)."""
     if not pdl or cfg.down_prefetch_cols == 0:
         return 0
-    line = 128 // w_down.element_size()
     return max(line, min(cfg.down_prefetch_cols, triton.next_power_of_2(inter)))
