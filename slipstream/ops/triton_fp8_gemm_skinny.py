@@ -170,18 +170,12 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(0, SPLIT_K):
                 acc += tl.load(part + s * M * N, mask=omask, other=0.0, cache_modifier=".cg")
-            y = _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
-                          HAS_BIAS, HAS_RES)
-            if QUANT_OUT:
-                _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr,
-                               so_ptr, stride_qom, stride_som)
+            _epilogue(acc, offs_n, offs_m, omask, nmask, mmask, pid_n, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+                      go_ptr, qo_ptr, so_ptr, stride_qom, stride_som, HAS_BIAS, HAS_RES, QUANT_OUT)
             tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # for the next launch
     else:
-        y = _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
-                      HAS_BIAS, HAS_RES)
-        if QUANT_OUT:
-            _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr,
-                           so_ptr, stride_qom, stride_som)
+        _epilogue(acc, offs_n, offs_m, omask, nmask, mmask, pid_n, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+                  go_ptr, qo_ptr, so_ptr, stride_qom, stride_som, HAS_BIAS, HAS_RES, QUANT_OUT)
 
 
 @triton.jit
@@ -198,10 +192,11 @@ def _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr
 
 
 @triton.jit
-def _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
-              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] (+ bias) (+ residual) stored transposed into c [M, N]; returns
-    the stored tile."""
+def _epilogue(acc, offs_n, offs_m, omask, nmask, mmask, pid_n, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+              go_ptr, qo_ptr, so_ptr, stride_qom, stride_som,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, QUANT_OUT: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] (+ bias) (+ residual) stored transposed into c [M, N]; with
+    QUANT_OUT the stored tile also quantized (`_quantize_tile`)."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
     rows = offs_m.to(tl.int64)[None, :]
@@ -209,7 +204,8 @@ def _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm,
         acc += tl.load(r_ptr + rows * stride_rm + offs_n[:, None], mask=omask, other=0.0).to(tl.float32)
     y = acc.to(c_ptr.dtype.element_ty)
     tl.store(c_ptr + rows * stride_cm + offs_n[:, None], y, mask=omask)
-    return y
+    if QUANT_OUT:
+        _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr, so_ptr, stride_qom, stride_som)
 
 
 def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows | QuantizedRows, w: Fp8Weight, bias: torch.Tensor | None = None,
