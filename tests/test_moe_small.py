@@ -158,6 +158,8 @@ def test_bad_tiles_and_shapes_are_refused():
         SmallMoEConfig(up_block_n=12)
     with pytest.raises(ValueError, match="num_stages"):
         SmallMoEConfig(num_stages=0)
+    with pytest.raises(ValueError, match="down_prefetch_cols must be 0 or a power of two, got 96"):
+        SmallMoEConfig(down_prefetch_cols=96)
     w_gate_up, w_down = _weights(4)
     with pytest.raises(ValueError, match="do not agree"):
         fused_moe_small(torch.zeros(1, HIDDEN + 1), w_gate_up, w_down, torch.ones(1, 2),
