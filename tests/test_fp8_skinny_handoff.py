@@ -143,7 +143,8 @@ def test_smollm2_fp8_with_the_handoff_against_bf16(monkeypatch):
     """SmolLM2-135M quantized at load, 12 sequences decoded together (12 rows a step: the
     skinny route, where o and down hand their outputs on quantized per 64 columns) and fed
     bf16's greedy continuations: FP8 with the handoff against bf16 within the bound of
-    tests/test_gpu_fp8.py's test (85% greedy agreement, 0.16 nat), and its handoffs counted."""
+    tests/test_gpu_fp8.py's test (85% greedy agreement, 0.16 nat), and its handoffs counted
+    (o_proj's input from the decode kernel among them)."""
     from helpers import PagedModelRunner
     from test_gpu_engine import QUESTIONS
 
@@ -157,12 +158,13 @@ def test_smollm2_fp8_with_the_handoff_against_bf16(monkeypatch):
     with LLM(device="cuda", dtype="bfloat16", max_model_len=512, max_num_seqs=16) as llm:
         outs = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
     conts = [o.token_ids for o in outs]
-    handed = []
+    handed, from_attention = [], []
     real = layers.fp8_linear_add_handing_
 
-    def counting(*args, **kw):
-        q = real(*args, **kw)
+    def counting(out, x, *args, **kw):
+        q = real(out, x, *args, **kw)
         handed.append(q is not None)
+        from_attention.append(isinstance(x, QuantizedRows))  # o_proj's input quantized by the decode kernel
         return q
     monkeypatch.setattr(layers, "fp8_linear_add_handing_", counting)
     logps = {}
@@ -184,7 +186,8 @@ def test_smollm2_fp8_with_the_handoff_against_bf16(monkeypatch):
         diff = (pick(logps[name]) - pick(logps["bf16"])).abs().mean().item()
         results[name] = (agree, diff)
     print(f"\nSmolLM2-135M decode rows against bf16 (agreement, mean |d logprob|): {results}; "
-          f"products that handed on: {sum(handed)} of {len(handed)}")
-    assert sum(handed) > 0
+          f"products that handed on: {sum(handed)} of {len(handed)}, o_proj inputs quantized by "
+          f"attention: {sum(from_attention)}")
+    assert sum(handed) > 0 and sum(from_attention) > 0
     for agree, diff in results.values():
         assert agree >= 0.85 and diff <= 0.16, results

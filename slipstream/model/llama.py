@@ -25,7 +25,8 @@ transformers' logits within their tolerances.
 
 FP8 handoff (`SLIPSTREAM_FP8_HANDOFF=1`, ops/fp8_linear.py): a layer's forward passes along
 what its last FP8 product handed on, the residual stream already quantized for the next
-product (`pre`); None where nothing was (bf16, one row, large steps, the switch off).
+product (`pre`); None where nothing was (bf16, one row, large steps, the switch off). o_proj
+may likewise take attention's output quantized by the decode kernel (`input_quant_group`).
 
 Tensor parallelism (`tp`, slipstream.model.parallel): qkv and gate_up are column-parallel
 (each rank holds its heads' rows, its slice of the intermediate columns), o and down are
@@ -92,6 +93,10 @@ class Linear(nn.Module):
     def add_into_handing(self, out: torch.Tensor, x: torch.Tensor) -> None:
         """`add_into`; a bf16 product hands nothing on (the FP8 handoff: model/fp8_layers.py)."""
         self.add_into(out, x)
+
+    def input_quant_group(self, h: torch.Tensor) -> int:
+        """A bf16 product takes its input unquantized (model/fp8_layers.py: the FP8 one's)."""
+        return 0
 
     def add_silu_mul_into_handing(self, out: torch.Tensor, gate_up: torch.Tensor, hidden: torch.Tensor | None,
                                   eps: float) -> None:
@@ -232,10 +237,13 @@ class Attention(nn.Module):
                           k_norm_weight=self.k_norm.weight if self.qk_norm else None,
                           eps=self.eps, hidden=None if finished else h,
                           bias=None if finished else proj.bias)
+        # an FP8 o_proj may take attention's output quantized by the decode kernel
         out = attention_after_qkv(qkv, epi, k_cache, v_cache, meta, self.scale, self.num_heads,
                                   self.num_kv_heads, self.head_dim, self.batch_invariant, self.window,
-                                  self.kv_scales)
-        return self.o_proj.add_into_handing(h, out.reshape(num_tokens, self.q_size))
+                                  self.kv_scales, self.o_proj.input_quant_group(h))
+        if isinstance(out, torch.Tensor):
+            out = out.reshape(num_tokens, self.q_size)
+        return self.o_proj.add_into_handing(h, out)
 
 
 class MLP(nn.Module):
@@ -278,7 +286,8 @@ class DecoderLayer(nn.Module):
 def wire_fp8_handoff(layers) -> None:
     """Where one FP8 product feeds another through the residual stream on one rank (o ->
     gate_up, down -> the next layer's qkv; per-channel weights), give the first the
-    second's gamma, so that it hands its output on quantized (ops/fp8_linear.py)."""
+    second's gamma, so that it hands its output on quantized (ops/fp8_linear.py); and let
+    o_proj take attention's output quantized by the decode kernel."""
     def consumer_ok(proj) -> bool:
         return isinstance(proj, Fp8Linear) and proj.fp8.block is None and proj.gamma is not None
 
@@ -289,6 +298,8 @@ def wire_fp8_handoff(layers) -> None:
         if not isinstance(layer, DecoderLayer):
             continue
         o, gate_up, down = layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+        if producer_ok(o):
+            o.takes_quantized = True
         if producer_ok(o) and consumer_ok(gate_up):
             o.handoff_gamma = gate_up.gamma
         nxt = layers[i + 1] if i + 1 < len(layers) else None

@@ -92,7 +92,8 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
 def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, scale: float, num_heads: int, num_kv_heads: int,
                         head_dim: int, batch_invariant: bool = False,
-                        window: int | None = None, kv_scales: KVScales | None = None) -> torch.Tensor:
+                        window: int | None = None, kv_scales: KVScales | None = None,
+                        quant_group: int = 0):
     """A layer's attention from its qkv GEMM's output: the qkv epilogue (q/k norm, RoPE, the
     new K/V into the cache), then paged attention; returns [T, num_heads, head_dim].
 
@@ -100,13 +101,19 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
     one kernel (the decode kernel with the epilogue inside:
     `triton_attention.epilogue_in_decode_applies`), else the epilogue kernel, then the
     attention kernels.  qkv's contents are consumed either way.
-    `kv_scales`: an FP8 cache's per-tensor scales (ops/kv_quant.py; None: 1.0)."""
+    `kv_scales`: an FP8 cache's per-tensor scales (ops/kv_quant.py; None: 1.0).
+    `quant_group` > 0 (an FP8 o projection that takes quantized rows): a batch the decode
+    kernel runs alone comes back as a `QuantizedRows` [T, num_heads x head_dim] with one
+    scale a row per quant_group columns, quantized inside that kernel (no quantization
+    launch before the o projection); other batches as above."""
+    quant = _quant_out(qkv, meta, num_heads * head_dim, quant_group, batch_invariant)
     if qkv.is_cuda and not batch_invariant:
         from slipstream.ops import triton_attention as ta
         if ta.epilogue_in_decode_applies(qkv, epi, k_cache, meta, num_heads):
             raw_q = qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
-            return ta.paged_attention_triton(raw_q, k_cache, v_cache, meta, scale, epilogue=epi,
-                                             window=window, kv_scales=kv_scales)
+            out = ta.paged_attention_triton(raw_q, k_cache, v_cache, meta, scale, epilogue=epi,
+                                            window=window, kv_scales=kv_scales, quant_out=quant)
+            return quant if quant is not None else out
     q = qkv_epilogue(qkv, epi.positions, epi.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
                      num_heads, num_kv_heads, head_dim, q_norm_weight=epi.q_norm_weight,
                      k_norm_weight=epi.k_norm_weight, eps=epi.eps, hidden=epi.hidden, bias=epi.bias,
@@ -115,5 +122,26 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
         # Gemma 3's float32 q-norm leaves q in float32 over a bf16 cache: the kernels' dots
         # take one dtype, and q rounded once to the cache's is what transformers attends with
         q = q.to(k_cache.dtype)
+    if quant is not None:
+        from slipstream.ops.triton_attention import paged_attention_triton
+        paged_attention_triton(q, k_cache, v_cache, meta, scale, window=window, kv_scales=kv_scales,
+                               quant_out=quant)
+        return quant
     return paged_attention(q, k_cache, v_cache, meta, scale, batch_invariant=batch_invariant,
                            window=window, kv_scales=kv_scales)
+
+
+def _quant_out(qkv: torch.Tensor, meta: AttentionMetadata, width: int, group: int, batch_invariant: bool):
+    """Empty `QuantizedRows` for the decode kernel to quantize its output into, where it
+    runs the batch alone (CUDA); else None."""
+    if not group or not qkv.is_cuda:
+        return None
+    from slipstream.ops.triton_attention import decodes_only
+    if not decodes_only(meta, batch_invariant):
+        return None
+    from slipstream.ops.triton_fp8_quant import QuantizedRows
+    from slipstream.quant.fp8 import FP8_DTYPE
+    rows = qkv.shape[0]
+    return QuantizedRows(torch.empty((rows, width), dtype=FP8_DTYPE, device=qkv.device),
+                         torch.empty((rows, width // group), dtype=torch.float32, device=qkv.device),
+                         group, qkv.dtype)

@@ -22,7 +22,9 @@ norm's product, SiLU·mul into the down product), with these paths:
   that stream times the next product's gamma as e4m3 codes with one scale a row per 64
   columns (`*_handing_`), and the next product (gate_up, the next layer's qkv) takes them as
   its input (`fp8_norm_linear(pre=)`) instead of quantizing the stream itself: one
-  quantization launch fewer per product (docs/fp8.md).
+  quantization launch fewer per product (docs/fp8.md). o_proj likewise takes attention's
+  output quantized by the decode kernel (`HANDOFF_GROUP` columns a scale): a `QuantizedRows` x
+  in `fp8_linear_add_` / `fp8_linear_add_handing_`.
 
 Batch invariance: the Triton FP8 GEMM and the per-token quantization give a row the same bits
 in any batch (one tile config for every M, no split over K); cuBLASLt picks its kernel from M
@@ -35,9 +37,13 @@ import os
 import torch
 import torch.nn.functional as F
 
+from slipstream.ops.triton_fp8_quant import QuantizedRows
 from slipstream.quant.fp8 import Fp8Weight, quantize_per_token
 
 HANDOFF = os.environ.get("SLIPSTREAM_FP8_HANDOFF", "0") == "1"  # read by the model when it wires its layers
+# the column group of an input that comes quantized from a kernel that is not a product
+# (attention's output for o_proj, quantized in the decode kernel: a head's 64-column halves)
+HANDOFF_GROUP = 64
 
 
 def fp8_linear_ref(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
@@ -101,7 +107,11 @@ def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
 
 def fp8_linear_add_(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
                     batch_invariant: bool = False) -> torch.Tensor:
-    """out += x W^T (+ b), in place; returns out."""
+    """out += x W^T (+ b), in place; returns out. A `QuantizedRows` x (its producer's: the
+    handoff) goes to the skinny GEMM, which takes it as it is."""
+    if isinstance(x, QuantizedRows):
+        from slipstream.ops.triton_fp8_gemm_skinny import fp8_gemm_skinny
+        return fp8_gemm_skinny(x, w, bias, residual=out, out=out)
     if _gemv_applies(x, batch_invariant) and out.is_contiguous():
         from slipstream.ops.triton_fp8_gemv import fp8_gemv
         return fp8_gemv(x, w, bias, residual=out, out=out)
@@ -168,9 +178,11 @@ def fp8_linear_add_handing_(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, bi
                             gamma: torch.Tensor, batch_invariant: bool = False):
     """`fp8_linear_add_`, and where it `hands_off`, out times `gamma` quantized for the next
     product (a `QuantizedRows`, else None)."""
-    if out.dim() == 2 and out.is_contiguous() and hands_off(x, w, batch_invariant):
+    quantized = isinstance(x, QuantizedRows)
+    if out.dim() == 2 and out.is_contiguous() and (quantized or hands_off(x, w, batch_invariant)):
         from slipstream.ops.triton_fp8_gemm_skinny import fp8_gemm_skinny
-        return fp8_gemm_skinny(x.reshape(-1, x.shape[-1]), w, bias, residual=out, out=out, quant_out=gamma)[1]
+        x2 = x if quantized else x.reshape(-1, x.shape[-1])
+        return fp8_gemm_skinny(x2, w, bias, residual=out, out=out, quant_out=gamma)[1]
     fp8_linear_add_(out, x, w, bias, batch_invariant)
     return None
 
