@@ -65,8 +65,8 @@ from slipstream.ops.fp8_dispatch import fp8_product  # noqa: E402
 from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_ref, multiplies_unquantized  # noqa: E402
 from slipstream.ops.linear import linear  # noqa: E402
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for  # noqa: E402
-from slipstream.ops.triton_fp8_quant import QuantizedRows, quantize_rows  # noqa: E402
-from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
+from slipstream.ops.triton_fp8_quant import quantize_rows  # noqa: E402
+from slipstream.quant.fp8 import Fp8Weight, QuantizedRows, quantize_per_channel  # noqa: E402
 from slipstream.utils.overrides import parse_overrides  # noqa: E402
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),

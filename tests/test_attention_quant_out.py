@@ -14,8 +14,8 @@ from test_attention_kernels import (DECODE_SEQS, SMALL_DECODE, attention_with_ep
                                     make_batch)
 
 from slipstream.ops.triton_attention import paged_attention_triton
-from slipstream.ops.triton_fp8_quant import QuantizedRows, quantize_rows
-from slipstream.quant.fp8 import FP8_DTYPE, MIN_SCALE
+from slipstream.ops.triton_fp8_quant import quantize_rows
+from slipstream.quant.fp8 import FP8_DTYPE, MIN_SCALE, QuantizedRows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

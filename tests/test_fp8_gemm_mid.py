@@ -203,7 +203,8 @@ def test_silu_mul_inside_the_quantization_has_silu_and_mul_then_its_bits(group, 
     quantization gives the codes and scales of `silu_and_mul` followed by the quantization
     (the engine's two kernels before), and against the reference's cast of silu_and_mul_ref."""
     from slipstream.ops.fused import silu_and_mul, silu_and_mul_ref
-    from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
+    from slipstream.ops.triton_fp8_quant import quantize_rows
+    from slipstream.quant.fp8 import SiluMulRows
     from slipstream.quant.fp8 import quantize_per_token
     m = 7 if inter < 1000 else 2
     gate_up = _x(m, 2 * inter, seed=11)
@@ -226,7 +227,7 @@ def test_routed_kernels_take_a_silu_mul_input_with_the_same_bits(kernel, block):
     """fp8_product on `SiluMulRows` (the down product at more than the GEMV's rows) equals the
     product of silu_and_mul's output, residual in place included."""
     from slipstream.ops.fused import silu_and_mul
-    from slipstream.ops.triton_fp8_quant import SiluMulRows
+    from slipstream.quant.fp8 import SiluMulRows
     w = _weight(48, 96, block, False)
     gate_up, hidden = _x(20, 192, seed=13), _x(20, 64, seed=14)
     r1, r2 = _x(20, 48, seed=15), _x(20, 48, seed=15)
@@ -378,6 +379,7 @@ def compile_skinny_for_hopper() -> list[str]:
     import slipstream.ops.triton_fp8_gemm as tm
     import slipstream.ops.triton_fp8_gemm_skinny as ts
     import slipstream.ops.triton_fp8_quant as tq
+    from slipstream.quant.fp8 import QuantizedRows
     bf, f8 = torch.bfloat16, torch.float8_e4m3fn
 
     def weight(n, k, block):
@@ -395,7 +397,7 @@ def compile_skinny_for_hopper() -> list[str]:
         h = torch.zeros(32, 4096, dtype=bf)
         ts.fp8_gemm_skinny(torch.zeros(32, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h,
                            quant_out=torch.ones(4096))
-        ts.fp8_gemm_skinny(tq.QuantizedRows(torch.zeros(32, 4096, dtype=f8), torch.ones(32, 64), 64, bf),
+        ts.fp8_gemm_skinny(QuantizedRows(torch.zeros(32, 4096, dtype=f8), torch.ones(32, 64), 64, bf),
                            weight(6144, 4096, None))
         tm.fp8_gemm(torch.zeros(2048, 4096, dtype=bf), weight(6144, 4096, (128, 128)),
                     cfg=tm.Fp8GemmConfig(128, 128, 128, 8, 8, 4, persistent=True))

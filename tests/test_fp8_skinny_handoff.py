@@ -15,7 +15,8 @@ from helpers import rel_rms
 from test_fp8_kernels import _weight
 
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny
-from slipstream.ops.triton_fp8_quant import QuantizedRows, quantize_rows
+from slipstream.ops.triton_fp8_quant import quantize_rows
+from slipstream.quant.fp8 import QuantizedRows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY = dict(block_n=16, block_m=16, block_k=32)

@@ -139,7 +139,7 @@ def _quant_out(qkv: torch.Tensor, meta: AttentionMetadata, width: int, group: in
     from slipstream.ops.triton_attention import decodes_only
     if not decodes_only(meta, batch_invariant):
         return None
-    from slipstream.ops.triton_fp8_quant import QuantizedRows
+    from slipstream.quant.fp8 import QuantizedRows
     from slipstream.quant.fp8 import FP8_DTYPE
     rows = qkv.shape[0]
     return QuantizedRows(torch.empty((rows, width), dtype=FP8_DTYPE, device=qkv.device),

@@ -37,7 +37,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from slipstream.ops.triton_fp8_quant import QuantizedRows
+from slipstream.quant.fp8 import QuantizedRows
 from slipstream.quant.fp8 import Fp8Weight, quantize_per_token
 
 HANDOFF = os.environ.get("SLIPSTREAM_FP8_HANDOFF", "0") == "1"  # read by the model when it wires its layers
@@ -157,7 +157,7 @@ def fp8_silu_mul_linear_add_(out: torch.Tensor, gate_up: torch.Tensor, w: Fp8Wei
     if gate_up.is_cuda and gate_up.dim() == 2 and out.dim() == 2 and out.stride(1) == 1:
         # SiLU·mul inside the input's quantization (ops/triton_fp8_quant.py): the same bits
         from slipstream.ops.fp8_dispatch import adds_residual, fp8_product
-        from slipstream.ops.triton_fp8_quant import SiluMulRows
+        from slipstream.quant.fp8 import SiluMulRows
         rows = SiluMulRows(gate_up, hidden, eps)
         kernel = _routed_kernel(rows.shape[0], w, batch_invariant)
         if adds_residual(kernel):
@@ -193,7 +193,7 @@ def fp8_silu_mul_linear_add_handing_(out: torch.Tensor, gate_up: torch.Tensor, w
     """`fp8_silu_mul_linear_add_`, handing its output on as `fp8_linear_add_handing_` does."""
     if gate_up.dim() == 2 and out.dim() == 2 and out.is_contiguous() and hands_off(gate_up, w, batch_invariant):
         from slipstream.ops.triton_fp8_gemm_skinny import fp8_gemm_skinny
-        from slipstream.ops.triton_fp8_quant import SiluMulRows
+        from slipstream.quant.fp8 import SiluMulRows
         return fp8_gemm_skinny(SiluMulRows(gate_up, hidden, eps), w, None, residual=out, out=out, quant_out=gamma)[1]
     fp8_silu_mul_linear_add_(out, gate_up, w, hidden, eps, batch_invariant)
     return None

@@ -76,7 +76,6 @@ from slipstream.ops.kv_quant import KVScales, is_fp8
 from slipstream.ops.metadata import QKVEpilogue
 from slipstream.ops.device import dot_flags, sm_count
 from slipstream.ops.pdl import pdl_launch
-from slipstream.quant.fp8 import MIN_SCALE
 from slipstream.ops.triton_attention_args import (epilogue_args, fp8_args, qk_scale, quant_out_args,
                                                    window_arg)
 from slipstream.ops.attention_tuning import (DEFAULT_DECODE_CONFIG, DEFAULT_PREFILL_CONFIG, DecodeConfig,
@@ -84,7 +83,7 @@ from slipstream.ops.attention_tuning import (DEFAULT_DECODE_CONFIG, DEFAULT_PREF
                                              decode_split_options, effective_decode_config,
                                              effective_prefill_config, pick_decode_splits)
 from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel
-from slipstream.ops.triton_fp8_quant import QuantizedRows
+from slipstream.quant.fp8 import MIN_SCALE, QuantizedRows
 from slipstream.ops.triton_prefill_kernel import _prefill_kernel
 from slipstream.ops.triton_verify_kernel import _verify_kernel, _verify_reduce_kernel
 

@@ -9,7 +9,7 @@ import torch
 
 from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, is_fp8
 from slipstream.ops.metadata import QKVEpilogue
-from slipstream.ops.triton_fp8_quant import QuantizedRows
+from slipstream.quant.fp8 import QuantizedRows
 
 LOG2E = 1.4426950408889634
 

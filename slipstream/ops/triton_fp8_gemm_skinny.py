@@ -39,7 +39,8 @@ import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start, prefetch_l2
 from slipstream.ops.tickets import reserve_tickets, tickets
-from slipstream.ops.triton_fp8_quant import QuantizedRows, SiluMulRows, quantize_chunk, quantize_rows, scale_from_amax
+from slipstream.ops.triton_fp8_quant import quantize_chunk, quantize_rows, scale_from_amax
+from slipstream.quant.fp8 import QuantizedRows, SiluMulRows
 from slipstream.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weight
 
 
