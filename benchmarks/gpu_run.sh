@@ -294,14 +294,22 @@ for stage in "$@"; do
     # the skinny FP8 GEMM's tiles at 32-256 rows against _scaled_mm and bf16 (docs/fp8.md)
     fp8-skinny) run fp8-skinny 400 python3 benchmarks/bench_fp8_skinny.py --out "$RES" ${FP8_SKINNY_ARGS:-} ;;
     # the FP8 handoff (docs/fp8.md, SLIPSTREAM_FP8_HANDOFF): its two halves priced per product,
-    # the engine with it off and on in turn, twice, then its GPU test (SmolLM2, when carried)
+    # the engine with it off and on in turn, twice (HANDOFF_BASE: also on in that package-only
+    # tree, e.g. 4763018's, the products' handoff without attention's quantized output), then
+    # its tests compiled for the GPU (and SmolLM2's, when carried)
     fp8-handoff) run fp8-handoff-bench 300 python3 benchmarks/bench_fp8_skinny.py --rows 17,32 \
                    --shapes qkv,o,gate_up,down --no-default-variants --handoff --groups 64 --out "$RES/handoff"
                  for i in 1 2; do for w in ${WORKLOADS:-seed-8b-short-fp8 seed-8b-bs8-fp8}; do for v in 0 1; do
                    run "handoff-$w-$v-$i" 200 env SLIPSTREAM_FP8_HANDOFF=$v python3 -m slipstream.cli bench \
                      --workload "$w" --mode async --no-measure
+                   if [ "$v" = 1 ] && [ -n "${HANDOFF_BASE:-}" ]; then
+                     run "handoff-$w-base-$i" 200 bash -c "cd $HANDOFF_BASE && SLIPSTREAM_FP8_HANDOFF=1 PYTHONPATH=$site:. \
+                       python3 -m slipstream.cli bench --workload $w --mode async --no-measure"
+                   fi
                  done; done; done
-                 if have_smol; then run fp8-handoff-tests 300 python3 -m pytest -q -m gpu tests/test_fp8_skinny_handoff.py; fi ;;
+                 sel=(-k "not smollm2"); if have_smol; then sel=(); fi
+                 run fp8-handoff-tests 300 python3 -m pytest -q tests/test_attention_quant_out.py tests/test_fp8_skinny_handoff.py "${sel[@]}"
+                 run fp8-handoff-async 200 python3 -m pytest -q -m gpu tests/test_gpu_fp8.py -k async_equals_sync ;;
     # the MoE small path's down prefetch before its PDL wait (docs/models.md): moe-30b-a3b-bs1 at
     # 0, 256 and 1024 columns in turn, twice, then the small path's GPU tests
     moe-prefetch) for i in 1 2; do for c in ${PREFETCH_COLS:-0 256 1024}; do
