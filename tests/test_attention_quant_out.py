@@ -117,3 +117,25 @@ def test_o_proj_takes_the_quantized_rows_as_they_are():
     assert torch.equal(h, plain)
     hq, hs = quantize_rows(h, gamma, group=handed.group)
     assert torch.equal(handed.scale, hs) and torch.equal(handed.q.view(torch.uint8), hq.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_cache", [False, True])
+@pytest.mark.parametrize("rows,splits", [(32, None), (8, 16), (1, None)])
+def test_gpu_8b_decode_output_quantized(rows, splits, fp8_cache):
+    """The 8B shape at the engine's sizes (seed-8b-short-fp8's 32 rows with the default split
+    choice; 8 rows split 16 ways, merged in the kernel; one row), bf16 or FP8 cache, two
+    tokens past the batch: the same bits as `quantize_rows` on the bf16 output."""
+    from slipstream.ops.kv_quant import FP8_DTYPE as KV_FP8, KVScales
+    g = torch.Generator().manual_seed(rows)
+    seqs = [(int(n), 1) for n in torch.randint(1, 3000, (rows,), generator=g)]
+    q, kc, vc, meta = make_batch(seqs, 8, 4, 128, 16, torch.bfloat16, seed=rows, extra_tokens=2)
+    kw = dict(num_splits=splits)
+    if fp8_cache:
+        kc, vc = kc.nan_to_num(0.0).to(KV_FP8), vc.nan_to_num(0.0).to(KV_FP8)
+        kw["kv_scales"] = KVScales(0.5, 0.25)
+    out = paged_attention_triton(q, kc, vc, meta, 0.088, **kw)
+    quant = _buffers(q.shape[0], 32 * 128, 64)
+    paged_attention_triton(q, kc, vc, meta, 0.088, quant_out=quant, **kw)
+    _assert_codes_of(quant, out)
+    assert (quant.scale[-2:] == MIN_SCALE).all()
