@@ -26,6 +26,7 @@ import torch
 from slipstream.ops.fused import qkv_epilogue
 from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, dequantize_ref, is_fp8
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
+from slipstream.quant.fp8 import FP8_DTYPE, QuantizedRows
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -93,9 +94,10 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
                         meta: AttentionMetadata, scale: float, num_heads: int, num_kv_heads: int,
                         head_dim: int, batch_invariant: bool = False,
                         window: int | None = None, kv_scales: KVScales | None = None,
-                        quant_group: int = 0):
+                        quant_group: int = 0) -> torch.Tensor | QuantizedRows:
     """A layer's attention from its qkv GEMM's output: the qkv epilogue (q/k norm, RoPE, the
-    new K/V into the cache), then paged attention; returns [T, num_heads, head_dim].
+    new K/V into the cache), then paged attention; returns [T, num_heads, head_dim] (or, with
+    `quant_group`, quantized rows: below).
 
     On CUDA a small decode batch whose qkv is finished (one row on the GEMV) runs both in
     one kernel (the decode kernel with the epilogue inside:
@@ -139,8 +141,6 @@ def _quant_out(qkv: torch.Tensor, meta: AttentionMetadata, width: int, group: in
     from slipstream.ops.triton_attention import decodes_only
     if not decodes_only(meta, batch_invariant):
         return None
-    from slipstream.quant.fp8 import QuantizedRows
-    from slipstream.quant.fp8 import FP8_DTYPE
     rows = qkv.shape[0]
     return QuantizedRows(torch.empty((rows, width), dtype=FP8_DTYPE, device=qkv.device),
                          torch.empty((rows, width // group), dtype=torch.float32, device=qkv.device),

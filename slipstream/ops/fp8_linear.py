@@ -37,8 +37,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from slipstream.quant.fp8 import QuantizedRows
-from slipstream.quant.fp8 import Fp8Weight, quantize_per_token
+from slipstream.quant.fp8 import Fp8Weight, QuantizedRows, quantize_per_token
 
 HANDOFF = os.environ.get("SLIPSTREAM_FP8_HANDOFF", "0") == "1"  # read by the model when it wires its layers
 # the column group of an input that comes quantized from a kernel that is not a product
