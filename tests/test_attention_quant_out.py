@@ -139,3 +139,29 @@ def test_gpu_8b_decode_output_quantized(rows, splits, fp8_cache):
     paged_attention_triton(q, kc, vc, meta, 0.088, quant_out=quant, **kw)
     _assert_codes_of(quant, out)
     assert (quant.scale[-2:] == MIN_SCALE).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,finished", [(128, True), (128, False), (32, True)])
+def test_gpu_layer_attention_quantized_where_a_head_is_whole_groups(head_dim, finished):
+    """`attention_after_qkv(quant_group=64)` on a decode batch: quantized rows with the bits of
+    the plain call's output, whether the epilogue runs inside the decode kernel (qkv finished)
+    or before it (the row scale left to apply); a head narrower than a group (32) and a batch
+    with a prompt chunk come back unquantized."""
+    from dataclasses import replace
+
+    from slipstream.ops.attention import attention_after_qkv
+    qkv, epi, kc, vc, meta = epilogue_case([5, 30, 12], 2, 4, head_dim, 16, torch.bfloat16, seed=9, norms=True)
+    if not finished:  # the folded norm's row scale still to apply: the epilogue kernel's path
+        epi = replace(epi, hidden=torch.randn(3, 256, device=DEVICE).to(torch.bfloat16))
+
+    def attend(m, **kw):
+        return attention_after_qkv(qkv.clone(), epi, kc.clone(), vc.clone(), m, head_dim ** -0.5, 8, 2, head_dim, **kw)
+
+    plain, got = attend(meta), attend(meta, quant_group=64)
+    if head_dim % 64:
+        assert isinstance(got, torch.Tensor) and torch.equal(got, plain)
+        return
+    assert isinstance(got, QuantizedRows) and got.group == 64
+    _assert_codes_of(got, plain)
+    assert isinstance(attend(replace(meta, max_query_len=2), quant_group=64), torch.Tensor)

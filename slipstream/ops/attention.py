@@ -107,8 +107,9 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
     `quant_group` > 0 (an FP8 o projection that takes quantized rows): a batch the decode
     kernel runs alone comes back as a `QuantizedRows` [T, num_heads x head_dim] with one
     scale a row per quant_group columns, quantized inside that kernel (no quantization
-    launch before the o projection); other batches as above."""
-    quant = _quant_out(qkv, meta, num_heads * head_dim, quant_group, batch_invariant)
+    launch before the o projection), where head_dim is a multiple of quant_group; other
+    batches as above."""
+    quant = _quant_out(qkv, meta, num_heads, head_dim, quant_group, batch_invariant)
     if qkv.is_cuda and not batch_invariant:
         from slipstream.ops import triton_attention as ta
         if ta.epilogue_in_decode_applies(qkv, epi, k_cache, meta, num_heads):
@@ -133,15 +134,16 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
                            window=window, kv_scales=kv_scales)
 
 
-def _quant_out(qkv: torch.Tensor, meta: AttentionMetadata, width: int, group: int, batch_invariant: bool):
+def _quant_out(qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int, head_dim: int, group: int,
+               batch_invariant: bool):
     """Empty `QuantizedRows` for the decode kernel to quantize its output into, where it
-    runs the batch alone (CUDA); else None."""
-    if not group or not qkv.is_cuda:
+    runs the batch alone (CUDA) and a head is whole groups; else None."""
+    if not group or not qkv.is_cuda or head_dim % group:
         return None
     from slipstream.ops.triton_attention import decodes_only
     if not decodes_only(meta, batch_invariant):
         return None
-    rows = qkv.shape[0]
+    rows, width = qkv.shape[0], num_heads * head_dim
     return QuantizedRows(torch.empty((rows, width), dtype=FP8_DTYPE, device=qkv.device),
                          torch.empty((rows, width // group), dtype=torch.float32, device=qkv.device),
                          group, qkv.dtype)
