@@ -13,12 +13,9 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.triton_dot import dot
-from slipstream.ops.triton_fp8_quant import quantize_chunk, scale_from_amax
-from slipstream.quant.fp8 import FP8_MAX, MIN_SCALE
+from slipstream.ops.triton_fp8_quant import quantize_groups
 
 NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked rows never make NaN
-_FMAX = tl.constexpr(FP8_MAX)
-_SMIN = tl.constexpr(MIN_SCALE)
 
 
 @triton.jit
@@ -140,8 +137,8 @@ def store_heads(out_ptr, o, q_tok, head0, stride_ot, stride_oh, gmask, qo_ptr, s
     if QUANT_GROUP > 0:
         NG: tl.constexpr = HEAD_DIM // QUANT_GROUP
         x = tl.reshape(o.to(out_ptr.dtype.element_ty).to(tl.float32), [BLOCK_G, NG, QUANT_GROUP])
-        scale = scale_from_amax(tl.max(tl.abs(x), axis=2), _FMAX, _SMIN)
-        codes = tl.reshape(quantize_chunk(x, scale[:, :, None], _FMAX), [BLOCK_G, HEAD_DIM])
+        codes, scale = quantize_groups(x, 2)
+        codes = tl.reshape(codes, [BLOCK_G, HEAD_DIM])
         heads = (head0 + offs_g).to(tl.int64)
         tl.store(qo_ptr + q_tok * stride_qot + heads[:, None] * HEAD_DIM + offs_d[None, :],
                  codes.to(qo_ptr.dtype.element_ty), mask=gmask[:, None])

@@ -39,9 +39,8 @@ import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start, prefetch_l2
 from slipstream.ops.tickets import reserve_tickets, tickets
-from slipstream.ops.triton_fp8_quant import quantize_chunk, quantize_rows, scale_from_amax
-from slipstream.quant.fp8 import QuantizedRows, SiluMulRows
-from slipstream.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weight
+from slipstream.ops.triton_fp8_quant import quantize_groups, quantize_rows
+from slipstream.quant.fp8 import FP8_DTYPE, Fp8Weight, QuantizedRows, SiluMulRows
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,6 @@ class Fp8SkinnyConfig:
 DEFAULT_FP8_SKINNY_CONFIG = Fp8SkinnyConfig()
 
 
-FP8_MAX_C = tl.constexpr(FP8_MAX)
-MIN_SCALE_C = tl.constexpr(MIN_SCALE)
 SMS = 132  # an H100 SXM's (an H200's too): the programs a split aims at
 
 
@@ -185,8 +182,7 @@ def _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr
     quantized per row to e4m3 with one scale a row for its BLOCK_N columns (group pid_n): what
     `quantize_rows(out, gamma, BLOCK_N)` gives for them, bit for bit."""
     y = y.to(tl.float32) * tl.load(go_ptr + offs_n, mask=nmask, other=0.0)[:, None]
-    scale = scale_from_amax(tl.max(tl.abs(y), axis=0), FP8_MAX_C, MIN_SCALE_C)
-    q = quantize_chunk(y, scale[None, :], FP8_MAX_C)
+    q, scale = quantize_groups(y, 0)
     rows = offs_m.to(tl.int64)[None, :]
     tl.store(qo_ptr + rows * stride_qom + offs_n[:, None], q.to(qo_ptr.dtype.element_ty), mask=omask)
     tl.store(so_ptr + offs_m * stride_som + pid_n, scale, mask=mmask)

@@ -91,6 +91,19 @@ def quantize_chunk(x, scale, FMAX: tl.constexpr):
     return tl.minimum(tl.maximum(_round_mantissa3(x), -FMAX), FMAX)
 
 
+FP8_MAX_C = tl.constexpr(FP8_MAX)
+MIN_SCALE_C = tl.constexpr(MIN_SCALE)
+
+
+@triton.jit
+def quantize_groups(x, AXIS: tl.constexpr):
+    """fp32 values x quantized with one scale for each slice along AXIS (a group of a row
+    that a producer holds whole): (the e4m3 values in fp32, the scales), as `quantize_rows`
+    gives them."""
+    scale = scale_from_amax(tl.max(tl.abs(x), axis=AXIS), FP8_MAX_C, MIN_SCALE_C)
+    return quantize_chunk(x, tl.expand_dims(scale, AXIS), FP8_MAX_C), scale
+
+
 @triton.jit
 def _quant_rows_kernel(x_ptr, g_ptr, h_ptr, q_ptr, s_ptr, K, stride_xm, stride_hm, stride_qm, stride_sm, eps,
                        GROUP: tl.constexpr, BLOCK: tl.constexpr, HAS_GAMMA: tl.constexpr,
