@@ -76,6 +76,14 @@ def test_quantized_output_only_for_a_batch_the_decode_kernel_runs_alone():
                                quant_out=_buffers(q.shape[0], 4 * 32, 64))
 
 
+def test_the_cpu_dispatch_refuses_a_quantized_output():
+    from slipstream.ops.attention import paged_attention
+    q, kc, vc, meta = make_batch(DECODE_SEQS, 2, 2, 64, 16, torch.bfloat16, seed=2, device="cpu")
+    rows = QuantizedRows.empty(q.shape[0], 4 * 64, 64, torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="CUDA decode kernel only"):
+        paged_attention(q.cpu(), kc.cpu(), vc.cpu(), meta, 0.1, quant_out=rows)
+
+
 def test_the_layer_asks_for_a_quantized_output_only_where_o_proj_hands_off(tiny_model, monkeypatch):
     """On the CPU nothing hands off (the products are the reference's): every o_proj of an
     FP8 model wired for the handoff takes its input unquantized there, and a bf16 one never

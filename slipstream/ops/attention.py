@@ -26,7 +26,7 @@ import torch
 from slipstream.ops.fused import qkv_epilogue
 from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, dequantize_ref, is_fp8
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
-from slipstream.quant.fp8 import FP8_DTYPE, QuantizedRows
+from slipstream.quant.fp8 import QuantizedRows
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -74,15 +74,20 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
                     out: torch.Tensor | None = None, batch_invariant: bool = False,
-                    window: int | None = None, kv_scales: KVScales | None = None) -> torch.Tensor:
+                    window: int | None = None, kv_scales: KVScales | None = None,
+                    quant_out: QuantizedRows | None = None) -> torch.Tensor:
     """Dispatch; writes into `out` (shape and dtype of q) when given, and returns it.
     `batch_invariant`: one kernel for every row, decode or prefill (see the Triton dispatch).
     `window`: the layer's sliding window (module doc), None for full attention.
-    `kv_scales`: an FP8 cache's scales (module doc)."""
+    `kv_scales`: an FP8 cache's scales (module doc).
+    `quant_out` (CUDA, a decode batch): the output goes into it quantized instead
+    (`paged_attention_triton`)."""
     if q.is_cuda:
         from slipstream.ops.triton_attention import paged_attention_triton
-        return paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out,
-                                      batch_invariant=batch_invariant, window=window, kv_scales=kv_scales)
+        return paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out, batch_invariant=batch_invariant,
+                                      window=window, kv_scales=kv_scales, quant_out=quant_out)
+    if quant_out is not None:
+        raise ValueError("attention's output is quantized inside the CUDA decode kernel only")
     result = paged_attention_ref(q, k_cache, v_cache, meta, scale, window, kv_scales)
     if out is None:
         return result
@@ -125,13 +130,9 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
         # Gemma 3's float32 q-norm leaves q in float32 over a bf16 cache: the kernels' dots
         # take one dtype, and q rounded once to the cache's is what transformers attends with
         q = q.to(k_cache.dtype)
-    if quant is not None:
-        from slipstream.ops.triton_attention import paged_attention_triton
-        paged_attention_triton(q, k_cache, v_cache, meta, scale, window=window, kv_scales=kv_scales,
-                               quant_out=quant)
-        return quant
-    return paged_attention(q, k_cache, v_cache, meta, scale, batch_invariant=batch_invariant,
-                           window=window, kv_scales=kv_scales)
+    out = paged_attention(q, k_cache, v_cache, meta, scale, batch_invariant=batch_invariant,
+                          window=window, kv_scales=kv_scales, quant_out=quant)
+    return quant if quant is not None else out
 
 
 def _quant_out(qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int, head_dim: int, group: int,
@@ -143,7 +144,4 @@ def _quant_out(qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int, head_
     from slipstream.ops.triton_attention import decodes_only
     if not decodes_only(meta, batch_invariant):
         return None
-    rows, width = qkv.shape[0], num_heads * head_dim
-    return QuantizedRows(torch.empty((rows, width), dtype=FP8_DTYPE, device=qkv.device),
-                         torch.empty((rows, width // group), dtype=torch.float32, device=qkv.device),
-                         group, qkv.dtype)
+    return QuantizedRows.empty(qkv.shape[0], num_heads * head_dim, group, qkv.dtype, qkv.device)

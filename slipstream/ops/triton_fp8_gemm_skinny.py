@@ -40,7 +40,7 @@ import triton.language as tl
 from slipstream.ops.pdl import pdl_launch, pdl_start, prefetch_l2
 from slipstream.ops.tickets import reserve_tickets, tickets
 from slipstream.ops.triton_fp8_quant import quantize_groups, quantize_rows
-from slipstream.quant.fp8 import FP8_DTYPE, Fp8Weight, QuantizedRows, SiluMulRows
+from slipstream.quant.fp8 import Fp8Weight, QuantizedRows, SiluMulRows
 
 
 @dataclass(frozen=True)
@@ -228,9 +228,7 @@ def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows | QuantizedRows, w: Fp8Weight,
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     quantized = None
     if quant_out is not None:
-        quantized = QuantizedRows(torch.empty((m, n), dtype=FP8_DTYPE, device=x.device),
-                                  torch.empty((m, triton.cdiv(n, cfg.block_n)), dtype=torch.float32, device=x.device),
-                                  cfg.block_n, out.dtype)
+        quantized = QuantizedRows.empty(m, n, cfg.block_n, out.dtype, x.device)
     if m == 0:
         return out if quantized is None else (out, quantized)
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)

@@ -160,6 +160,14 @@ class QuantizedRows:
     group: int
     dtype: torch.dtype
 
+    @staticmethod
+    def empty(rows: int, cols: int, group: int, dtype: torch.dtype, device) -> QuantizedRows:
+        """Uninitialised codes [rows, cols] and scales [rows, ceil(cols / group)], for a
+        producer to write."""
+        return QuantizedRows(torch.empty((rows, cols), dtype=FP8_DTYPE, device=device),
+                             torch.empty((rows, -(-cols // group)), dtype=torch.float32, device=device),
+                             group, dtype)
+
     @property
     def shape(self) -> torch.Size:
         return self.q.shape
