@@ -204,8 +204,7 @@ def test_silu_mul_inside_the_quantization_has_silu_and_mul_then_its_bits(group, 
     (the engine's two kernels before), and against the reference's cast of silu_and_mul_ref."""
     from slipstream.ops.fused import silu_and_mul, silu_and_mul_ref
     from slipstream.ops.triton_fp8_quant import quantize_rows
-    from slipstream.quant.fp8 import SiluMulRows
-    from slipstream.quant.fp8 import quantize_per_token
+    from slipstream.quant.fp8 import SiluMulRows, quantize_per_token
     m = 7 if inter < 1000 else 2
     gate_up = _x(m, 2 * inter, seed=11)
     hidden = _x(m, 48, seed=12) * 7 if with_hidden else None  # far from unit RMS

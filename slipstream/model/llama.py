@@ -300,8 +300,8 @@ def wire_fp8_handoff(layers) -> None:
         o, gate_up, down = layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
         if producer_ok(o):
             o.takes_quantized = True
-        if producer_ok(o) and consumer_ok(gate_up):
-            o.handoff_gamma = gate_up.gamma
+            if consumer_ok(gate_up):
+                o.handoff_gamma = gate_up.gamma
         nxt = layers[i + 1] if i + 1 < len(layers) else None
         if isinstance(nxt, DecoderLayer) and producer_ok(down) and consumer_ok(nxt.self_attn.qkv_proj):
             down.handoff_gamma = nxt.self_attn.qkv_proj.gamma

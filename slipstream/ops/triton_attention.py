@@ -83,10 +83,9 @@ from slipstream.ops.attention_tuning import (DEFAULT_DECODE_CONFIG, DEFAULT_PREF
                                              decode_split_options, effective_decode_config,
                                              effective_prefill_config, pick_decode_splits)
 from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel
-from slipstream.quant.fp8 import MIN_SCALE, QuantizedRows
 from slipstream.ops.triton_prefill_kernel import _prefill_kernel
 from slipstream.ops.triton_verify_kernel import _verify_kernel, _verify_reduce_kernel
-
+from slipstream.quant.fp8 import MIN_SCALE, QuantizedRows
 
 
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -117,7 +116,7 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
     qkv), and the kernel does the qkv epilogue's work itself (`attention_after_qkv`, which
     checks `epilogue_in_decode_applies`).  kv_scales: an FP8 cache's scales (None: 1.0).
     quant_out: buffers [T, heads x head_dim] the output goes into instead, quantized for an
-    FP8 o projection (`_quant_out_args`); `out` is then left as it was."""
+    FP8 o projection (`store_heads`); `out` is then left as it was."""
     cfg = config or DEFAULT_DECODE_CONFIG
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]

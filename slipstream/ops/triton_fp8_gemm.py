@@ -24,8 +24,7 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.triton_fp8_quant import quantize_rows
-from slipstream.quant.fp8 import SiluMulRows
-from slipstream.quant.fp8 import Fp8Weight
+from slipstream.quant.fp8 import Fp8Weight, SiluMulRows
 
 
 @dataclass(frozen=True)
