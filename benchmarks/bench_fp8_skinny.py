@@ -5,8 +5,7 @@ variant's time against the floor of the FP8 weight's bytes at 3.0 TB/s
 (benchmarks/weight_floor.py), then the fastest per (shape, rows) as a table to paste.
 
     python benchmarks/bench_fp8_skinny.py [--rows 32,64,128,256] [--shapes qkv,o,gate_up,down,lm_head]
-        [--variants NAME:field=v,... ...] [--no-default-variants] [--groups 64,128] [--handoff] [--jobs N]
-        [--floor-tbs 3.0]
+        [--variants NAME:field=v,... ...] [--no-default-variants] [--groups 64,128] [--jobs N] [--floor-tbs 3.0]
         [--out DIR] [--tiny]
 
 Per-channel weights (what `--quantization fp8` makes), qkv and gate_up with a folded norm's
@@ -21,10 +20,6 @@ gamma as the engine's. Implementations, each a whole call
     skinny-*      one `Fp8SkinnyConfig` field moved from that tile (activation rows a
                   program, weight rows a program, K step, stages, warps, K split, the L2
                   prefetch), timed where it launches something new
-    skinny-res, skinny-res-out64, skinny-in64  (--handoff) the product adding a residual, the
-                  same also quantizing its output per row and 64 columns (`quant_out`), and the
-                  product of an input quantized so beforehand (no quantization launch): what
-                  handing quantized activations from one product to the next would save and cost
     skinny-gG     (--groups G,...) the skinny kernel with the input quantized per token and
                   G-column group and each step's dot scaled by its group's scales (the block
                   weights' loop, the per-channel scale repeated as a 1 x G block): what a
@@ -65,15 +60,13 @@ from slipstream.ops.fp8_dispatch import fp8_product  # noqa: E402
 from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_ref, multiplies_unquantized  # noqa: E402
 from slipstream.ops.linear import linear  # noqa: E402
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for  # noqa: E402
-from slipstream.ops.triton_fp8_quant import quantize_rows  # noqa: E402
-from slipstream.quant.fp8 import Fp8Weight, QuantizedRows, quantize_per_channel  # noqa: E402
+from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
 from slipstream.utils.overrides import parse_overrides  # noqa: E402
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
              "lm_head": (128256, 4096)}
 SHAPES_TINY = {"qkv": (96, 256), "down": (64, 512)}
 BASELINES = ["bf16", "mm", "mm-fast", "fp8"]
-HANDOFF = ["skinny-res", "skinny-res-out64", "skinny-in64"]
 # each a field moved from skinny_config_for's tile for the rows (benchmarks' names: skinny-...)
 DEFAULT_VARIANTS = [
     "bm16:block_m=16", "bm32:block_m=32", "bm64:block_m=64", "bm128:block_m=128", "bn128:block_n=128",
@@ -100,15 +93,6 @@ def call(impl: str, x: torch.Tensor, w: Fp8Weight, wb: torch.Tensor, cfg: Fp8Ski
     if impl.startswith("skinny-g"):
         wg = grouped(w, int(impl.removeprefix("skinny-g")))
         return lambda: fp8_gemm_skinny(x, wg, None, cfg)
-    if impl == "skinny-in64":  # quantized before, untimed: no quantization launch
-        xq = QuantizedRows(*quantize_rows(x, w.gamma, 64), 64, x.dtype)
-        return lambda: fp8_gemm_skinny(xq, w, None, cfg)
-    if impl in ("skinny-res", "skinny-res-out64"):  # a zero residual: the output is the product
-        r = torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-        if impl == "skinny-res":
-            return lambda: fp8_gemm_skinny(x, w, None, cfg, residual=r)
-        g = torch.ones(w.shape[0], device=x.device)
-        return lambda: fp8_gemm_skinny(x, w, None, cfg, residual=r, quant_out=g)[0]
     return lambda: fp8_gemm_skinny(x, w, None, cfg)
 
 
@@ -155,7 +139,6 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="*", default=[])
     ap.add_argument("--no-default-variants", action="store_true")
     ap.add_argument("--groups", default="", help="e.g. 64,128: the skinny-gG implementations")
-    ap.add_argument("--handoff", action="store_true", help="the skinny-res, -res-out64 and -in64 implementations")
     jobs = 0 if "--tiny" in sys.argv else max(1, min(14, (os.cpu_count() or 1) - 2))
     ap.add_argument("--jobs", type=int, default=jobs)
     ap.add_argument("--floor-tbs", type=float, default=FLOOR_TBS)
@@ -178,10 +161,7 @@ def main(argv=None) -> int:
             base = skinny_config_for(m, n, k)
             plan += [(name, m, impl, None) for impl in BASELINES] + [(name, m, "skinny", base)]
             for g in filter(None, args.groups.split(",")):
-                plan.append((name, m, f"skinny-g{int(g)}", skinny_config_for(m, n, k, int(g))))
-            if args.handoff:  # (the consumer's K step is its input's 64-column group)
-                plan += [(name, m, impl, skinny_config_for(m, n, k, 64 if impl == "skinny-in64" else None))
-                         for impl in HANDOFF]
+                plan.append((name, m, f"skinny-g{int(g)}", skinny_config_for(m, n, k)))
             seen = {base}
             for impl, kw in variants:
                 cfg = dataclasses.replace(base, **kw)
@@ -209,9 +189,9 @@ def main(argv=None) -> int:
                 try:  # a variant that fails (compile, launch, bound) is reported, not fatal
                     y = call(impl, x, *weights[0], cfg)().double()
                     r = unquantized if impl == "fp8" and unquantized is not None else quantized
-                    if impl.startswith("skinny-g") or impl == "skinny-in64":  # the input quantized per group
-                        group = 64 if impl == "skinny-in64" else int(impl.removeprefix("skinny-g"))
-                        r = fp8_linear_ref(x.float(), grouped(weights[0][0], group), quantize_input=True).double()
+                    if impl.startswith("skinny-g"):  # its input is quantized per group
+                        wg = grouped(weights[0][0], int(impl.removeprefix("skinny-g")))
+                        r = fp8_linear_ref(x.float(), wg, quantize_input=True).double()
                     err = rel_rms(y, r)
                     # (bf16 reads its own weight, not the FP8 one)
                     if impl != "bf16" and not err <= 2 ** -6:

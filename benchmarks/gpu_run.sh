@@ -4,7 +4,7 @@
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer moe-small moe-small-ab
 #         async-llm pytests pytests-each bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 #         spec-e2e spec-real fp8-accuracy
-#         prefill-long prefill-tiles fp8-gemm fp8-gemv fp8-skinny fp8-handoff moe-prefetch boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env profile-bench
+#         prefill-long prefill-tiles fp8-gemm fp8-gemv fp8-skinny boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env profile-bench
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -293,30 +293,6 @@ for stage in "$@"; do
     fp8-gemv) run fp8-gemv 540 python3 benchmarks/bench_fp8_gemv.py --out "$RES" ${FP8_GEMV_ARGS:-} ;;
     # the skinny FP8 GEMM's tiles at 32-256 rows against _scaled_mm and bf16 (docs/fp8.md)
     fp8-skinny) run fp8-skinny 400 python3 benchmarks/bench_fp8_skinny.py --out "$RES" ${FP8_SKINNY_ARGS:-} ;;
-    # the FP8 handoff (docs/fp8.md, SLIPSTREAM_FP8_HANDOFF): its two halves priced per product,
-    # the engine with it off and on in turn, twice (HANDOFF_BASE: also on in that package-only
-    # tree, e.g. 4763018's, the products' handoff without attention's quantized output), then
-    # its tests compiled for the GPU (and SmolLM2's, when carried)
-    fp8-handoff) run fp8-handoff-bench 300 python3 benchmarks/bench_fp8_skinny.py --rows 17,32 \
-                   --shapes qkv,o,gate_up,down --no-default-variants --handoff --groups 64 --out "$RES/handoff"
-                 for i in 1 2; do for w in ${WORKLOADS:-seed-8b-short-fp8 seed-8b-bs8-fp8}; do for v in 0 1; do
-                   run "handoff-$w-$v-$i" 200 env SLIPSTREAM_FP8_HANDOFF=$v python3 -m slipstream.cli bench \
-                     --workload "$w" --mode async --no-measure
-                   if [ "$v" = 1 ] && [ -n "${HANDOFF_BASE:-}" ]; then
-                     run "handoff-$w-base-$i" 200 bash -c "cd $HANDOFF_BASE && SLIPSTREAM_FP8_HANDOFF=1 PYTHONPATH=$site:. \
-                       python3 -m slipstream.cli bench --workload $w --mode async --no-measure"
-                   fi
-                 done; done; done
-                 sel=(-k "not smollm2"); if have_smol; then sel=(); fi
-                 run fp8-handoff-tests 300 python3 -m pytest -q tests/test_attention_quant_out.py tests/test_fp8_skinny_handoff.py "${sel[@]}"
-                 run fp8-handoff-async 200 python3 -m pytest -q -m gpu tests/test_gpu_fp8.py -k async_equals_sync ;;
-    # the MoE small path's down prefetch before its PDL wait (docs/models.md): moe-30b-a3b-bs1 at
-    # 0, 256 and 1024 columns in turn, twice, then the small path's GPU tests
-    moe-prefetch) for i in 1 2; do for c in ${PREFETCH_COLS:-0 256 1024}; do
-                    run "moe-prefetch-$c-$i" 240 env SLIPSTREAM_MOE_SMALL_CONFIG=down_prefetch_cols=$c python3 -m \
-                      slipstream.cli bench --workload moe-30b-a3b-bs1 --mode async --no-measure
-                  done; done
-                  run moe-prefetch-tests 300 python3 -m pytest -q -m gpu tests/test_moe_small.py ;;
     # SmolLM2 with FP8 weights, an FP8 KV cache and both against bf16 on 16 chat prompts: greedy
     # agreement and mean |d logprob| (docs/fp8.md, "Accuracy")
     fp8-accuracy) if have_smol; then run fp8-accuracy 300 python3 benchmarks/fp8_accuracy.py --out "$RES/fp8-accuracy" ${FP8_ACCURACY_ARGS:-}

@@ -138,10 +138,6 @@ def test_skinny_stages_drop_one_only_where_that_avoids_a_second_wave():
     assert skinny_config_for(64, 28672, 4096).num_stages == 5
     for n, k in ((6144, 4096), (4096, 4096), (4096, 14336)):  # 192 programs: one wave at 5
         assert skinny_config_for(32, n, k).num_stages == 5
-    # a 64-column K step (a handed-on input's group) keeps as many bytes in flight: twice the stages
-    assert skinny_config_for(8, 28672, 4096, 64).num_stages == 10
-    assert skinny_config_for(32, 28672, 4096, 64).num_stages == 9  # 10 leave a second wave, 9 do not
-    assert skinny_config_for(32, 28672, 4096, 64).block_k == 64
 
 
 def test_dispatch_routes_by_rows_and_layout():
@@ -203,8 +199,8 @@ def test_silu_mul_inside_the_quantization_has_silu_and_mul_then_its_bits(group, 
     quantization gives the codes and scales of `silu_and_mul` followed by the quantization
     (the engine's two kernels before), and against the reference's cast of silu_and_mul_ref."""
     from slipstream.ops.fused import silu_and_mul, silu_and_mul_ref
-    from slipstream.ops.triton_fp8_quant import quantize_rows
-    from slipstream.quant.fp8 import SiluMulRows, quantize_per_token
+    from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
+    from slipstream.quant.fp8 import quantize_per_token
     m = 7 if inter < 1000 else 2
     gate_up = _x(m, 2 * inter, seed=11)
     hidden = _x(m, 48, seed=12) * 7 if with_hidden else None  # far from unit RMS
@@ -226,7 +222,7 @@ def test_routed_kernels_take_a_silu_mul_input_with_the_same_bits(kernel, block):
     """fp8_product on `SiluMulRows` (the down product at more than the GEMV's rows) equals the
     product of silu_and_mul's output, residual in place included."""
     from slipstream.ops.fused import silu_and_mul
-    from slipstream.quant.fp8 import SiluMulRows
+    from slipstream.ops.triton_fp8_quant import SiluMulRows
     w = _weight(48, 96, block, False)
     gate_up, hidden = _x(20, 192, seed=13), _x(20, 64, seed=14)
     r1, r2 = _x(20, 48, seed=15), _x(20, 48, seed=15)
@@ -378,7 +374,6 @@ def compile_skinny_for_hopper() -> list[str]:
     import slipstream.ops.triton_fp8_gemm as tm
     import slipstream.ops.triton_fp8_gemm_skinny as ts
     import slipstream.ops.triton_fp8_quant as tq
-    from slipstream.quant.fp8 import QuantizedRows
     bf, f8 = torch.bfloat16, torch.float8_e4m3fn
 
     def weight(n, k, block):
@@ -392,12 +387,6 @@ def compile_skinny_for_hopper() -> list[str]:
         ts.fp8_gemm_skinny(torch.zeros(17, 4096, dtype=bf), weight(6144, 4096, (128, 128)))
         h = torch.zeros(64, 4096, dtype=bf)
         ts.fp8_gemm_skinny(torch.zeros(64, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h)
-        # the handoff (tests/test_fp8_skinny_handoff.py): a producer quantizing its output, a consumer of it
-        h = torch.zeros(32, 4096, dtype=bf)
-        ts.fp8_gemm_skinny(torch.zeros(32, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h,
-                           quant_out=torch.ones(4096))
-        ts.fp8_gemm_skinny(QuantizedRows(torch.zeros(32, 4096, dtype=f8), torch.ones(32, 64), 64, bf),
-                           weight(6144, 4096, None))
         tm.fp8_gemm(torch.zeros(2048, 4096, dtype=bf), weight(6144, 4096, (128, 128)),
                     cfg=tm.Fp8GemmConfig(128, 128, 128, 8, 8, 4, persistent=True))
     import slipstream.ops.triton_fp8_quant_tensor as tt
@@ -422,11 +411,11 @@ def test_skinny_and_persistent_gemm_compile_for_hopper_on_fp8_wgmma():
     from helpers import run_hopper_compile
     out = run_hopper_compile(__file__)
     lines = [ln for ln in out.splitlines() if ln.startswith("compiled")]
-    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64, n32 for
-    # the handoff's two 32-row launches; the persistent 128x128 tile on two warpgroups of
-    # m64n128; the per-tensor quantization's two kernels
-    n32, n64, n128 = (f"compiled wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3" for n in (32, 64, 128))
-    assert lines == [n32] * 2 + [n64] + [n32] * 2 + [n128, "compiled ", "compiled "], out
+    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64; the
+    # persistent 128x128 tile on two warpgroups of m64n128; the per-tensor quantization's two kernels
+    assert lines == ["compiled wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"] * 2 + \
+        ["compiled wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3",
+         "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "compiled ", "compiled "], out
 
 
 if __name__ == "__main__":

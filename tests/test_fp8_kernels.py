@@ -173,7 +173,6 @@ def compile_fp8_for_hopper() -> int:
 
     import slipstream.ops.triton_fp8_gemm as tm
     import slipstream.ops.triton_fp8_quant as tq
-    from slipstream.quant.fp8 import SiluMulRows
     bf, f8 = torch.bfloat16, torch.float8_e4m3fn
 
     def weight(n, k, block, gamma=True):
@@ -186,7 +185,7 @@ def compile_fp8_for_hopper() -> int:
         x = torch.zeros(64, 14336, dtype=bf)
         tq.quantize_rows(x, torch.ones(14336))
         tq.quantize_rows(x, None, 128)
-        tq.quantize_rows(SiluMulRows(torch.zeros(64, 2 * 14336, dtype=bf), torch.zeros(64, 4096, dtype=bf), 1e-5))
+        tq.quantize_rows(tq.SiluMulRows(torch.zeros(64, 2 * 14336, dtype=bf), torch.zeros(64, 4096, dtype=bf), 1e-5))
         # (each GEMM launch comes after its input's quantization launch)
         tm.fp8_gemm(torch.zeros(256, 4096, dtype=bf), weight(6144, 4096, None))
         tm.fp8_gemm(torch.zeros(256, 4096, dtype=bf), weight(6144, 4096, (128, 128)), torch.zeros(6144, dtype=bf))

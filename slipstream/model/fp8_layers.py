@@ -12,9 +12,8 @@ import torch
 from torch import nn
 
 from slipstream.model.parallel import TPGroup
-from slipstream.ops.fp8_linear import (HANDOFF_GROUP, fp8_linear, fp8_linear_add_, fp8_linear_add_handing_,
-                                       fp8_linear_into_, fp8_norm_linear, fp8_silu_mul_linear_add_,
-                                       fp8_silu_mul_linear_add_handing_, hands_off)
+from slipstream.ops.fp8_linear import (fp8_linear, fp8_linear_add_, fp8_linear_into_, fp8_norm_linear,
+                                       fp8_silu_mul_linear_add_)
 from slipstream.ops.fused import silu_and_mul
 from slipstream.quant.fp8 import FP8_DTYPE, Fp8Weight
 from slipstream.quant.scheme import Fp8Scheme
@@ -34,12 +33,6 @@ class Fp8Linear(nn.Module):
         self.bias = (nn.Parameter(torch.empty((out_features,), dtype=dtype, device=device), requires_grad=False)
                      if bias else None)
         self.register_buffer("gamma", None, persistent=False)
-        # the next product's gamma when this one hands its output on quantized (the handoff:
-        # ops/fp8_linear.py; set by the model's `wire_fp8_handoff`), else None
-        self.handoff_gamma: torch.Tensor | None = None
-        # whether its input may come quantized from the kernel before (`input_quant_group`;
-        # set by `wire_fp8_handoff`)
-        self.takes_quantized = False
         self.batch_invariant = False  # set by LlamaForCausalLM.set_batch_invariant
         self.fp8 = Fp8Weight(self.weight, self.weight_scale, scheme.block)
         if self.weight.is_cuda:  # the GEMV's and skinny GEMM's split-K memory, before any graph capture
@@ -57,9 +50,9 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.fp8, self.bias, self.batch_invariant)
 
-    def norm_forward(self, h: torch.Tensor, eps: float, pre=None) -> tuple[torch.Tensor, bool]:
-        """`ops.linear.norm_linear`'s (y, finished) for this layer; `pre`: h handed on quantized."""
-        return fp8_norm_linear(h, self.fp8, self.bias, eps, self.batch_invariant, pre)
+    def norm_forward(self, h: torch.Tensor, eps: float) -> tuple[torch.Tensor, bool]:
+        """`ops.linear.norm_linear`'s (y, finished) for this layer."""
+        return fp8_norm_linear(h, self.fp8, self.bias, eps, self.batch_invariant)
 
     def add_into(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear_add_(out, x, self.fp8, self.bias, self.batch_invariant)
@@ -67,27 +60,6 @@ class Fp8Linear(nn.Module):
     def add_silu_mul_into(self, out: torch.Tensor, gate_up: torch.Tensor, hidden: torch.Tensor | None,
                           eps: float) -> torch.Tensor:
         return fp8_silu_mul_linear_add_(out, gate_up, self.fp8, hidden, eps, self.batch_invariant)
-
-    def input_quant_group(self, h: torch.Tensor) -> int:
-        """The column group of the quantized input this product takes for rows like h's
-        (`HANDOFF_GROUP` where it hands off, ops/fp8_linear.py), else 0: unquantized."""
-        return HANDOFF_GROUP if self.takes_quantized and hands_off(h, self.fp8, self.batch_invariant) else 0
-
-    def add_into_handing(self, out: torch.Tensor, x: torch.Tensor):
-        """`add_into`; returns out handed on quantized for the next product, or None."""
-        if self.handoff_gamma is None:
-            self.add_into(out, x)
-            return None
-        return fp8_linear_add_handing_(out, x, self.fp8, self.bias, self.handoff_gamma, self.batch_invariant)
-
-    def add_silu_mul_into_handing(self, out: torch.Tensor, gate_up: torch.Tensor, hidden: torch.Tensor | None,
-                                  eps: float):
-        """`add_silu_mul_into`; returns out handed on quantized for the next product, or None."""
-        if self.handoff_gamma is None:
-            self.add_silu_mul_into(out, gate_up, hidden, eps)
-            return None
-        return fp8_silu_mul_linear_add_handing_(out, gate_up, self.fp8, hidden, eps, self.handoff_gamma,
-                                                self.batch_invariant)
 
 
 class Fp8RowParallelLinear(Fp8Linear):

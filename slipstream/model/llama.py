@@ -23,11 +23,6 @@ layer. The rounding differs from transformers' (normalised x rounded to bf16, ti
 gamma, rounded; the sum rounded twice) by about one bf16 step: the tests hold us to
 transformers' logits within their tolerances.
 
-FP8 handoff (`SLIPSTREAM_FP8_HANDOFF=1`, ops/fp8_linear.py): a layer's forward passes along
-what its last FP8 product handed on, the residual stream already quantized for the next
-product (`pre`); None where nothing was (bf16, one row, large steps, the switch off). o_proj
-may likewise take attention's output quantized by the decode kernel (`input_quant_group`).
-
 Tensor parallelism (`tp`, slipstream.model.parallel): qkv and gate_up are column-parallel
 (each rank holds its heads' rows, its slice of the intermediate columns), o and down are
 row-parallel (`RowParallelLinear`: rank 0 adds the residual inside its GEMM, the others
@@ -45,7 +40,6 @@ from torch import nn
 from slipstream.model.config import ModelConfig
 from slipstream.model.fp8_layers import Fp8Linear, Fp8RowParallelLinear
 from slipstream.model.parallel import TPGroup, TPShard
-from slipstream.ops import fp8_linear as fp8_ops
 from slipstream.ops.attention import attention_after_qkv
 from slipstream.ops.kv_quant import KVScales
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
@@ -69,10 +63,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.batch_invariant)
 
-    def norm_forward(self, h: torch.Tensor, eps: float, pre=None) -> tuple[torch.Tensor, bool]:
-        """`ops.linear.norm_linear`'s (y, finished) for this layer (its norm folded in); no
-        bf16 product is handed a quantized input (`pre`, model/fp8_layers.py)."""
-        assert pre is None
+    def norm_forward(self, h: torch.Tensor, eps: float) -> tuple[torch.Tensor, bool]:
+        """`ops.linear.norm_linear`'s (y, finished) for this layer (its norm folded in)."""
         return norm_linear(h, self.weight, self.bias, eps, self.batch_invariant)
 
     @torch.no_grad()
@@ -89,18 +81,6 @@ class Linear(nn.Module):
                           eps: float) -> torch.Tensor:
         """out += self(silu_and_mul(gate_up, hidden, eps)), in place (bias-free: the MLP's down)."""
         return silu_mul_linear_add_(out, gate_up, self.weight, hidden, eps, self.batch_invariant)
-
-    def add_into_handing(self, out: torch.Tensor, x: torch.Tensor) -> None:
-        """`add_into`; a bf16 product hands nothing on (the FP8 handoff: model/fp8_layers.py)."""
-        self.add_into(out, x)
-
-    def input_quant_group(self, h: torch.Tensor) -> int:
-        """A bf16 product takes its input unquantized (model/fp8_layers.py: the FP8 one's)."""
-        return 0
-
-    def add_silu_mul_into_handing(self, out: torch.Tensor, gate_up: torch.Tensor, hidden: torch.Tensor | None,
-                                  eps: float) -> None:
-        self.add_silu_mul_into(out, gate_up, hidden, eps)
 
 
 class RowParallelLinear(Linear):
@@ -219,15 +199,13 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, dtype, device)
             self.k_norm = RMSNorm(self.head_dim, dtype, device)
 
-    def forward(self, h, positions, meta: AttentionMetadata, kv_cache, cos_sin_cache, pre=None):
-        """Adds attention's output into the residual stream h (in place); returns h handed on
-        quantized by o_proj for the next product (the FP8 handoff), or None. `pre`: h handed
-        on so by the product before, for qkv."""
+    def forward(self, h, positions, meta: AttentionMetadata, kv_cache, cos_sin_cache):
+        """Adds attention's output into the residual stream h (in place)."""
         num_tokens = h.shape[0]
         # the input norm is folded into the qkv weights; its row scale and the bias come after
         # the product: inside it at one row (`norm_linear`), else in the epilogue
         proj = self.qkv_proj
-        qkv, finished = proj.norm_forward(h, self.eps, pre)
+        qkv, finished = proj.norm_forward(h, self.eps)
         k_cache, v_cache = kv_cache
         # (row scale + bias,) q/k norm (Qwen3), RoPE, KV-cache store, then attention: on CUDA
         # the epilogue kernel and the attention kernels, or for a small decode batch one
@@ -237,13 +215,10 @@ class Attention(nn.Module):
                           k_norm_weight=self.k_norm.weight if self.qk_norm else None,
                           eps=self.eps, hidden=None if finished else h,
                           bias=None if finished else proj.bias)
-        # an FP8 o_proj may take attention's output quantized by the decode kernel
         out = attention_after_qkv(qkv, epi, k_cache, v_cache, meta, self.scale, self.num_heads,
                                   self.num_kv_heads, self.head_dim, self.batch_invariant, self.window,
-                                  self.kv_scales, self.o_proj.input_quant_group(h))
-        if isinstance(out, torch.Tensor):
-            out = out.reshape(num_tokens, self.q_size)
-        return self.o_proj.add_into_handing(h, out)
+                                  self.kv_scales)
+        return self.o_proj.add_into(h, out.reshape(num_tokens, self.q_size))
 
 
 class MLP(nn.Module):
@@ -255,13 +230,12 @@ class MLP(nn.Module):
         self.gate_up_proj = make_linear(hidden, 2 * inter, False, dtype, device, config)
         self.down_proj = make_linear(inter, hidden, False, dtype, device, config, tp, row_parallel=True)
 
-    def forward(self, h, pre=None):
+    def forward(self, h):
         """Adds the MLP's output into the residual stream h (in place); the post-attention
         norm is folded into the gate_up weights, its row scale applied inside that product at
-        one row, else by SiLU·mul; at one row SiLU·mul runs inside the down product. `pre` and
-        the result: h handed on quantized, as `Attention.forward`'s."""
-        gate_up, finished = self.gate_up_proj.norm_forward(h, self.eps, pre)
-        return self.down_proj.add_silu_mul_into_handing(h, gate_up, None if finished else h, self.eps)
+        one row, else by SiLU·mul; at one row SiLU·mul runs inside the down product."""
+        gate_up, finished = self.gate_up_proj.norm_forward(h, self.eps)
+        return self.down_proj.add_silu_mul_into(h, gate_up, None if finished else h, self.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -272,39 +246,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, dtype, device)
         self.mlp = MLP(config, dtype, device, tp)
 
-    def forward(self, h, positions, meta, kv_cache, cos_sin_cache, pre=None):
-        """Updates the residual stream h in place (norms folded: see the module doc); `pre`
-        and the result: h handed on quantized between FP8 products (model/fp8_layers.py)."""
-        return self.mlp(h, self.self_attn(h, positions, meta, kv_cache, cos_sin_cache, pre))
+    def forward(self, h, positions, meta, kv_cache, cos_sin_cache):
+        """Updates the residual stream h in place (norms folded: see the module doc)."""
+        self.self_attn(h, positions, meta, kv_cache, cos_sin_cache)
+        return self.mlp(h)
 
     def fold_norms(self) -> None:
         """Multiply each norm's weight into the columns of the GEMM it feeds (once)."""
         fold_norm(self.input_layernorm, self.self_attn.qkv_proj)
         fold_norm(self.post_attention_layernorm, self.mlp.gate_up_proj)
-
-
-def wire_fp8_handoff(layers) -> None:
-    """Where one FP8 product feeds another through the residual stream on one rank (o ->
-    gate_up, down -> the next layer's qkv; per-channel weights), give the first the
-    second's gamma, so that it hands its output on quantized (ops/fp8_linear.py); and let
-    o_proj take attention's output quantized by the decode kernel."""
-    def consumer_ok(proj) -> bool:
-        return isinstance(proj, Fp8Linear) and proj.fp8.block is None and proj.gamma is not None
-
-    def producer_ok(proj) -> bool:
-        return type(proj) is Fp8Linear and proj.fp8.block is None
-
-    for i, layer in enumerate(layers):
-        if not isinstance(layer, DecoderLayer):
-            continue
-        o, gate_up, down = layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
-        if producer_ok(o):
-            o.takes_quantized = True
-            if consumer_ok(gate_up):
-                o.handoff_gamma = gate_up.gamma
-        nxt = layers[i + 1] if i + 1 < len(layers) else None
-        if isinstance(nxt, DecoderLayer) and producer_ok(down) and consumer_ok(nxt.self_attn.qkv_proj):
-            down.handoff_gamma = nxt.self_attn.qkv_proj.gamma
 
 
 def fold_norm(norm: RMSNorm, proj: Linear) -> None:
@@ -361,8 +311,6 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             layer.fold_norms()
         self.norms_folded = True
-        if fp8_ops.HANDOFF:
-            wire_fp8_handoff(self.layers)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -376,9 +324,8 @@ class LlamaForCausalLM(nn.Module):
         assert len(kv_caches) == len(self.layers), "one (k_cache, v_cache) pair per layer"
         assert self.norms_folded, "load weights with slipstream.model.loader (it folds the norms)"
         h = self.embed_tokens(input_ids)  # the residual stream, updated in place by each layer
-        pre = None  # h quantized by the last FP8 product for the next (the handoff), or None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            pre = layer(h, positions, meta, kv_cache, self.cos_sin_cache, pre)
+            layer(h, positions, meta, kv_cache, self.cos_sin_cache)
         return rms_norm(h, self.norm.weight, self.config.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -91,11 +91,10 @@ class MoEDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, dtype, device)
         self.mlp = SparseMoeBlock(config, dtype, device, tp)
 
-    def forward(self, h, positions, meta, kv_cache, cos_sin_cache, pre=None) -> None:
-        """Updates the residual stream h in place; hands nothing on quantized (the experts'
-        products are not FP8: model/llama.py's `wire_fp8_handoff`)."""
-        self.self_attn(h, positions, meta, kv_cache, cos_sin_cache, pre)
-        self.mlp(h, rms_norm(h, self.post_attention_layernorm.weight, self.eps))
+    def forward(self, h, positions, meta, kv_cache, cos_sin_cache):
+        """Updates the residual stream h in place."""
+        self.self_attn(h, positions, meta, kv_cache, cos_sin_cache)
+        return self.mlp(h, rms_norm(h, self.post_attention_layernorm.weight, self.eps))
 
     def fold_norms(self) -> None:
         """Fold the input norm into the qkv weights (the post-attention norm stays: module doc)."""

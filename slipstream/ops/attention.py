@@ -26,7 +26,6 @@ import torch
 from slipstream.ops.fused import qkv_epilogue
 from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, dequantize_ref, is_fp8
 from slipstream.ops.metadata import AttentionMetadata, QKVEpilogue
-from slipstream.quant.fp8 import QuantizedRows
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -74,20 +73,15 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
                     out: torch.Tensor | None = None, batch_invariant: bool = False,
-                    window: int | None = None, kv_scales: KVScales | None = None,
-                    quant_out: QuantizedRows | None = None) -> torch.Tensor:
+                    window: int | None = None, kv_scales: KVScales | None = None) -> torch.Tensor:
     """Dispatch; writes into `out` (shape and dtype of q) when given, and returns it.
     `batch_invariant`: one kernel for every row, decode or prefill (see the Triton dispatch).
     `window`: the layer's sliding window (module doc), None for full attention.
-    `kv_scales`: an FP8 cache's scales (module doc).
-    `quant_out` (CUDA, a decode batch): the output goes into it quantized instead
-    (`paged_attention_triton`)."""
+    `kv_scales`: an FP8 cache's scales (module doc)."""
     if q.is_cuda:
         from slipstream.ops.triton_attention import paged_attention_triton
-        return paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out, batch_invariant=batch_invariant,
-                                      window=window, kv_scales=kv_scales, quant_out=quant_out)
-    if quant_out is not None:
-        raise ValueError("attention's output is quantized inside the CUDA decode kernel only")
+        return paged_attention_triton(q, k_cache, v_cache, meta, scale, out=out,
+                                      batch_invariant=batch_invariant, window=window, kv_scales=kv_scales)
     result = paged_attention_ref(q, k_cache, v_cache, meta, scale, window, kv_scales)
     if out is None:
         return result
@@ -98,30 +92,21 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
 def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, scale: float, num_heads: int, num_kv_heads: int,
                         head_dim: int, batch_invariant: bool = False,
-                        window: int | None = None, kv_scales: KVScales | None = None,
-                        quant_group: int = 0) -> torch.Tensor | QuantizedRows:
+                        window: int | None = None, kv_scales: KVScales | None = None) -> torch.Tensor:
     """A layer's attention from its qkv GEMM's output: the qkv epilogue (q/k norm, RoPE, the
-    new K/V into the cache), then paged attention; returns [T, num_heads, head_dim] (or, with
-    `quant_group`, quantized rows: below).
+    new K/V into the cache), then paged attention; returns [T, num_heads, head_dim].
 
     On CUDA a small decode batch whose qkv is finished (one row on the GEMV) runs both in
     one kernel (the decode kernel with the epilogue inside:
     `triton_attention.epilogue_in_decode_applies`), else the epilogue kernel, then the
     attention kernels.  qkv's contents are consumed either way.
-    `kv_scales`: an FP8 cache's per-tensor scales (ops/kv_quant.py; None: 1.0).
-    `quant_group` > 0 (an FP8 o projection that takes quantized rows): a batch the decode
-    kernel runs alone comes back as a `QuantizedRows` [T, num_heads x head_dim] with one
-    scale a row per quant_group columns, quantized inside that kernel (no quantization
-    launch before the o projection), where head_dim is a multiple of quant_group; other
-    batches as above."""
-    quant = _quant_out(qkv, meta, num_heads, head_dim, quant_group, batch_invariant)
+    `kv_scales`: an FP8 cache's per-tensor scales (ops/kv_quant.py; None: 1.0)."""
     if qkv.is_cuda and not batch_invariant:
         from slipstream.ops import triton_attention as ta
         if ta.epilogue_in_decode_applies(qkv, epi, k_cache, meta, num_heads):
             raw_q = qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
-            out = ta.paged_attention_triton(raw_q, k_cache, v_cache, meta, scale, epilogue=epi,
-                                            window=window, kv_scales=kv_scales, quant_out=quant)
-            return quant if quant is not None else out
+            return ta.paged_attention_triton(raw_q, k_cache, v_cache, meta, scale, epilogue=epi,
+                                             window=window, kv_scales=kv_scales)
     q = qkv_epilogue(qkv, epi.positions, epi.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
                      num_heads, num_kv_heads, head_dim, q_norm_weight=epi.q_norm_weight,
                      k_norm_weight=epi.k_norm_weight, eps=epi.eps, hidden=epi.hidden, bias=epi.bias,
@@ -130,18 +115,5 @@ def attention_after_qkv(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tens
         # Gemma 3's float32 q-norm leaves q in float32 over a bf16 cache: the kernels' dots
         # take one dtype, and q rounded once to the cache's is what transformers attends with
         q = q.to(k_cache.dtype)
-    out = paged_attention(q, k_cache, v_cache, meta, scale, batch_invariant=batch_invariant,
-                          window=window, kv_scales=kv_scales, quant_out=quant)
-    return quant if quant is not None else out
-
-
-def _quant_out(qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int, head_dim: int, group: int,
-               batch_invariant: bool):
-    """Empty `QuantizedRows` for the decode kernel to quantize its output into, where it
-    runs the batch alone (CUDA) and a head is whole groups; else None."""
-    if not group or not qkv.is_cuda or head_dim % group:
-        return None
-    from slipstream.ops.triton_attention import decodes_only
-    if not decodes_only(meta, batch_invariant):
-        return None
-    return QuantizedRows.empty(qkv.shape[0], num_heads * head_dim, group, qkv.dtype, qkv.device)
+    return paged_attention(q, k_cache, v_cache, meta, scale, batch_invariant=batch_invariant,
+                           window=window, kv_scales=kv_scales)

@@ -38,7 +38,7 @@ from slipstream.ops.triton_fp8_gemm import parse_tile_name
 from slipstream.quant.fp8 import Fp8Weight
 
 if TYPE_CHECKING:
-    from slipstream.quant.fp8 import SiluMulRows
+    from slipstream.ops.triton_fp8_quant import SiluMulRows
 
 KERNELS = ("scaled_mm", "scaled_mm_fast", "skinny", "triton", "scaled_mm_block")
 CHANNEL_KERNELS = ("scaled_mm", "scaled_mm_fast", "skinny", "triton")

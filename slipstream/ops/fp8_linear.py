@@ -17,14 +17,6 @@ norm's product, SiLU·mul into the down product), with these paths:
   The Triton kernels add `fp8_linear_add_`'s residual in their epilogue (one rounding, as
   cuBLAS's beta = 1); after a `_scaled_mm` it is a separate add.
 - CUDA, batch-invariant mode: every FP8 product takes the Triton FP8 GEMM.
-- The handoff (`SLIPSTREAM_FP8_HANDOFF=1`, off: an A/B switch, not yet measured): at the
-  skinny route's rows, a product that adds into the residual stream (o, down) also writes
-  that stream times the next product's gamma as e4m3 codes with one scale a row per 64
-  columns (`*_handing_`), and the next product (gate_up, the next layer's qkv) takes them as
-  its input (`fp8_norm_linear(pre=)`) instead of quantizing the stream itself: one
-  quantization launch fewer per product (docs/fp8.md). o_proj likewise takes attention's
-  output quantized by the decode kernel (`HANDOFF_GROUP` columns a scale): a `QuantizedRows` x
-  in `fp8_linear_add_` / `fp8_linear_add_handing_`.
 
 Batch invariance: the Triton FP8 GEMM and the per-token quantization give a row the same bits
 in any batch (one tile config for every M, no split over K); cuBLASLt picks its kernel from M
@@ -32,17 +24,10 @@ and the GEMV runs at one row only, so neither is used with `batch_invariant=True
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
-from slipstream.quant.fp8 import Fp8Weight, QuantizedRows, quantize_per_token
-
-HANDOFF = os.environ.get("SLIPSTREAM_FP8_HANDOFF", "0") == "1"  # read by the model when it wires its layers
-# the column group of an input that comes quantized from a kernel that is not a product
-# (attention's output for o_proj, quantized in the decode kernel: a head's 64-column halves)
-HANDOFF_GROUP = 64
+from slipstream.quant.fp8 import Fp8Weight, quantize_per_token
 
 
 def fp8_linear_ref(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
@@ -61,16 +46,13 @@ def fp8_linear_ref(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = No
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
-def _rows(x: torch.Tensor) -> int:
-    return x.numel() // x.shape[-1] if x.shape[-1] else 0
-
-
 def _gemv_applies(x: torch.Tensor, batch_invariant: bool) -> bool:
     if batch_invariant or not x.is_cuda:
         return False
     from slipstream.ops.linear import GEMV_ENABLED
     from slipstream.ops.triton_fp8_gemv import DEFAULT_FP8_GEMV_CONFIG
-    return GEMV_ENABLED and 0 < _rows(x) <= min(DEFAULT_FP8_GEMV_CONFIG.max_rows, 16)
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return GEMV_ENABLED and 0 < rows <= min(DEFAULT_FP8_GEMV_CONFIG.max_rows, 16)
 
 
 def _routed_kernel(rows: int, w: Fp8Weight, batch_invariant: bool) -> str:
@@ -106,11 +88,7 @@ def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
 
 def fp8_linear_add_(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None,
                     batch_invariant: bool = False) -> torch.Tensor:
-    """out += x W^T (+ b), in place; returns out. A `QuantizedRows` x (its producer's: the
-    handoff) goes to the skinny GEMM, which takes it as it is."""
-    if isinstance(x, QuantizedRows):
-        from slipstream.ops.triton_fp8_gemm_skinny import fp8_gemm_skinny
-        return fp8_gemm_skinny(x, w, bias, residual=out, out=out)
+    """out += x W^T (+ b), in place; returns out."""
     if _gemv_applies(x, batch_invariant) and out.is_contiguous():
         from slipstream.ops.triton_fp8_gemv import fp8_gemv
         return fp8_gemv(x, w, bias, residual=out, out=out)
@@ -132,13 +110,8 @@ def fp8_linear_into_(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, batch_inv
 
 
 def fp8_norm_linear(h: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, eps: float,
-                    batch_invariant: bool = False, pre=None) -> tuple[torch.Tensor, bool]:
-    """`ops.linear.norm_linear` for an FP8 weight whose norm weight is its gamma: (y, finished).
-    `pre`: h times gamma already quantized by the product before (a `QuantizedRows`: the
-    handoff), multiplied as it is."""
-    if pre is not None:
-        from slipstream.ops.triton_fp8_gemm_skinny import fp8_gemm_skinny
-        return fp8_gemm_skinny(pre, w), False
+                    batch_invariant: bool = False) -> tuple[torch.Tensor, bool]:
+    """`ops.linear.norm_linear` for an FP8 weight whose norm weight is its gamma: (y, finished)."""
     if _gemv_applies(h, batch_invariant):
         from slipstream.ops.triton_fp8_gemv import fp8_gemv
         return fp8_gemv(h, w, bias, row_scale_eps=eps), True
@@ -156,7 +129,7 @@ def fp8_silu_mul_linear_add_(out: torch.Tensor, gate_up: torch.Tensor, w: Fp8Wei
     if gate_up.is_cuda and gate_up.dim() == 2 and out.dim() == 2 and out.stride(1) == 1:
         # SiLU·mul inside the input's quantization (ops/triton_fp8_quant.py): the same bits
         from slipstream.ops.fp8_dispatch import adds_residual, fp8_product
-        from slipstream.quant.fp8 import SiluMulRows
+        from slipstream.ops.triton_fp8_quant import SiluMulRows
         rows = SiluMulRows(gate_up, hidden, eps)
         kernel = _routed_kernel(rows.shape[0], w, batch_invariant)
         if adds_residual(kernel):
@@ -164,35 +137,3 @@ def fp8_silu_mul_linear_add_(out: torch.Tensor, gate_up: torch.Tensor, w: Fp8Wei
         return out.add_(fp8_product(rows, w, None, kernel))
     from slipstream.ops.fused import silu_and_mul
     return fp8_linear_add_(out, silu_and_mul(gate_up, hidden=hidden, eps=eps), w, None, batch_invariant)
-
-
-def hands_off(x: torch.Tensor, w: Fp8Weight, batch_invariant: bool = False) -> bool:
-    """Whether the product of x's rows with `w` can hand its output on quantized: the skinny
-    route, per-channel weights, outside batch-invariant mode."""
-    return (x.is_cuda and w.block is None and not _gemv_applies(x, batch_invariant)
-            and _routed_kernel(_rows(x), w, batch_invariant) == "skinny")
-
-
-def fp8_linear_add_handing_(out: torch.Tensor, x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None,
-                            gamma: torch.Tensor, batch_invariant: bool = False):
-    """`fp8_linear_add_`, and where it `hands_off`, out times `gamma` quantized for the next
-    product (a `QuantizedRows`, else None)."""
-    quantized = isinstance(x, QuantizedRows)
-    if out.dim() == 2 and out.is_contiguous() and (quantized or hands_off(x, w, batch_invariant)):
-        from slipstream.ops.triton_fp8_gemm_skinny import fp8_gemm_skinny
-        x2 = x if quantized else x.reshape(-1, x.shape[-1])
-        return fp8_gemm_skinny(x2, w, bias, residual=out, out=out, quant_out=gamma)[1]
-    fp8_linear_add_(out, x, w, bias, batch_invariant)
-    return None
-
-
-def fp8_silu_mul_linear_add_handing_(out: torch.Tensor, gate_up: torch.Tensor, w: Fp8Weight,
-                                     hidden: torch.Tensor | None, eps: float, gamma: torch.Tensor,
-                                     batch_invariant: bool = False):
-    """`fp8_silu_mul_linear_add_`, handing its output on as `fp8_linear_add_handing_` does."""
-    if gate_up.dim() == 2 and out.dim() == 2 and out.is_contiguous() and hands_off(gate_up, w, batch_invariant):
-        from slipstream.ops.triton_fp8_gemm_skinny import fp8_gemm_skinny
-        from slipstream.quant.fp8 import SiluMulRows
-        return fp8_gemm_skinny(SiluMulRows(gate_up, hidden, eps), w, None, residual=out, out=out, quant_out=gamma)[1]
-    fp8_silu_mul_linear_add_(out, gate_up, w, hidden, eps, batch_invariant)
-    return None

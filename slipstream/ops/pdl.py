@@ -61,12 +61,3 @@ def pdl_start(USE_PDL: tl.constexpr):
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_l2(ptrs, mask, base):
-    """`prefetch.global.L2` of each masked-in address (no value comes back); masked-out lanes
-    prefetch `base` (a valid address) instead."""
-    safe = tl.where(mask, ptrs, base)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [safe],
-                              dtype=tl.int32, is_pure=False, pack=1)

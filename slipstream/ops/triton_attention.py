@@ -72,12 +72,10 @@ from dataclasses import replace
 import torch
 import triton
 
-from slipstream.ops.kv_quant import KVScales, is_fp8
+from slipstream.ops.kv_quant import UNIT_SCALES, KVScales, is_fp8
 from slipstream.ops.metadata import QKVEpilogue
 from slipstream.ops.device import dot_flags, sm_count
 from slipstream.ops.pdl import pdl_launch
-from slipstream.ops.triton_attention_args import (epilogue_args, fp8_args, qk_scale, quant_out_args,
-                                                   window_arg)
 from slipstream.ops.attention_tuning import (DEFAULT_DECODE_CONFIG, DEFAULT_PREFILL_CONFIG, DecodeConfig,
                                              DecodeSplitPolicy, PrefillConfig, choose_num_splits,
                                              decode_split_options, effective_decode_config,
@@ -85,7 +83,8 @@ from slipstream.ops.attention_tuning import (DEFAULT_DECODE_CONFIG, DEFAULT_PREF
 from slipstream.ops.triton_attention_kernels import _decode_kernel, _decode_reduce_kernel
 from slipstream.ops.triton_prefill_kernel import _prefill_kernel
 from slipstream.ops.triton_verify_kernel import _verify_kernel, _verify_reduce_kernel
-from slipstream.quant.fp8 import MIN_SCALE, QuantizedRows
+
+LOG2E = 1.4426950408889634
 
 
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -107,16 +106,14 @@ def decode_num_splits(meta, num_kv_heads: int, dtype: torch.dtype, head_dim: int
 def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
                      config: DecodeConfig | None = None, *, num_rows: int | None = None,
                      epilogue: QKVEpilogue | None = None, window: int | None = None,
-                     kv_scales: KVScales | None = None, quant_out: QuantizedRows | None = None) -> None:
+                     kv_scales: KVScales | None = None) -> None:
     """The decode (split-KV) kernel alone, into `out`: over all rows, or over the `num_rows`
     first rows of meta.decode_order (the single-token rows of a mixed batch; needs
     meta.split_counters).  `paged_attention_triton` picks this or `prefill_attention` (or
     both for a mixed batch); benchmarks call them directly to time one kernel.
     epilogue: q is the unrotated q columns of the qkv GEMM's output ([T, Hq, D] view of
     qkv), and the kernel does the qkv epilogue's work itself (`attention_after_qkv`, which
-    checks `epilogue_in_decode_applies`).  kv_scales: an FP8 cache's scales (None: 1.0).
-    quant_out: buffers [T, heads x head_dim] the output goes into instead, quantized for an
-    FP8 o projection (`store_heads`); `out` is then left as it was."""
+    checks `epilogue_in_decode_applies`).  kv_scales: an FP8 cache's scales (None: 1.0)."""
     cfg = config or DEFAULT_DECODE_CONFIG
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -150,7 +147,7 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
     _decode_kernel[(num_rows * num_kv_heads * num_splits,)](
         q, k_cache, v_cache, out, part_out, part_lse,
         meta.query_start_loc, meta.seq_lens, bt, order if order is not None else meta.seq_lens,
-        counters if merge else meta.seq_lens, qk_scale(scale, k_cache, kv_scales), num_seqs, num_tokens,
+        counters if merge else meta.seq_lens, _qk_scale(scale, k_cache, kv_scales), num_seqs, num_tokens,
         num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -162,8 +159,8 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
         BLOCK_N=cfg.block_n, MIN_CHUNK=cfg.min_chunk, SPLIT=split, HAS_ORDER=order is not None,
         MERGE=merge, SINGLE_ONLY=subset, NUM_KV_HEADS=num_kv_heads, IEEE=ieee, UPCAST=upcast,
         PREFETCH=0 < num_rows <= cfg.prefetch_batch, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **pdl, **epilogue_args(epilogue, q, meta), **window_arg(window),
-        **fp8_args(k_cache, kv_scales, epilogue is not None), **quant_out_args(quant_out, subset, head_dim))
+        num_stages=cfg.num_stages, **pdl, **_epilogue_args(epilogue, q, meta), **_window_arg(window),
+        **_fp8_args(k_cache, kv_scales, epilogue is not None))
     if split and not merge:
         assert not subset, "a row subset needs split_counters (the reduce pass runs over every row)"
         _decode_reduce_kernel[(num_seqs, num_kv_heads)](
@@ -171,8 +168,7 @@ def decode_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
             out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1),
             GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n,
-            MIN_CHUNK=cfg.min_chunk, num_warps=4, **pdl, **window_arg(window),
-            **quant_out_args(quant_out, subset, head_dim))
+            MIN_CHUNK=cfg.min_chunk, num_warps=4, **pdl, **_window_arg(window))
 
 
 def verify_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
@@ -204,11 +200,11 @@ def verify_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
     bt = meta.block_table
     pdl = pdl_launch(q.device)
     consts = dict(GROUP=group, Q_LEN=q_len, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n,
-                  MIN_CHUNK=cfg.min_chunk, **window_arg(window))
+                  MIN_CHUNK=cfg.min_chunk, **_window_arg(window))
     _verify_kernel[(num_seqs * num_kv_heads * num_splits,)](
         q, k_cache, v_cache, out, part_out, part_lse,
         meta.query_start_loc, meta.seq_lens, bt, order if order is not None else meta.seq_lens,
-        counters if merge else meta.seq_lens, qk_scale(scale, k_cache, kv_scales), num_seqs, num_tokens,
+        counters if merge else meta.seq_lens, _qk_scale(scale, k_cache, kv_scales), num_seqs, num_tokens,
         num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bt.stride(0),
@@ -217,12 +213,56 @@ def verify_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, SPLIT=split,
         HAS_ORDER=order is not None, MERGE=merge, NUM_KV_HEADS=num_kv_heads, IEEE=ieee, UPCAST=upcast,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts, **pdl,
-        **fp8_args(k_cache, kv_scales))
+        **_fp8_args(k_cache, kv_scales))
     if split and not merge:
         _verify_reduce_kernel[(num_seqs, num_kv_heads)](
             out, part_out, part_lse, meta.query_start_loc, meta.seq_lens, num_splits,
             out.stride(0), out.stride(1), part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1), num_warps=4, **consts, **pdl)
+
+
+def _qk_scale(scale: float, k_cache: torch.Tensor, kv_scales: KVScales | None) -> float:
+    """The kernels' softmax scale in base 2, with an FP8 cache's k_scale folded in."""
+    if is_fp8(k_cache):
+        scale = scale * (kv_scales or UNIT_SCALES).k_scale
+    return scale * LOG2E
+
+
+def _fp8_args(k_cache: torch.Tensor, kv_scales: KVScales | None, stores: bool = False) -> dict:
+    """The kernels' FP8 arguments (`stores`: the decode kernel's epilogue stores the newest
+    K/V too); none for a cache of q's dtype, so those launches stay as they were."""
+    if not is_fp8(k_cache):
+        return {}
+    sc = kv_scales or UNIT_SCALES
+    args = {"v_scale": sc.v_scale, "KV_FP8": True}
+    if stores:
+        args.update(k_inv_scale=sc.inv_k, v_inv_scale=sc.inv_v)
+    return args
+
+
+def _window_arg(window: int | None) -> dict:
+    """The kernels' WINDOW argument; none without a window, so those launches stay as they were."""
+    return {"WINDOW": int(window)} if window else {}
+
+
+def _epilogue_args(epi: QKVEpilogue | None, q: torch.Tensor, meta) -> dict:
+    """The decode kernel's epilogue arguments (none without one).  Absent norm weights are
+    passed as q (never read: their constexpr switches are off)."""
+    if epi is None:
+        return {}
+    if epi.hidden is not None or epi.bias is not None:
+        raise ValueError("the qkv epilogue inside the decode kernel takes a finished qkv "
+                         "(no row scale or bias left to apply)")
+    cs = epi.cos_sin_cache if epi.cos_sin_cache.stride(-1) == 1 else epi.cos_sin_cache.contiguous()
+    return dict(
+        pos_ptr=epi.positions, cs_ptr=cs, slot_ptr=meta.slot_mapping,
+        qw_ptr=q if epi.q_norm_weight is None else epi.q_norm_weight,
+        kw_ptr=q if epi.k_norm_weight is None else epi.k_norm_weight,
+        stride_cs=cs.stride(0), eps=float(epi.eps), EPILOGUE=True,
+        Q_NORM=epi.q_norm_weight is not None, K_NORM=epi.k_norm_weight is not None,
+        # no FMA contraction, as the qkv epilogue kernel is compiled: q and the stored K/V are
+        # that kernel's
+        enable_fp_fusion=False)
 
 
 def epilogue_in_decode_applies(qkv: torch.Tensor, epi: QKVEpilogue, k_cache: torch.Tensor, meta,
@@ -266,7 +306,7 @@ def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor
     bt = meta.block_table
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, bt,
-        qk_scale(scale, k_cache, kv_scales), num_seqs, num_tokens,
+        _qk_scale(scale, k_cache, kv_scales), num_seqs, num_tokens,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -274,12 +314,7 @@ def prefill_attention(q, k_cache, v_cache, meta, scale: float, out: torch.Tensor
         GROUP=group, GROUP_P=group_p, BLOCK_M=cfg.block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, WIDE_N=cfg.wide_n, SEQ_CHUNK=128, SKIP_SINGLE=skip_single,
         IEEE=ieee, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_launch(q.device), **window_arg(window), **fp8_args(k_cache, kv_scales))
-
-
-def decodes_only(meta, batch_invariant: bool = False) -> bool:
-    """Whether `paged_attention_triton` runs this batch in the decode kernel alone."""
-    return not meta.verify_len and meta.max_query_len <= 1 and not batch_invariant
+        **pdl_launch(q.device), **_window_arg(window), **_fp8_args(k_cache, kv_scales))
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta,
@@ -290,8 +325,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            batch_invariant: bool = False,
                            epilogue: QKVEpilogue | None = None,
                            window: int | None = None,
-                           kv_scales: KVScales | None = None,
-                           quant_out: QuantizedRows | None = None) -> torch.Tensor:
+                           kv_scales: KVScales | None = None) -> torch.Tensor:
     """Causal paged attention of q [num_tokens, num_heads, head_dim]; same result as
     `paged_attention_ref`.  Writes into `out` (same shape/dtype as q) if given.
 
@@ -304,7 +338,6 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     epilogue's work too (decode batches only: `epilogue_in_decode_applies`).
     `window`: the layer's sliding window (ops/attention.py), None for full attention.
     `kv_scales`: the per-tensor scales of an FP8 cache (None: 1.0; module doc).
-    `quant_out`: a decode batch's output goes into it quantized instead (`decode_attention`).
     """
     num_tokens, num_heads, head_dim = q.shape
     _, num_kv_heads, hd = _check_cache(k_cache, v_cache)
@@ -319,9 +352,6 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if num_tokens == 0:
         return out
     if meta.num_seqs == 0:
-        if quant_out is not None:  # what the kernel writes for rows past the batch
-            quant_out.q.zero_()
-            quant_out.scale.fill_(MIN_SCALE)
         return out.zero_()
     decode_cfg = decode_config or DEFAULT_DECODE_CONFIG
     num_splits = num_splits if num_splits is not None else meta.num_splits
@@ -330,17 +360,16 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     prefill_cfg = prefill_config or DEFAULT_PREFILL_CONFIG
     if batch_invariant:  # every token's tiles from position 0 at one width: no wide tiles
         prefill_cfg = replace(prefill_cfg, wide_n=0)
-    if (epilogue is not None or quant_out is not None) and not decodes_only(meta, batch_invariant):
-        raise ValueError("the qkv epilogue and a quantized output run inside the decode kernel only: "
-                         "a decode batch, not batch-invariant")
+    if epilogue is not None and (meta.max_query_len > 1 or batch_invariant):
+        raise ValueError("the qkv epilogue runs inside the decode kernel only: a decode batch, "
+                         "not batch-invariant")
     per_layer = {"window": window} if window else {}  # the layer's window and FP8 scales
     if is_fp8(k_cache):
         per_layer["kv_scales"] = kv_scales
     if meta.verify_len and not batch_invariant:
         verify_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, **per_layer)
-    elif decodes_only(meta, batch_invariant):
-        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, epilogue=epilogue,
-                         quant_out=quant_out, **per_layer)
+    elif meta.max_query_len <= 1 and not batch_invariant:
+        decode_attention(q, k_cache, v_cache, meta, scale, out, decode_cfg, epilogue=epilogue, **per_layer)
     elif meta.num_decode and not batch_invariant and meta.decode_order is not None \
             and meta.split_counters is not None:
         # a mixed batch: its single-token rows read their whole context, which the split-KV
@@ -358,5 +387,5 @@ __all__ = ["DecodeConfig", "PrefillConfig", "choose_num_splits",
            "decode_split_options", "pick_decode_splits", "DecodeSplitPolicy", "decode_num_splits",
            "effective_decode_config", "effective_prefill_config", "decode_attention", "prefill_attention",
            "verify_attention",
-           "epilogue_in_decode_applies", "decodes_only",
+           "epilogue_in_decode_applies",
            "paged_attention_triton"]

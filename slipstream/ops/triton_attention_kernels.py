@@ -22,7 +22,7 @@ import triton.language as tl
 
 from slipstream.ops.pdl import pdl_start
 from slipstream.ops.triton_attention_tiles import (attend_tile, decode_row, fp8_dot_q, kv_rows, merge_splits, row_start,
-                                                    softmax_weights, split_range, store_heads, zero_tail)
+                                                    softmax_weights, split_range, zero_tail)
 from slipstream.ops.triton_dot import dot
 from slipstream.ops.triton_qkv_heads import decode_epilogue, decode_epilogue_inputs
 
@@ -91,11 +91,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                    pos_ptr=None, cs_ptr=None, slot_ptr=None, qw_ptr=None, kw_ptr=None, stride_cs=None,
                    eps=None, EPILOGUE: tl.constexpr = False, Q_NORM: tl.constexpr = False,
                    K_NORM: tl.constexpr = False, WINDOW: tl.constexpr = 0,
-                   v_scale=None, KV_FP8: tl.constexpr = False, k_inv_scale=None, v_inv_scale=None,
-                   qo_ptr=None, so_ptr=None, stride_qot=0, stride_sot=0, QUANT_GROUP: tl.constexpr = 0):
+                   v_scale=None, KV_FP8: tl.constexpr = False, k_inv_scale=None, v_inv_scale=None):
     # KV_FP8: an FP8 cache (module doc); qk_scale carries k_scale, the output gets v_scale;
     # with EPILOGUE the newest K/V are stored times k_inv_scale / v_inv_scale.
-    # QUANT_GROUP > 0: the output goes out as the FP8 o projection's input (`store_heads`).
     # WINDOW > 0: a row attends to its last WINDOW positions only (its query is the newest);
     # the splits divide those.
     # EPILOGUE (small decode batches, `DecodeConfig.epilogue_batch`): this kernel also does the
@@ -129,7 +127,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
     if pid == 0:
         if split == 0:
             zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
-                       GROUP, BLOCK_G, HEAD_DIM, qo_ptr, so_ptr, stride_qot, stride_sot, QUANT_GROUP)
+                       GROUP, BLOCK_G, HEAD_DIM)
     if not PREFETCH:
         seq, q_tok, q_end = decode_row(order_ptr, qsl_ptr, pid, HAS_ORDER)
     if q_end <= q_tok:
@@ -147,9 +145,9 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
         if start >= seq_len:
             if MERGE:  # no reduce pass: a context-free row's output is written here
                 if (seq_len == 0) & (split == 0):
-                    store_heads(out_ptr, tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32), q_tok, head0,
-                                stride_ot, stride_oh, gmask, qo_ptr, so_ptr, stride_qot, stride_sot,
-                                BLOCK_G, HEAD_DIM, QUANT_GROUP)
+                    optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
+                    tl.store(optrs, tl.zeros([BLOCK_G, HEAD_DIM], dtype=out_ptr.dtype.element_ty),
+                             mask=gmask[:, None])
             return  # past the end (the merge ignores this split)
     end = tl.minimum(start + chunk, seq_len)
 
@@ -209,12 +207,12 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_
                 tl.atomic_xchg(cnt, 0)
                 merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
                               stride_ot, stride_oh, stride_pos, stride_poh, stride_pok,
-                              stride_pls, stride_plh, GROUP, BLOCK_G, HEAD_DIM,
-                              qo_ptr, so_ptr, stride_qot, stride_sot, QUANT_GROUP)
+                              stride_pls, stride_plh, GROUP, BLOCK_G, HEAD_DIM)
     else:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # seq_len == 0: acc == 0 -> output 0
-        store_heads(out_ptr, acc / l_safe[:, None], q_tok, head0, stride_ot, stride_oh, gmask,
-                    qo_ptr, so_ptr, stride_qot, stride_sot, BLOCK_G, HEAD_DIM, QUANT_GROUP)
+        o = acc / l_safe[:, None]
+        optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
+        tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
 @triton.jit
@@ -223,8 +221,7 @@ def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, qsl_ptr, seq_lens
                           stride_pls, stride_plh,
                           GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                           BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
-                          WINDOW: tl.constexpr = 0, qo_ptr=None, so_ptr=None, stride_qot=0, stride_sot=0,
-                          QUANT_GROUP: tl.constexpr = 0):
+                          WINDOW: tl.constexpr = 0):
     """The split merge as a pass of its own (metadata without split counters): grid
     (num_seqs, num_kv_heads); recomputes how many splits of the row ran."""
     pdl_start(USE_PDL)
@@ -238,4 +235,4 @@ def _decode_reduce_kernel(out_ptr, part_out_ptr, part_lse_ptr, qsl_ptr, seq_lens
     n_valid = tl.cdiv(span, chunk)
     merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, tl.program_id(1) * GROUP, n_valid,
                   stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
-                  GROUP, BLOCK_G, HEAD_DIM, qo_ptr, so_ptr, stride_qot, stride_sot, QUANT_GROUP)
+                  GROUP, BLOCK_G, HEAD_DIM)

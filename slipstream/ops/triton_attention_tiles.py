@@ -3,9 +3,8 @@ device functions: `attend_tile` (one KV tile of online softmax, bf16/f16 or FP8 
 `kv_rows` (a tile's rows in the paged cache), `chunk_len` / `split_range` (a row's split of
 its keys, recomputed the same way by every kernel that needs it), `row_start`, `decode_row`,
 `merge_splits` (the log-sum-exp merge of a row's splits, in the decode kernel's last split or
-in the separate pass), `zero_tail` (output rows past the batch), `store_heads` (a program's
-output rows, in the output's dtype or quantized for an FP8 o projection) and `fp8_dot_q` (q's
-dtype for an FP8 cache's dots: ops/triton_attention_kernels.py's docstring says why).
+in the separate pass), `zero_tail` (output rows past the batch) and `fp8_dot_q` (q's dtype
+for an FP8 cache's dots: ops/triton_attention_kernels.py's docstring says why).
 """
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import triton
 import triton.language as tl
 
 from slipstream.ops.triton_dot import dot
-from slipstream.ops.triton_fp8_quant import quantize_groups
 
 NEG_INIT = tl.constexpr(-1.0e30)  # finite running-max start: fully masked rows never make NaN
 
@@ -106,47 +104,16 @@ def attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, bt_row_ptr, k_head_o
 
 @triton.jit
 def zero_tail(out_ptr, qsl_ptr, num_seqs, num_tokens, head0, stride_ot, stride_oh,
-               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-               qo_ptr=None, so_ptr=None, stride_qot=0, stride_sot=0, QUANT_GROUP: tl.constexpr = 0):
+               GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Zero the heads [head0, head0 + GROUP) of tokens past the last sequence."""
     first = tl.load(qsl_ptr + num_seqs)
     offs_g = tl.arange(0, BLOCK_G)
-    if QUANT_GROUP > 0:
-        zeros = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
-        for t in range(first, num_tokens):
-            store_heads(out_ptr, zeros, t, head0, stride_ot, stride_oh, offs_g < GROUP, qo_ptr, so_ptr,
-                        stride_qot, stride_sot, BLOCK_G, HEAD_DIM, QUANT_GROUP)
-    else:
-        offs_d = tl.arange(0, HEAD_DIM)
-        gmask = offs_g[:, None] < GROUP
-        zeros = tl.zeros([BLOCK_G, HEAD_DIM], dtype=out_ptr.dtype.element_ty)
-        ptrs = out_ptr + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
-        for t in range(first, num_tokens):
-            tl.store(ptrs + t * stride_ot, zeros, mask=gmask)
-
-
-@triton.jit
-def store_heads(out_ptr, o, q_tok, head0, stride_ot, stride_oh, gmask, qo_ptr, so_ptr, stride_qot, stride_sot,
-                BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, QUANT_GROUP: tl.constexpr):
-    """Output rows o [BLOCK_G, HEAD_DIM] (float32) of heads head0.. of token q_tok (rows where
-    gmask): into out in its dtype, or with QUANT_GROUP > 0 those values as the o projection's
-    FP8 input, e4m3 codes into qo [T, heads x HEAD_DIM] with one scale a QUANT_GROUP columns
-    into so ([T, heads x HEAD_DIM / QUANT_GROUP]): `quantize_rows(out, group=QUANT_GROUP)`'s bits."""
-    offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
-    if QUANT_GROUP > 0:
-        NG: tl.constexpr = HEAD_DIM // QUANT_GROUP
-        x = tl.reshape(o.to(out_ptr.dtype.element_ty).to(tl.float32), [BLOCK_G, NG, QUANT_GROUP])
-        codes, scale = quantize_groups(x, 2)
-        codes = tl.reshape(codes, [BLOCK_G, HEAD_DIM])
-        heads = (head0 + offs_g).to(tl.int64)
-        tl.store(qo_ptr + q_tok * stride_qot + heads[:, None] * HEAD_DIM + offs_d[None, :],
-                 codes.to(qo_ptr.dtype.element_ty), mask=gmask[:, None])
-        offs_s = tl.arange(0, NG)
-        tl.store(so_ptr + q_tok * stride_sot + heads[:, None] * NG + offs_s[None, :], scale, mask=gmask[:, None])
-    else:
-        optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
-        tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
+    gmask = offs_g[:, None] < GROUP
+    zeros = tl.zeros([BLOCK_G, HEAD_DIM], dtype=out_ptr.dtype.element_ty)
+    ptrs = out_ptr + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
+    for t in range(first, num_tokens):
+        tl.store(ptrs + t * stride_ot, zeros, mask=gmask)
 
 
 @triton.jit
@@ -208,18 +175,17 @@ def lse_merge(po, pl, mask, n_valid, stride_pok, BLOCK: tl.constexpr, HEAD_DIM: 
 @triton.jit
 def merge_splits(out_ptr, part_out_ptr, part_lse_ptr, seq, q_tok, head0, n_valid,
                   stride_ot, stride_oh, stride_pos, stride_poh, stride_pok, stride_pls, stride_plh,
-                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  qo_ptr=None, so_ptr=None, stride_qot=0, stride_sot=0, QUANT_GROUP: tl.constexpr = 0):
+                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
     """`lse_merge` of a row's `n_valid` split partials for heads [head0, head0 + GROUP) into
-    the output (`store_heads`); n_valid == 0 (a padding row) writes zeros."""
+    the output; n_valid == 0 (a padding row) writes zeros."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
     gmask = offs_g < GROUP
     po = part_out_ptr + seq.to(tl.int64) * stride_pos + (head0 + offs_g[:, None]) * stride_poh + offs_d[None, :]
     pl = part_lse_ptr + seq * stride_pls + (head0 + offs_g) * stride_plh
     o = lse_merge(po, pl, gmask, n_valid, stride_pok, BLOCK_G, HEAD_DIM)
-    store_heads(out_ptr, o, q_tok, head0, stride_ot, stride_oh, gmask, qo_ptr, so_ptr, stride_qot, stride_sot,
-                BLOCK_G, HEAD_DIM, QUANT_GROUP)
+    optrs = out_ptr + q_tok * stride_ot + (head0 + offs_g[:, None]) * stride_oh + offs_d[None, :]
+    tl.store(optrs, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
 @triton.jit

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.triton_fp8_quant import quantize_rows
-from slipstream.quant.fp8 import Fp8Weight, SiluMulRows
+from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
+from slipstream.quant.fp8 import Fp8Weight
 
 
 @dataclass(frozen=True)

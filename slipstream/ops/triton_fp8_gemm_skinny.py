@@ -21,13 +21,6 @@ block weights (scale [N / bn, K / bk]) step K by bk, and each step's product is 
 its input-group and weight-block scales before it is added. The reference is
 `ops.fp8_linear.fp8_linear_ref(..., quantize_input=True)`. Not batch-invariant (the tile
 shape and split follow the rows): `batch_invariant=True` takes ops/triton_fp8_gemm.py.
-
-The handoff (`quant_out`, `QuantizedRows` inputs; ops/fp8_linear.py, off by default: docs/fp8.md):
-every product's input is quantized by a launch of its own, which a row's per-token scale
-needs (the row is written by many programs of the GEMM before). A producer can instead
-quantize what it writes with one scale a row per BLOCK_N-column tile (QUANT_OUT, times the
-next product's gamma), and the next product scales each K step's dot by its group's scales
-(ACT_GROUPS, per-channel weights, BLOCK_K = the group): no launch in between.
 """
 from __future__ import annotations
 
@@ -37,10 +30,10 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.pdl import pdl_launch, pdl_start, prefetch_l2
+from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.tickets import reserve_tickets, tickets
-from slipstream.ops.triton_fp8_quant import quantize_groups, quantize_rows
-from slipstream.quant.fp8 import Fp8Weight, QuantizedRows, SiluMulRows
+from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
+from slipstream.quant.fp8 import Fp8Weight
 
 
 @dataclass(frozen=True)
@@ -69,31 +62,28 @@ def reserve_skinny_tickets(device: torch.device) -> None:
     reserve_tickets(device, SMS)
 
 
-def skinny_config_for(m: int, n: int, k: int, block_k: int | None = None) -> Fp8SkinnyConfig:
+def skinny_config_for(m: int, n: int, k: int) -> Fp8SkinnyConfig:
     """The tile for `m` rows: the narrowest activation tile that holds them (16-64); K split
     (up to 4 ways, at least 512 columns a split) when the tiles alone leave SMs idle; stages
-    as `_stages_for` the grid. `block_k`: a narrower K step (a `QuantizedRows` input's group)
-    takes proportionally more stages, so that as many weight bytes are in flight."""
+    as `_stages_for` the grid."""
     base = DEFAULT_FP8_SKINNY_CONFIG
-    block_k = block_k or base.block_k
     block_m = min(max(16, triton.next_power_of_2(m)), 64)
     tiles = triton.cdiv(n, base.block_n) * triton.cdiv(m, block_m)
     split = max(1, min(4, triton.cdiv(SMS, tiles), k // 512))
-    stage_bytes = (base.block_n + block_m) * block_k  # one FP8 weight tile and input tile
-    stages = max(2, base.num_stages * base.block_k // block_k)
-    return Fp8SkinnyConfig(block_m=block_m, block_k=block_k, split_k=split,
-                           num_stages=_stages_for(tiles * split, stage_bytes, stages))
+    stage_bytes = (base.block_n + block_m) * base.block_k  # one FP8 weight tile and input tile
+    return Fp8SkinnyConfig(block_m=block_m, split_k=split, num_stages=_stages_for(tiles * split, stage_bytes))
 
 
 SMEM_PER_SM = 228 * 1024  # an H100's (an H200's too); each resident program reserves 1 KB more
 
 
-def _stages_for(programs: int, stage_bytes: int, stages: int) -> int:
+def _stages_for(programs: int, stage_bytes: int) -> int:
     """The default's stages, or one fewer where that alone lets every program be resident at
     once: a grid a little larger than one wave runs its remainder as a second wave. On an H100,
     gate_up at 17-32 rows (448 programs; 3 an SM at 5 stages, 4 at 4) took 50.4 / 50.9 us at 4
     stages against 54.8 / 55.3 at 5; at 48-64 rows 4 stages still leave a second wave and lost
     (58.6 against 52.8 us), and 5 stays (benchmarks/bench_fp8_skinny.py)."""
+    stages = DEFAULT_FP8_SKINNY_CONFIG.num_stages
 
     def resident(s: int) -> int:
         return SMS * (SMEM_PER_SM // (s * stage_bytes + 1024))
@@ -109,10 +99,7 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT_K: tl.constexpr, BN_S: tl.constexpr, BLOCK_SCALES: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, USE_PDL: tl.constexpr,
-                       PREFETCH_K: tl.constexpr = 0, ACT_GROUPS: tl.constexpr = False,
-                       # the output quantized too (QUANT_OUT, module doc): gamma, codes, scales
-                       go_ptr=None, qo_ptr=None, so_ptr=None, stride_qom=0, stride_som=0,
-                       QUANT_OUT: tl.constexpr = False):
+                       PREFETCH_K: tl.constexpr = 0):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -129,7 +116,7 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
     if PREFETCH_K > 0:  # one L2 prefetch a 128-byte line, before the wait (pdl.py's exception)
         lines = k_lo + tl.arange(0, PREFETCH_K // 128) * 128
         addr = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + lines[None, :]
-        prefetch_l2(addr, nmask[:, None] & (lines < k_hi)[None, :], w_ptr)
+        _prefetch_l2(addr, nmask[:, None] & (lines < k_hi)[None, :], w_ptr)
     pdl_start(USE_PDL)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     a_ptrs = a_ptr + offs_m.to(tl.int64)[None, :] * stride_am + offs_k[:, None]
@@ -142,17 +129,12 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
             w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
             a_s = tl.load(as_ptr + offs_m * stride_asm + k // BLOCK_K, mask=mmask, other=0.0)
             acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
-        elif ACT_GROUPS:  # per-channel weights, the input scaled per BLOCK_K group
-            a_s = tl.load(as_ptr + offs_m * stride_asm + k // BLOCK_K, mask=mmask, other=0.0)
-            acc += tl.dot(w, a) * a_s[None, :]
         else:
             # the fp8 dot's sum moves into the fp32 accumulator every BLOCK_K: Triton's default
             # on sm_90 keeps all of K in the tensor cores' accumulator (~14 mantissa bits),
             # which at K = 14336 put outputs 2-3x past the reference's rounding bound
             acc = tl.dot(w, a, acc, max_num_imprecise_acc=BLOCK_K)
-    if ACT_GROUPS:
-        acc = acc * tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)[:, None]
-    elif not BLOCK_SCALES:
+    if not BLOCK_SCALES:
         w_s = tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)
         a_s = tl.load(as_ptr + offs_m * stride_asm, mask=mmask, other=0.0)
         acc = acc * w_s[:, None] * a_s[None, :]
@@ -168,89 +150,63 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(0, SPLIT_K):
                 acc += tl.load(part + s * M * N, mask=omask, other=0.0, cache_modifier=".cg")
-            _epilogue(acc, offs_n, offs_m, omask, nmask, mmask, pid_n, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
-                      go_ptr, qo_ptr, so_ptr, stride_qom, stride_som, HAS_BIAS, HAS_RES, QUANT_OUT)
+            _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+                      HAS_BIAS, HAS_RES)
             tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # for the next launch
     else:
-        _epilogue(acc, offs_n, offs_m, omask, nmask, mmask, pid_n, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
-                  go_ptr, qo_ptr, so_ptr, stride_qom, stride_som, HAS_BIAS, HAS_RES, QUANT_OUT)
+        _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+                  HAS_BIAS, HAS_RES)
 
 
 @triton.jit
-def _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr, so_ptr, stride_qom, stride_som):
-    """The tile y [BLOCK_N, BLOCK_M] this program stored (its values as stored), times gamma,
-    quantized per row to e4m3 with one scale a row for its BLOCK_N columns (group pid_n): what
-    `quantize_rows(out, gamma, BLOCK_N)` gives for them, bit for bit."""
-    y = y.to(tl.float32) * tl.load(go_ptr + offs_n, mask=nmask, other=0.0)[:, None]
-    q, scale = quantize_groups(y, 0)
-    rows = offs_m.to(tl.int64)[None, :]
-    tl.store(qo_ptr + rows * stride_qom + offs_n[:, None], q.to(qo_ptr.dtype.element_ty), mask=omask)
-    tl.store(so_ptr + offs_m * stride_som + pid_n, scale, mask=mmask)
+def _prefetch_l2(ptrs, mask, base):
+    """`prefetch.global.L2` of each masked-in address (no value comes back); masked-out lanes
+    prefetch `base` (a valid address) instead."""
+    safe = tl.where(mask, ptrs, base)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [safe],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def _epilogue(acc, offs_n, offs_m, omask, nmask, mmask, pid_n, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
-              go_ptr, qo_ptr, so_ptr, stride_qom, stride_som,
-              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, QUANT_OUT: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] (+ bias) (+ residual) stored transposed into c [M, N]; with
-    QUANT_OUT the stored tile also quantized (`_quantize_tile`)."""
+def _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm, stride_cm,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] (+ bias) (+ residual) stored transposed into c [M, N]."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[:, None]
     rows = offs_m.to(tl.int64)[None, :]
     if HAS_RES:  # out += product, rounded once (the residual stream may be `c` itself)
         acc += tl.load(r_ptr + rows * stride_rm + offs_n[:, None], mask=omask, other=0.0).to(tl.float32)
-    y = acc.to(c_ptr.dtype.element_ty)
-    tl.store(c_ptr + rows * stride_cm + offs_n[:, None], y, mask=omask)
-    if QUANT_OUT:
-        _quantize_tile(y, offs_n, offs_m, omask, nmask, mmask, pid_n, go_ptr, qo_ptr, so_ptr, stride_qom, stride_som)
+    tl.store(c_ptr + rows * stride_cm + offs_n[:, None], acc.to(c_ptr.dtype.element_ty), mask=omask)
 
 
-def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows | QuantizedRows, w: Fp8Weight, bias: torch.Tensor | None = None,
+def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Tensor | None = None,
                     cfg: Fp8SkinnyConfig | None = None, residual: torch.Tensor | None = None,
-                    out: torch.Tensor | None = None, quant_out: torch.Tensor | None = None):
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (times w.gamma) @ W^T (+ bias) (+ residual [M, N]) into `out` (new if None; it
-    may be `residual` itself), in x's dtype. `cfg` None: `skinny_config_for` the shape.
-    A `QuantizedRows` x (per-channel weights; its group is the K step) is multiplied as it is:
-    w.gamma is not applied again (its producer multiplied it in before quantizing).
-    `quant_out` (a gamma [N]): the output is also quantized, times it, per row and cfg.block_n
-    columns, and (out, QuantizedRows) is returned: the next product's input without a
-    quantization launch of its own."""
+    may be `residual` itself), in x's dtype. `cfg` None: `skinny_config_for` the shape."""
     n, k = w.shape
     m = x.shape[0]
-    groups = isinstance(x, QuantizedRows)
-    cfg = cfg or skinny_config_for(m, n, k, x.group if groups else None)
+    cfg = cfg or skinny_config_for(m, n, k)
     assert cfg.prefetch_k == 0 or (cfg.prefetch_k >= 128 and cfg.prefetch_k & (cfg.prefetch_k - 1) == 0), cfg
-    if groups and (w.block is not None or x.group & (x.group - 1) or x.group < 32):
-        raise ValueError(f"fp8_gemm_skinny: a quantized input of {x.group}-column groups needs per-channel "
-                         "weights and a power-of-two group of 32 or more (the FP8 MMA's K step)")
-    block_k = w.block[1] if w.block is not None else (x.group if groups else cfg.block_k)
+    block_k = w.block[1] if w.block is not None else cfg.block_k
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    quantized = None
-    if quant_out is not None:
-        quantized = QuantizedRows.empty(m, n, cfg.block_n, out.dtype, x.device)
     if m == 0:
-        return out if quantized is None else (out, quantized)
+        return out
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
     if cfg.split_k > 1:  # the counters: ops/tickets.py's, left at zero by every launch
         part = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
         cnt = tickets(x.device, grid[0] * grid[1])
     else:
         part = cnt = out  # unused
-    q, s = (x.q, x.scale) if groups else quantize_rows(x, w.gamma, block_k if w.block is not None else None)
+    q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
     res = residual if residual is not None else out
     pdl = pdl_launch(x.device)
-    extra = {}
-    if quantized is not None:
-        extra = dict(go_ptr=quant_out, qo_ptr=quantized.q, so_ptr=quantized.scale, stride_qom=quantized.q.stride(0),
-                     stride_som=quantized.scale.stride(0), QUANT_OUT=True)
-    if groups:
-        extra["ACT_GROUPS"] = True
     _fp8_skinny_kernel[grid](
         q, s, w.qweight, w.scale, bias if bias is not None else w.scale, res, out, part, cnt, m, n, k,
         q.stride(0), s.stride(0), w.qweight.stride(0), w.scale.stride(0), res.stride(0), out.stride(0),
         BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         BN_S=w.block[0] if w.block is not None else 1, BLOCK_SCALES=w.block is not None,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, PREFETCH_K=cfg.prefetch_k if pdl["USE_PDL"] else 0, **pdl, **extra)
-    return out if quantized is None else (out, quantized)
+        num_stages=cfg.num_stages, PREFETCH_K=cfg.prefetch_k if pdl["USE_PDL"] else 0, **pdl)
+    return out

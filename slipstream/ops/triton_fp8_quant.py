@@ -7,7 +7,7 @@ A row is quantized by one program from its own values only, so the result does n
 the batch. The reference is `quant.fp8.quantize_per_token` on x * gamma
 (tests/test_fp8_kernels.py); launches depend on shapes only (CUDA-graph safe).
 
-`SiluMulRows` (quant/fp8.py) is the down product's input before SiLU·mul: [gate | up] rows (scaled by
+`SiluMulRows` is the down product's input before SiLU·mul: [gate | up] rows (scaled by
 rstd(hidden) first when the gate_up product left its folded norm's row scale to us). The
 same kernel computes silu(gate) * up as `silu_and_mul` does (rounded to the input's dtype)
 and quantizes it, so the [M, I] activation is never written in bf16 and read back: one kernel
@@ -15,16 +15,40 @@ and 4 M I bytes of traffic fewer a layer (`fp8_silu_mul_linear_add_`), the same 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_fused import row_block, row_rstd, silu_mul
-from slipstream.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, SiluMulRows
+from slipstream.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 
 ONE_PASS_MAX = 16384
+
+
+@dataclass(frozen=True)
+class SiluMulRows:
+    """The input silu(gate) * up of [gate | up] rows `gate_up` [M, 2I] (each row scaled by
+    rstd(hidden [M, H], eps) first when `hidden` is given), left for the FP8 GEMMs to
+    quantize in one pass (`quantize_rows`). Shaped like that input: [M, I]."""
+    gate_up: torch.Tensor
+    hidden: torch.Tensor | None = None
+    eps: float = 1e-6
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.gate_up.shape[0], self.gate_up.shape[1] // 2))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.gate_up.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.gate_up.device
 
 
 @triton.jit
@@ -89,19 +113,6 @@ def quantize_chunk(x, scale, FMAX: tl.constexpr):
     against the reference's cast)."""
     x = tl.math.div_rn(x, scale + tl.zeros(x.shape, tl.float32))
     return tl.minimum(tl.maximum(_round_mantissa3(x), -FMAX), FMAX)
-
-
-FP8_MAX_C = tl.constexpr(FP8_MAX)
-MIN_SCALE_C = tl.constexpr(MIN_SCALE)
-
-
-@triton.jit
-def quantize_groups(x, AXIS: tl.constexpr):
-    """fp32 values x quantized with one scale for each slice along AXIS (a group of a row
-    that a producer holds whole): (the e4m3 values in fp32, the scales), as `quantize_rows`
-    gives them."""
-    scale = scale_from_amax(tl.max(tl.abs(x), axis=AXIS), FP8_MAX_C, MIN_SCALE_C)
-    return quantize_chunk(x, tl.expand_dims(scale, AXIS), FP8_MAX_C), scale
 
 
 @triton.jit

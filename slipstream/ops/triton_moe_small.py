@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from slipstream.ops.pdl import pdl_launch, pdl_start, prefetch_l2
+from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.triton_fused import silu_mul
 from slipstream.utils.overrides import config_from_env
 
@@ -54,11 +54,6 @@ class SmallMoEConfig:
     down_block_k: int = 256  # intermediate columns a loop step
     num_warps: int = 4
     num_stages: int = 4  # the loops' software pipeline depth: 3 chunks in flight while one is summed
-    # with PDL, the down kernel asks L2 for the first down_prefetch_cols columns of each of its
-    # rows of the token's k experts before it waits for gate_up (the ids are the router's,
-    # final by then: ops/pdl.py), so that part of its stream overlaps gate_up's. 0: off.
-    # Not measured yet (A/B: SLIPSTREAM_MOE_SMALL_CONFIG=down_prefetch_cols=256)
-    down_prefetch_cols: int = 0
 
     def __post_init__(self):
         for name in ("up_block_n", "up_block_k", "down_block_n", "down_block_k", "num_warps"):
@@ -67,8 +62,6 @@ class SmallMoEConfig:
                 raise ValueError(f"SmallMoEConfig.{name} must be a power of two, got {v}")
         if self.num_stages < 1:
             raise ValueError(f"SmallMoEConfig.num_stages must be at least 1, got {self.num_stages}")
-        if self.down_prefetch_cols < 0 or self.down_prefetch_cols & (self.down_prefetch_cols - 1):
-            raise ValueError(f"SmallMoEConfig.down_prefetch_cols must be 0 or a power of two, got {self.down_prefetch_cols}")
 
 
 # the default tiles with SLIPSTREAM_MOE_SMALL_CONFIG's "field=value,..." changes (A/B runs)
@@ -106,20 +99,11 @@ def _small_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, res_ptr, out_ptr,
                        stride_act, stride_we, stride_wn, stride_res, stride_out,
                        H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-                       STAGES: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_COLS: tl.constexpr = 0,
-                       LINE: tl.constexpr = 64):
-    if PREFETCH_COLS == 0:  # (the statements below in the order whose speed was measured)
-        pdl_start(USE_PDL)  # act is the gate_up kernel's output
+                       STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)  # act is the gate_up kernel's output
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H
-    if PREFETCH_COLS > 0:  # before the wait: one L2 prefetch a LINE-element line (pdl.py's exception)
-        lines = tl.arange(0, PREFETCH_COLS // LINE) * LINE
-        for j in tl.static_range(TOP_K):
-            e = tl.load(ids_ptr + t * TOP_K + j).to(tl.int64)
-            addr = w_ptr + e * stride_we + cols.to(tl.int64)[:, None] * stride_wn + lines[None, :]
-            prefetch_l2(addr, col_ok[:, None] & (lines < I)[None, :], w_ptr)
-        pdl_start(USE_PDL)
     offs_k = tl.arange(0, BLOCK_K)
     w_cols = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     total = tl.zeros([BLOCK_N], tl.float32)
@@ -180,19 +164,9 @@ def fused_moe_small(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tens
         STAGES=cfg.num_stages, **launch)
     block_n_down, block_k_down = _tile(cfg.down_block_n, hidden), _tile(cfg.down_block_k, inter)
     res = residual if residual is not None else out
-    line = 128 // w_down.element_size()  # elements a 128-byte line holds (the prefetch's step)
     _small_down_kernel[(num_tokens, triton.cdiv(hidden, block_n_down))](
         act, ids, weights, w_down, res, out, act.stride(0), w_down.stride(0), w_down.stride(1),
         res.stride(0), out.stride(0), H=hidden, I=inter, TOP_K=top_k, HAS_RESIDUAL=residual is not None,
         BLOCK_N=block_n_down, BLOCK_K=block_k_down, CHUNKS=triton.cdiv(inter, block_k_down),
-        STAGES=cfg.num_stages, PREFETCH_COLS=_prefetch_cols(cfg, inter, line, launch["USE_PDL"]), LINE=line,
-        **launch)
+        STAGES=cfg.num_stages, **launch)
     return out
-
-
-def _prefetch_cols(cfg: SmallMoEConfig, inter: int, line: int, pdl: bool) -> int:
-    """The down kernel's prefetch before its PDL wait: cfg's columns, at most a row's, whole
-    `line`-element (128-byte) lines; none without PDL (nothing to overlap)."""
-    if not pdl or cfg.down_prefetch_cols == 0:
-        return 0
-    return max(line, min(cfg.down_prefetch_cols, triton.next_power_of_2(inter)))

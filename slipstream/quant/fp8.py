@@ -1,6 +1,5 @@
 """FP8 e4m3 arithmetic in plain torch: quantize weights per tensor, per output channel or in
-blocks, dequantize them, and quantize activations per token (or per token and K-group); the
-activation rows an FP8 product takes besides a plain tensor (`SiluMulRows`, `QuantizedRows`).
+blocks, dequantize them, and quantize activations per token (or per token and K-group).
 
 The conventions every format of this package converts to:
 
@@ -124,54 +123,3 @@ class Fp8Weight:
         """Bytes a product reads of this weight: the FP8 values and the scales."""
         extra = self.gamma.numel() * 4 if self.gamma is not None else 0
         return self.qweight.numel() + self.scale.numel() * 4 + extra
-
-
-@dataclass(frozen=True)
-class SiluMulRows:
-    """The input silu(gate) * up of [gate | up] rows `gate_up` [M, 2I] (each row scaled by
-    rstd(hidden [M, H], eps) first when `hidden` is given), left for the FP8 GEMMs to
-    quantize in one pass (`quantize_rows`). Shaped like that input: [M, I]."""
-    gate_up: torch.Tensor
-    hidden: torch.Tensor | None = None
-    eps: float = 1e-6
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.gate_up.shape[0], self.gate_up.shape[1] // 2))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.gate_up.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.gate_up.device
-
-
-@dataclass(frozen=True)
-class QuantizedRows:
-    """An input already quantized: e4m3 codes `q` [M, K] with float32 scales [M, K / group],
-    one a row's `group`-wide slice of K (what `quantize_rows(x, gamma, group)` returns, and
-    what a producer that quantizes its own output writes: the skinny GEMM's QUANT_OUT, the
-    decode attention kernel's quant_out);
-    `dtype` is the unquantized activations' (the product's output dtype)."""
-    q: torch.Tensor
-    scale: torch.Tensor
-    group: int
-    dtype: torch.dtype
-
-    @staticmethod
-    def empty(rows: int, cols: int, group: int, dtype: torch.dtype, device) -> QuantizedRows:
-        """Uninitialised codes [rows, cols] and scales [rows, ceil(cols / group)], for a
-        producer to write."""
-        return QuantizedRows(torch.empty((rows, cols), dtype=FP8_DTYPE, device=device),
-                             torch.empty((rows, -(-cols // group)), dtype=torch.float32, device=device),
-                             group, dtype)
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.q.shape
-
-    @property
-    def device(self) -> torch.device:
-        return self.q.device

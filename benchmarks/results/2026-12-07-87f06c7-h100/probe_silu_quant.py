@@ -6,8 +6,7 @@ import sys
 import torch
 sys.path[:0] = [".", "tests"]
 from slipstream.ops.fused import silu_and_mul
-from slipstream.ops.triton_fp8_quant import quantize_rows
-from slipstream.quant.fp8 import SiluMulRows
+from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
 from slipstream.ops.fp8_dispatch import fp8_product
 from test_fp8_gemm_mid import _weight, _x
 
