@@ -45,7 +45,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
+from helpers import rel_rms  # noqa: E402  (tests/helpers.py: the tests' error measure)
 from slipstream.bench.cuda_timing import time_graph  # noqa: E402
 from slipstream.bench.report import write_json  # noqa: E402
 from slipstream.ops.fp8_dispatch import fp8_product  # noqa: E402
@@ -146,10 +148,6 @@ def applies(name: str, m: int) -> bool:
     if name.startswith("skinny"):
         return m <= SKINNY_MAX_ROWS and (m >= 128 or not name.endswith("-m128"))
     return not (name in TB_CONFIGS and TB_CONFIGS[name] != DEFAULT_FP8_GEMM_CONFIG and m < 256)
-
-
-def rel_rms(y: torch.Tensor, exact: torch.Tensor) -> float:
-    return ((y.double() - exact).pow(2).mean() / exact.pow(2).mean().clamp(min=1e-30)).sqrt().item()
 
 
 def make_x(m: int, k: int, gen: torch.Generator, dev: str) -> torch.Tensor:
