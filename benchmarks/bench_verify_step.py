@@ -13,8 +13,12 @@ where one row takes the GEMV), and writes bench_verify_step.json with --out.
 `--device cpu --tiny`: a tiny random Llama on the CPU, timed eagerly (a smoke run of the
 whole path; its numbers mean nothing).
 
+`--blas cublaslt` (or `cublas`) sets torch's preferred BLAS library for the run: both steps'
+cuBLAS products (the verify step's k + 1 rows, a plain step past the GEMV's rows) then go
+through that library, an A/B of the few-row GEMMs without a change to the engine.
+
 Usage: python benchmarks/bench_verify_step.py [--out DIR] [--models llama-3.1-8b qwen3-0.6b]
-       [--rows 1 8 32] [--ks 1 2 3 4 5 6 7] [--context 512]
+       [--rows 1 8 32] [--ks 1 2 3 4 5 6 7] [--context 512] [--blas default|cublas|cublaslt]
 """
 from __future__ import annotations
 
@@ -116,7 +120,13 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of --models (smoke runs)")
+    ap.add_argument("--blas", choices=["default", "cublas", "cublaslt"], default="default",
+                    help="torch's preferred BLAS library for the run (default: torch's own choice)")
     args = ap.parse_args(argv)
+    if args.blas != "default":
+        if args.device != "cuda":
+            ap.error(f"--blas {args.blas} needs --device cuda")
+        torch.backends.cuda.preferred_blas_library(args.blas)
     if args.tiny:
         tmp = tempfile.mkdtemp(prefix="verify-tiny-")
         with open(os.path.join(tmp, "config.json"), "w") as f:
@@ -124,7 +134,7 @@ def main(argv=None) -> int:
         models = {"tiny": tmp}
     else:
         models = {m: os.path.join(CONFIGS, m) for m in args.models}
-    res: dict = {"context": args.context, "device": args.device, "results": {}}
+    res: dict = {"context": args.context, "device": args.device, "blas": args.blas, "results": {}}
     if args.device == "cuda":
         res["gpu"] = torch.cuda.get_device_name()
     for name, path in models.items():
@@ -133,7 +143,7 @@ def main(argv=None) -> int:
         for r in args.rows:
             rows += measure(core.runner, r, args.ks, args.context, args.device, args.iters)
         res["results"][name] = rows
-        print(f"\n{name}, context {args.context}: verify step / plain decode step (graph replays, median)")
+        print(f"\n{name}, context {args.context}, BLAS {args.blas}: verify step / plain decode step (graph replays, median)")
         print("| rows | plain ms | " + " | ".join(f"k={k}" for k in args.ks) + " |")
         print("|---|---|" + "---|" * len(args.ks))
         for r in args.rows:

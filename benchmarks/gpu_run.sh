@@ -108,6 +108,12 @@ for stage in "$@"; do
     gemm) run gemm 240 python3 benchmarks/bench_gemm.py --out "$RES" ;;
     step) run step 240 python3 benchmarks/bench_step.py --out "$RES" ;;
     verify-step) run verify-step 500 python3 benchmarks/bench_verify_step.py --out "$RES" ;;
+    # the verify step at one row (8B, k = 1-4) under torch's default BLAS and cuBLASLt, in turn, twice
+    # (docs/speculative-decoding.md: the few-row cuBLAS products are its excess over a plain step)
+    verify-blas) for i in 1 2; do for lib in default cublaslt; do
+                   run "verify-blas-$lib-$i" 200 python3 benchmarks/bench_verify_step.py --models llama-3.1-8b \
+                     --rows 1 --ks 1 2 3 4 --blas "$lib" --out "$RES/verify-blas-$lib-$i"
+                 done; done ;;
     verify-tests) run verify-tests 400 python3 -m pytest -q -m gpu tests/test_gpu_spec_verify.py tests/test_gpu_spec.py ;;
     seed-short) run seed-short 400 python3 -m slipstream.cli bench --workload seed-8b-short --out "$RES" ;;
     seed) run seed 580 python3 -m slipstream.cli bench --workload seed-8b --out "$RES" ;;

@@ -114,6 +114,14 @@ def test_bench_verify_step_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     assert [(r["rows"], r["k"]) for r in rows] == [(1, 1), (1, 3), (2, 1), (2, 3)]
     assert all(r["verify_ms"] > 0 and r["plain_ms"] > 0 and r["verify_forward_ms"] > 0 for r in rows)
     assert "| rows | plain forward ms | k=1 | k=3 |" in out
+    assert res["blas"] == "default" and "BLAS default" in out
+
+
+def test_bench_verify_step_refuses_a_blas_library_without_cuda(capsys):
+    import bench_verify_step
+    with pytest.raises(SystemExit):
+        bench_verify_step.main(["--device", "cpu", "--tiny", "--blas", "cublaslt"])
+    assert "--blas cublaslt needs --device cuda" in capsys.readouterr().err
 
 
 def test_bench_fewrow_splitk_splits_the_product_and_reports(tmp_path, capsys):
