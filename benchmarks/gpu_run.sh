@@ -3,7 +3,7 @@
 # Stages: env gputests gputests-nosmol gputests-smol gputests-engine gputests-clone kernels engine smollm2 attn gemm step profile profile-small
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer moe-small moe-small-ab
 #         async-llm pytests pytests-each bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
-#         spec-e2e spec-real fp8-accuracy
+#         spec-e2e spec-real fp8-accuracy verify-step verify-blas
 #         prefill-long prefill-tiles fp8-gemm fp8-gemv fp8-skinny boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env profile-bench
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
