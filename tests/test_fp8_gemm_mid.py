@@ -87,6 +87,9 @@ def test_skinny_row_scales_take_per_channel_weights_and_one_scale_a_row():
         fp8_gemm_skinny(x, _weight(48, 160, (16, 32), True), row_scale=torch.ones(3, 1, device=DEVICE))
     with pytest.raises(ValueError, match=r"one scale a row \(\[M, 1\]\)"):
         fp8_gemm_skinny(x, _weight(48, 160, None, True), row_scale=torch.ones(3, 5, device=DEVICE))
+    from slipstream.ops.triton_fp8_quant import SiluMulRows
+    with pytest.raises(ValueError, match="a plain x"):
+        fp8_gemm_skinny(SiluMulRows(_x(3, 320)), _weight(48, 160, None, False), row_scale=torch.ones(3, 1, device=DEVICE))
 
 
 @pytest.mark.parametrize("split_k", [1, 2])

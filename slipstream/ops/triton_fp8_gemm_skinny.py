@@ -212,7 +212,10 @@ def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Ten
     by benchmarks/bench_fp8_skinny.py --row-scale; the engine does not use it."""
     n, k = w.shape
     m = x.shape[0]
-    cfg = cfg or skinny_config_for(m, n, k, 1 if row_scale is None else x.element_size())
+    convert = row_scale is not None
+    if convert and (w.block is not None or isinstance(x, SiluMulRows) or row_scale.shape != (m, 1)):
+        raise ValueError("row_scale takes per-channel weights, a plain x and one scale a row ([M, 1])")
+    cfg = cfg or skinny_config_for(m, n, k, x.element_size() if convert else 1)
     assert cfg.prefetch_k == 0 or (cfg.prefetch_k >= 128 and cfg.prefetch_k & (cfg.prefetch_k - 1) == 0), cfg
     block_k = w.block[1] if w.block is not None else cfg.block_k
     if out is None:
@@ -225,10 +228,7 @@ def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Ten
         cnt = tickets(x.device, grid[0] * grid[1])
     else:
         part = cnt = out  # unused
-    convert = row_scale is not None
     if convert:
-        if w.block is not None or isinstance(x, SiluMulRows) or row_scale.shape != (m, 1):
-            raise ValueError("row_scale takes per-channel weights, a plain x and one scale a row ([M, 1])")
         q, s = (x if x.stride(1) == 1 else x.contiguous()), row_scale.float()
     else:
         q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
