@@ -33,7 +33,7 @@ import triton.language as tl
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.tickets import reserve_tickets, tickets
 from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows, round_mantissa3
-from slipstream.quant.fp8 import Fp8Weight
+from slipstream.quant.fp8 import FP8_MAX, Fp8Weight
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Fp8SkinnyConfig:
 DEFAULT_FP8_SKINNY_CONFIG = Fp8SkinnyConfig()
 
 
+FP8_MAX_C = tl.constexpr(FP8_MAX)
 SMS = 132  # an H100 SXM's (an H200's too): the programs a split aims at
 
 
@@ -173,7 +174,7 @@ def _convert_step(a, a_inv, g_ptr, cols, kmask, ROUND_FIRST: tl.constexpr):
     af = a.to(tl.float32)
     if g_ptr is not None:
         af = af * tl.load(g_ptr + cols, mask=kmask, other=0.0)[:, None]
-    af = tl.minimum(tl.maximum(af * a_inv[None, :], -448.0), 448.0)
+    af = tl.minimum(tl.maximum(af * a_inv[None, :], -FP8_MAX_C), FP8_MAX_C)
     if ROUND_FIRST:
         af = round_mantissa3(af)
     return af.to(tl.float8e4nv)
