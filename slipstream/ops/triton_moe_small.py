@@ -17,7 +17,8 @@ rows to a 16-row tile, and four launches. Here the router's ids are read directl
    order: no atomics, no zeroed buffer, no third launch, and the result is deterministic; a
    token's output does not depend on the other tokens of the step. The slots and their
    BLOCK_K chunks are one flat loop, so its pipeline streams the next slot's expert while the
-   current one's last chunk is summed.
+   current one's last chunk is summed. The token's k ids and routing weights are read once,
+   before the loop.
 
 The numerics are those of the grouped path and of `fused_moe_ref` (module doc of `ops/moe.py`)
 up to the order of float32 sums inside a dot product; the two paths do not agree bit for bit,
@@ -99,7 +100,7 @@ def _small_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, res_ptr, out_ptr,
                        stride_act, stride_we, stride_wn, stride_res, stride_out,
                        H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-                       STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                       STAGES: tl.constexpr, TOP_K_P2: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_start(USE_PDL)  # act is the gate_up kernel's output
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -109,21 +110,28 @@ def _small_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, res_ptr, out_ptr,
     total = tl.zeros([BLOCK_N], tl.float32)
     if HAS_RESIDUAL:
         total += tl.load(res_ptr + t * stride_res + cols, mask=col_ok, other=0.0).to(tl.float32)
+    # the token's k ids and routing weights read once, before the loop: in it a slot's expert
+    # is a register select, so no weight load waits on an id load
+    offs_j = tl.arange(0, TOP_K_P2)
+    row_ids = tl.load(ids_ptr + t * TOP_K + offs_j, mask=offs_j < TOP_K, other=0).to(tl.int64)
+    row_weights = tl.load(weights_ptr + t * TOP_K + offs_j, mask=offs_j < TOP_K, other=0.0)
     # one flat loop over (slot j, chunk c of CHUNKS = cdiv(I, BLOCK_K)) in a fixed order (deterministic sums), with no
     # branch in it, so the pipeline keeps loads in flight across the slots' boundaries
     slot = tl.zeros([BLOCK_N], tl.float32)
     for i in tl.range(0, TOP_K * CHUNKS, num_stages=STAGES):
-        s = t * TOP_K + i // CHUNKS
+        j = i // CHUNKS
+        s = t * TOP_K + j
         c = i % CHUNKS
         k_ok = (offs_k + c * BLOCK_K) < I
-        expert = tl.load(ids_ptr + s).to(tl.int64)
+        expert = tl.sum(tl.where(offs_j == j, row_ids, 0), axis=0)
+        weight = tl.sum(tl.where(offs_j == j, row_weights, 0.0), axis=0)
         a = tl.load(act_ptr + s * stride_act + c * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         w = tl.load(w_cols + expert * stride_we + c * BLOCK_K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         slot += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
         # the slot's last chunk: scaled by its routing weight and rounded as a y row of the
         # grouped path, then summed in float32
         done = c == CHUNKS - 1
-        y = (slot * tl.load(weights_ptr + s)).to(out_ptr.dtype.element_ty).to(tl.float32)
+        y = (slot * weight).to(out_ptr.dtype.element_ty).to(tl.float32)
         total += tl.where(done, y, 0.0)
         slot = tl.where(done, 0.0, slot)
     tl.store(out_ptr + t * stride_out + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
@@ -168,5 +176,5 @@ def fused_moe_small(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tens
         act, ids, weights, w_down, res, out, act.stride(0), w_down.stride(0), w_down.stride(1),
         res.stride(0), out.stride(0), H=hidden, I=inter, TOP_K=top_k, HAS_RESIDUAL=residual is not None,
         BLOCK_N=block_n_down, BLOCK_K=block_k_down, CHUNKS=triton.cdiv(inter, block_k_down),
-        STAGES=cfg.num_stages, **launch)
+        STAGES=cfg.num_stages, TOP_K_P2=triton.next_power_of_2(top_k), **launch)
     return out
