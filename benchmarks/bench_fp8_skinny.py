@@ -5,8 +5,7 @@ variant's time against the floor of the FP8 weight's bytes at 3.0 TB/s
 (benchmarks/weight_floor.py), then the fastest per (shape, rows) as a table to paste.
 
     python benchmarks/bench_fp8_skinny.py [--rows 32,64,128,256] [--shapes qkv,o,gate_up,down,lm_head]
-        [--variants NAME:field=v,... ...] [--no-default-variants] [--groups 64,128] [--row-scale] [--jobs N]
-        [--floor-tbs 3.0]
+        [--variants NAME:field=v,... ...] [--no-default-variants] [--groups 64,128] [--jobs N] [--floor-tbs 3.0]
         [--out DIR] [--tiny]
 
 Per-channel weights (what `--quantization fp8` makes), qkv and gate_up with a folded norm's
@@ -27,10 +26,6 @@ gamma as the engine's. Implementations, each a whole call
                   producer that quantizes its own output tiles would hand the product (a
                   G-column tile of the GEMM before, a head of attention), priced here with
                   the per-group quantization launch in its time as the default has its own
-    skinny-rowscale  (--row-scale) the skinny kernel given each row's scale (computed before the
-                  timed call, as a producer tracking its output's per-row amax would hand it
-                  on) and quantizing the bf16 input's K steps itself: no quantization launch
-                  (-s3, -s4: at 3 or 4 stages; the bf16 input tiles take more shared memory)
 
 The weights rotate over copies of at least 100 MB of FP8 (the bf16 baseline reads twice
 that), so that every product reads its weight from memory, not L2. Each implementation is
@@ -65,7 +60,6 @@ from slipstream.ops.fp8_dispatch import fp8_product  # noqa: E402
 from slipstream.ops.fp8_linear import fp8_linear, fp8_linear_ref, multiplies_unquantized  # noqa: E402
 from slipstream.ops.linear import linear  # noqa: E402
 from slipstream.ops.triton_fp8_gemm_skinny import Fp8SkinnyConfig, fp8_gemm_skinny, skinny_config_for  # noqa: E402
-from slipstream.ops.triton_fp8_quant import quantize_rows  # noqa: E402
 from slipstream.quant.fp8 import Fp8Weight, quantize_per_channel  # noqa: E402
 from slipstream.utils.overrides import parse_overrides  # noqa: E402
 
@@ -96,9 +90,6 @@ def call(impl: str, x: torch.Tensor, w: Fp8Weight, wb: torch.Tensor, cfg: Fp8Ski
         return lambda: fp8_product(x, w, None, kernel)
     if impl == "fp8":
         return lambda: fp8_linear(x, w)
-    if impl.startswith("skinny-rowscale"):
-        scale = quantize_rows(x, w.gamma)[1]  # outside the timed call
-        return lambda: fp8_gemm_skinny(x, w, None, cfg, row_scale=scale)
     if impl.startswith("skinny-g"):
         wg = grouped(w, int(impl.removeprefix("skinny-g")))
         return lambda: fp8_gemm_skinny(x, wg, None, cfg)
@@ -148,7 +139,6 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="*", default=[])
     ap.add_argument("--no-default-variants", action="store_true")
     ap.add_argument("--groups", default="", help="e.g. 64,128: the skinny-gG implementations")
-    ap.add_argument("--row-scale", action="store_true", help="the skinny-rowscale implementation too")
     jobs = 0 if "--tiny" in sys.argv else max(1, min(14, (os.cpu_count() or 1) - 2))
     ap.add_argument("--jobs", type=int, default=jobs)
     ap.add_argument("--floor-tbs", type=float, default=FLOOR_TBS)
@@ -170,11 +160,6 @@ def main(argv=None) -> int:
         for m in rows:
             base = skinny_config_for(m, n, k)
             plan += [(name, m, impl, None) for impl in BASELINES] + [(name, m, "skinny", base)]
-            if args.row_scale:  # the stage rule's tile for bf16 input tiles, and 3 or 4 stages
-                rs = skinny_config_for(m, n, k, input_bytes=2)
-                plan.append((name, m, "skinny-rowscale", rs))
-                plan += [(name, m, f"skinny-rowscale-s{st}", dataclasses.replace(rs, num_stages=st))
-                         for st in (3, 4) if st != rs.num_stages]
             for g in filter(None, args.groups.split(",")):
                 plan.append((name, m, f"skinny-g{int(g)}", skinny_config_for(m, n, k)))
             seen = {base}

@@ -4,7 +4,7 @@
 #         profile-cpu overlap attn-small attn-small-ab attn-ragged attn-cfg gemm-small residual-gemm small-kernels sampler ab-small ab-seed-short ab-step ab-pdl ab-pdl-step seed-short seed small small-16k invariant peer moe moe-peer moe-small moe-small-ab
 #         async-llm pytests pytests-each bs1 bs1-small start ab-start ab-trees profile-bs1 serve-small serve-latency serve-latency-async serve-dp
 #         spec-e2e spec-real fp8-accuracy verify-step verify-blas
-#         prefill-long prefill-tiles fp8-gemm fp8-gemv fp8-skinny fp8-rowscale boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env profile-bench
+#         prefill-long prefill-tiles fp8-gemm fp8-gemv fp8-skinny boundary step-gaps step-gaps-clone capture-cost gemm-host read-bw clone-cost gemv profile-start ab-gemv probe-cudnn ab-prefetch ab-env profile-bench
 # Carried folders (git-ignored; scripts/device_wheels.sh builds the first four): .whl (gguf and the server's wheels:
 # fastapi, uvicorn, pydantic, pyzmq, msgspec, ...), .smolA + .smolB + .smolC
 # (the embedded SmolLM2 GGUF in three parts aa/ab/ac, carried in back-to-back calls: the tree and one part must fit in 64 MiB), .fa4a + .fa4b
@@ -299,12 +299,6 @@ for stage in "$@"; do
     fp8-gemv) run fp8-gemv 540 python3 benchmarks/bench_fp8_gemv.py --out "$RES" ${FP8_GEMV_ARGS:-} ;;
     # the skinny FP8 GEMM's tiles at 32-256 rows against _scaled_mm and bf16 (docs/fp8.md)
     fp8-skinny) run fp8-skinny 400 python3 benchmarks/bench_fp8_skinny.py --out "$RES" ${FP8_SKINNY_ARGS:-} ;;
-    # the skinny FP8 GEMM given its input rows' scales, quantizing the bf16 input in its loop
-    # (`fp8_gemm_skinny(row_scale=)`), against the default with its quantization launch, at 17
-    # and 32 rows on the 8B layer (docs/fp8.md), then its GPU test
-    fp8-rowscale) run fp8-rowscale 300 python3 benchmarks/bench_fp8_skinny.py --rows 17,32 \
-                    --shapes qkv,o,gate_up,down --no-default-variants --row-scale --out "$RES/rowscale"
-                  run fp8-rowscale-tests 200 python3 -m pytest -q -m gpu tests/test_fp8_gemm_mid.py -k row_scales ;;
     # SmolLM2 with FP8 weights, an FP8 KV cache and both against bf16 on 16 chat prompts: greedy
     # agreement and mean |d logprob| (docs/fp8.md, "Accuracy")
     fp8-accuracy) if have_smol; then run fp8-accuracy 300 python3 benchmarks/fp8_accuracy.py --out "$RES/fp8-accuracy" ${FP8_ACCURACY_ARGS:-}

@@ -59,40 +59,6 @@ def test_skinny_matches_the_activation_quantized_reference(block, split_k, m):
 
 
 @pytest.mark.parametrize("split_k", [1, 2])
-@pytest.mark.parametrize("m", [3, 19])
-def test_skinny_quantizes_its_input_steps_at_given_row_scales(split_k, m):
-    """row_scale: x stays bf16 and the kernel quantizes each K step at the rows' scales (here
-    `quantize_rows`' own, so the codes are the reference's but for a tie's rounding), gamma
-    folded in on the way; the residual still added once."""
-    from slipstream.ops.triton_fp8_quant import quantize_rows
-    w = _weight(48, 160, None, True)
-    x, r = _x(m, 160), _x(m, 48, seed=4)
-    scale = quantize_rows(x, w.gamma)[1]
-    ref = fp8_linear_ref(x.float(), w, quantize_input=True)
-    cfg = Fp8SkinnyConfig(**TINY, split_k=split_k)
-    _close(fp8_gemm_skinny(x, w, cfg=cfg, row_scale=scale), ref)
-    expect = r.float() + ref
-    fp8_gemm_skinny(x, w, cfg=cfg, residual=r, out=r, row_scale=scale)
-    _close(r, expect)
-    # a scale other than the rows' own: the codes of x * gamma / scale times that scale
-    coarse = scale * 1.5
-    codes = (x.float() * w.gamma / coarse).clamp(-448, 448).to(torch.float8_e4m3fn).float()
-    _close(fp8_gemm_skinny(x, w, cfg=cfg, row_scale=coarse),
-           (codes * coarse) @ (w.qweight.float() * w.scale[:, None]).T)
-
-
-def test_skinny_row_scales_take_per_channel_weights_and_one_scale_a_row():
-    x = _x(3, 160)
-    with pytest.raises(ValueError, match="row_scale takes per-channel weights"):
-        fp8_gemm_skinny(x, _weight(48, 160, (16, 32), True), row_scale=torch.ones(3, 1, device=DEVICE))
-    with pytest.raises(ValueError, match=r"one scale a row \(\[M, 1\]\)"):
-        fp8_gemm_skinny(x, _weight(48, 160, None, True), row_scale=torch.ones(3, 5, device=DEVICE))
-    from slipstream.ops.triton_fp8_quant import SiluMulRows
-    with pytest.raises(ValueError, match="a plain x"):
-        fp8_gemm_skinny(SiluMulRows(_x(3, 320)), _weight(48, 160, None, False), row_scale=torch.ones(3, 1, device=DEVICE))
-
-
-@pytest.mark.parametrize("split_k", [1, 2])
 def test_skinny_adds_the_residual_in_place_rounded_once(split_k):
     w = _weight(48, 96, (16, 32), False)
     x, r = _x(21, 96), _x(21, 48, seed=6)
@@ -324,24 +290,6 @@ def test_gpu_skinny_at_8b_sizes(n, k, m, block):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,k", SHAPES_8B)
-@pytest.mark.parametrize("m", [2, 17, 32, 64])
-def test_gpu_skinny_with_row_scales_at_8b_sizes(n, k, m):
-    """The input quantized inside the loop at given row scales (the cast's own rounding), gamma
-    folded in, with the tile the stage rule picks for bf16 input tiles: the activation-
-    quantized reference's product, into the residual too."""
-    from slipstream.ops.triton_fp8_quant import quantize_rows
-    w = _weight(n, k, None, True)
-    x, r = _x(m, k), _x(m, n, seed=4)
-    scale = quantize_rows(x, w.gamma)[1]
-    ref = fp8_linear_ref(x.float(), w, quantize_input=True)
-    _close(fp8_gemm_skinny(x, w, row_scale=scale), ref)
-    expect = r.float() + ref
-    fp8_gemm_skinny(x, w, residual=r, out=r, row_scale=scale)
-    _close(r, expect)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("m", [17, 64, 300])
 def test_gpu_down_product_with_silu_mul_in_the_quantization_at_8b_sizes(m):
     """The 8B down product through `fp8_silu_mul_linear_add_` (the fused quantization, the
@@ -439,8 +387,6 @@ def compile_skinny_for_hopper() -> list[str]:
         ts.fp8_gemm_skinny(torch.zeros(17, 4096, dtype=bf), weight(6144, 4096, (128, 128)))
         h = torch.zeros(64, 4096, dtype=bf)
         ts.fp8_gemm_skinny(torch.zeros(64, 14336, dtype=bf), weight(4096, 14336, None), residual=h, out=h)
-        gamma = Fp8Weight(torch.zeros(4096, 4096, dtype=f8), torch.ones(4096), None, torch.ones(4096))
-        ts.fp8_gemm_skinny(torch.zeros(32, 4096, dtype=bf), gamma, row_scale=torch.ones(32, 1))
         tm.fp8_gemm(torch.zeros(2048, 4096, dtype=bf), weight(6144, 4096, (128, 128)),
                     cfg=tm.Fp8GemmConfig(128, 128, 128, 8, 8, 4, persistent=True))
     import slipstream.ops.triton_fp8_quant_tensor as tt
@@ -450,8 +396,6 @@ def compile_skinny_for_hopper() -> list[str]:
     for fn, args, kw in launches:
         if "PREFETCH_K" in kw:  # as on a GPU, with PDL on: the weight rows' L2 prefetch before the wait
             kw = dict(kw, PREFETCH_K=ts.DEFAULT_FP8_SKINNY_CONFIG.prefetch_k)
-        if kw.get("ROUND_FIRST"):  # the GPU's form: the cast rounds by itself
-            kw = dict(kw, ROUND_FIRST=False)
         ptx = compile_launch_for_hopper(fn, args, kw)[0].asm["ptx"]
         found.append(",".join(sorted(set(re.findall(r"wgmma\.mma_async\.\S+", ptx)))))
         if "PREFETCH_K" in kw:
@@ -467,13 +411,11 @@ def test_skinny_and_persistent_gemm_compile_for_hopper_on_fp8_wgmma():
     from helpers import run_hopper_compile
     out = run_hopper_compile(__file__)
     lines = [ln for ln in out.splitlines() if ln.startswith("compiled")]
-    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows (the last: its input
-    # quantized in the loop at given row scales), n64 for 64; the persistent 128x128 tile on two
-    # warpgroups of m64n128; the per-tensor quantization's two kernels
-    n32, n64 = "compiled wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3", \
-        "compiled wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"
-    assert lines == [n32, n32, n64, n32, "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3",
-                     "compiled ", "compiled "], out
+    # the activation rows on the MMA's narrow side: n32 for 17 and 32 rows, n64 for 64; the
+    # persistent 128x128 tile on two warpgroups of m64n128; the per-tensor quantization's two kernels
+    assert lines == ["compiled wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3"] * 2 + \
+        ["compiled wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3",
+         "compiled wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "compiled ", "compiled "], out
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ import triton.language as tl
 
 from slipstream.ops.pdl import pdl_launch, pdl_start
 from slipstream.ops.tickets import reserve_tickets, tickets
-from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows, round_mantissa3
-from slipstream.quant.fp8 import FP8_MAX, Fp8Weight
+from slipstream.ops.triton_fp8_quant import SiluMulRows, quantize_rows
+from slipstream.quant.fp8 import Fp8Weight
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,6 @@ class Fp8SkinnyConfig:
 DEFAULT_FP8_SKINNY_CONFIG = Fp8SkinnyConfig()
 
 
-FP8_MAX_C = tl.constexpr(FP8_MAX)
 SMS = 132  # an H100 SXM's (an H200's too): the programs a split aims at
 
 
@@ -63,16 +62,15 @@ def reserve_skinny_tickets(device: torch.device) -> None:
     reserve_tickets(device, SMS)
 
 
-def skinny_config_for(m: int, n: int, k: int, input_bytes: int = 1) -> Fp8SkinnyConfig:
+def skinny_config_for(m: int, n: int, k: int) -> Fp8SkinnyConfig:
     """The tile for `m` rows: the narrowest activation tile that holds them (16-64); K split
     (up to 4 ways, at least 512 columns a split) when the tiles alone leave SMs idle; stages
-    as `_stages_for` the grid, whose input tiles take `input_bytes` a value (2: bf16 x that
-    the kernel quantizes itself, `row_scale`)."""
+    as `_stages_for` the grid."""
     base = DEFAULT_FP8_SKINNY_CONFIG
     block_m = min(max(16, triton.next_power_of_2(m)), 64)
     tiles = triton.cdiv(n, base.block_n) * triton.cdiv(m, block_m)
     split = max(1, min(4, triton.cdiv(SMS, tiles), k // 512))
-    stage_bytes = (base.block_n + input_bytes * block_m) * base.block_k  # a weight tile and an input tile
+    stage_bytes = (base.block_n + block_m) * base.block_k  # one FP8 weight tile and input tile
     return Fp8SkinnyConfig(block_m=block_m, split_k=split, num_stages=_stages_for(tiles * split, stage_bytes))
 
 
@@ -101,8 +99,7 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
                        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                        SPLIT_K: tl.constexpr, BN_S: tl.constexpr, BLOCK_SCALES: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, USE_PDL: tl.constexpr,
-                       PREFETCH_K: tl.constexpr = 0, A_CONVERT: tl.constexpr = False, g_ptr=None,
-                       ROUND_FIRST: tl.constexpr = False):
+                       PREFETCH_K: tl.constexpr = 0):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -124,14 +121,10 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     a_ptrs = a_ptr + offs_m.to(tl.int64)[None, :] * stride_am + offs_k[:, None]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if A_CONVERT:  # a is x in bf16, as_ptr its rows' scales: quantized here, step by step
-        a_inv = 1.0 / tl.load(as_ptr + offs_m * stride_asm, mask=mmask, other=1.0)
     for k in range(k_lo, k_hi, BLOCK_K):
         kmask = (offs_k + k) < K
         w = tl.load(w_ptrs + k, mask=nmask[:, None] & kmask[None, :], other=0.0)
         a = tl.load(a_ptrs + k, mask=kmask[:, None] & mmask[None, :], other=0.0)
-        if A_CONVERT:
-            a = _convert_step(a, a_inv, g_ptr, offs_k + k, kmask, ROUND_FIRST)
         if BLOCK_SCALES:
             w_s = tl.load(ws_ptr + (offs_n // BN_S) * stride_wsn + k // BLOCK_K, mask=nmask, other=0.0)
             a_s = tl.load(as_ptr + offs_m * stride_asm + k // BLOCK_K, mask=mmask, other=0.0)
@@ -166,21 +159,6 @@ def _fp8_skinny_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, r_ptr, c_ptr, part_p
 
 
 @triton.jit
-def _convert_step(a, a_inv, g_ptr, cols, kmask, ROUND_FIRST: tl.constexpr):
-    """A [BLOCK_K, BLOCK_M] step of bf16 x (times gamma[cols]) as e4m3 codes at its rows'
-    scales: x / scale (a multiply by the reciprocal) saturated and cast, which on the GPU
-    rounds to nearest even. ROUND_FIRST (Triton's interpreter, whose cast does not round so)
-    rounds to e4m3's grid first, as `quantize_rows` does everywhere."""
-    af = a.to(tl.float32)
-    if g_ptr is not None:
-        af = af * tl.load(g_ptr + cols, mask=kmask, other=0.0)[:, None]
-    af = tl.minimum(tl.maximum(af * a_inv[None, :], -FP8_MAX_C), FP8_MAX_C)
-    if ROUND_FIRST:
-        af = round_mantissa3(af)
-    return af.to(tl.float8e4nv)
-
-
-@triton.jit
 def _prefetch_l2(ptrs, mask, base):
     """`prefetch.global.L2` of each masked-in address (no value comes back); masked-out lanes
     prefetch `base` (a valid address) instead."""
@@ -203,20 +181,12 @@ def _epilogue(acc, offs_n, offs_m, omask, nmask, b_ptr, r_ptr, c_ptr, stride_rm,
 
 def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Tensor | None = None,
                     cfg: Fp8SkinnyConfig | None = None, residual: torch.Tensor | None = None,
-                    out: torch.Tensor | None = None, row_scale: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (times w.gamma) @ W^T (+ bias) (+ residual [M, N]) into `out` (new if None; it
-    may be `residual` itself), in x's dtype. `cfg` None: `skinny_config_for` the shape.
-
-    `row_scale` [M, 1] (float32; per-channel weights, a plain x): the rows' scales known
-    already (what a producer that tracks its output's per-row amax would hand on), so the
-    kernel quantizes x's bf16 steps itself instead of `quantize_rows` running first. Priced
-    by benchmarks/bench_fp8_skinny.py --row-scale; the engine does not use it."""
+    may be `residual` itself), in x's dtype. `cfg` None: `skinny_config_for` the shape."""
     n, k = w.shape
     m = x.shape[0]
-    convert = row_scale is not None
-    if convert and (w.block is not None or isinstance(x, SiluMulRows) or row_scale.shape != (m, 1)):
-        raise ValueError("row_scale takes per-channel weights, a plain x and one scale a row ([M, 1])")
-    cfg = cfg or skinny_config_for(m, n, k, x.element_size() if convert else 1)
+    cfg = cfg or skinny_config_for(m, n, k)
     assert cfg.prefetch_k == 0 or (cfg.prefetch_k >= 128 and cfg.prefetch_k & (cfg.prefetch_k - 1) == 0), cfg
     block_k = w.block[1] if w.block is not None else cfg.block_k
     if out is None:
@@ -229,10 +199,7 @@ def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Ten
         cnt = tickets(x.device, grid[0] * grid[1])
     else:
         part = cnt = out  # unused
-    if convert:
-        q, s = (x if x.stride(1) == 1 else x.contiguous()), row_scale.float()
-    else:
-        q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
+    q, s = quantize_rows(x, w.gamma, block_k if w.block is not None else None)
     res = residual if residual is not None else out
     pdl = pdl_launch(x.device)
     _fp8_skinny_kernel[grid](
@@ -241,6 +208,5 @@ def fp8_gemm_skinny(x: torch.Tensor | SiluMulRows, w: Fp8Weight, bias: torch.Ten
         BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         BN_S=w.block[0] if w.block is not None else 1, BLOCK_SCALES=w.block is not None,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, PREFETCH_K=cfg.prefetch_k if pdl["USE_PDL"] else 0,
-        **(dict(A_CONVERT=True, g_ptr=w.gamma, ROUND_FIRST=x.device.type == "cpu") if convert else {}), **pdl)
+        num_stages=cfg.num_stages, PREFETCH_K=cfg.prefetch_k if pdl["USE_PDL"] else 0, **pdl)
     return out

@@ -82,7 +82,7 @@ def _load_scaled(x_ptr, g_ptr, offs, mask, K, r, HAS_GAMMA: tl.constexpr, SILU_M
 
 
 @triton.jit
-def round_mantissa3(x):
+def _round_mantissa3(x):
     """x rounded to the nearest e4m3 value (ties to even) in fp32: 3 mantissa bits for normal
     values (integer arithmetic carries into the exponent), multiples of 2^-9 below 2^-6 (e4m3's
     subnormals, where a row's small values land beside a large one). The cast to e4m3 that
@@ -112,7 +112,7 @@ def quantize_chunk(x, scale, FMAX: tl.constexpr):
     Triton's `/` on float32 is the GPU's approximate division, whose last bit can flip a code
     against the reference's cast)."""
     x = tl.math.div_rn(x, scale + tl.zeros(x.shape, tl.float32))
-    return tl.minimum(tl.maximum(round_mantissa3(x), -FMAX), FMAX)
+    return tl.minimum(tl.maximum(_round_mantissa3(x), -FMAX), FMAX)
 
 
 @triton.jit
