@@ -55,6 +55,7 @@ class SmallMoEConfig:
     down_block_k: int = 256  # intermediate columns a loop step
     num_warps: int = 4
     num_stages: int = 4  # the loops' software pipeline depth: 3 chunks in flight while one is summed
+    early_loads: int = 1  # the down kernel's loads before its PDL wait (its comment); 0: after
 
     def __post_init__(self):
         for name in ("up_block_n", "up_block_k", "down_block_n", "down_block_k", "num_warps"):
@@ -96,12 +97,32 @@ def _small_gate_up_kernel(x_ptr, ids_ptr, w_ptr, act_ptr, stride_x, stride_we, s
 
 
 @triton.jit
+def _down_step(slot, total, w, act_ptr, s, c, weight, offs_k, k_ok, stride_act, BLOCK_K: tl.constexpr,
+               CHUNKS: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """One (slot, chunk) step of the down kernel: the weight tile w [BLOCK_N, BLOCK_K] times
+    act's chunk, added into the slot's sum; on the slot's last chunk that sum, scaled by its
+    routing weight and rounded as a y row of the grouped path, is added into the total."""
+    a = tl.load(act_ptr + s * stride_act + c * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    slot += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+    done = c == CHUNKS - 1
+    y = (slot * weight).to(OUT_DTYPE).to(tl.float32)
+    total += tl.where(done, y, 0.0)
+    slot = tl.where(done, 0.0, slot)
+    return slot, total
+
+
+@triton.jit
 def _small_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, res_ptr, out_ptr,
                        stride_act, stride_we, stride_wn, stride_res, stride_out,
                        H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-                       STAGES: tl.constexpr, TOP_K_P2: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_start(USE_PDL)  # act is the gate_up kernel's output
+                       STAGES: tl.constexpr, TOP_K_P2: tl.constexpr, EARLY: tl.constexpr,
+                       USE_PDL: tl.constexpr):
+    # EARLY: everything but act, gate_up's output, is loaded before the PDL wait (ops/pdl.py's
+    # exception): the ids and routing weights (the router's, the kernel before gate_up), the
+    # residual (the o projection's) and the first slot's first weight tile (no kernel's)
+    if not EARLY:
+        pdl_start(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H
@@ -115,25 +136,28 @@ def _small_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, res_ptr, out_ptr,
     offs_j = tl.arange(0, TOP_K_P2)
     row_ids = tl.load(ids_ptr + t * TOP_K + offs_j, mask=offs_j < TOP_K, other=0).to(tl.int64)
     row_weights = tl.load(weights_ptr + t * TOP_K + offs_j, mask=offs_j < TOP_K, other=0.0)
-    # one flat loop over (slot j, chunk c of CHUNKS = cdiv(I, BLOCK_K)) in a fixed order (deterministic sums), with no
-    # branch in it, so the pipeline keeps loads in flight across the slots' boundaries
+    # the flat loop's first step (slot 0, chunk 0), its weight tile loaded before the wait
+    k_ok = offs_k < I
+    expert = tl.sum(tl.where(offs_j == 0, row_ids, 0), axis=0)
+    w = tl.load(w_cols + expert * stride_we, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    if EARLY:
+        pdl_start(USE_PDL)
     slot = tl.zeros([BLOCK_N], tl.float32)
-    for i in tl.range(0, TOP_K * CHUNKS, num_stages=STAGES):
+    weight = tl.sum(tl.where(offs_j == 0, row_weights, 0.0), axis=0)
+    slot, total = _down_step(slot, total, w, act_ptr, t * TOP_K, 0, weight, offs_k, k_ok, stride_act,
+                             BLOCK_K, CHUNKS, out_ptr.dtype.element_ty)
+    # the rest: one flat loop over (slot j, chunk c of CHUNKS = cdiv(I, BLOCK_K)) in a fixed
+    # order (deterministic sums), with no branch in it, so the pipeline keeps loads in flight
+    # across the slots' boundaries
+    for i in tl.range(1, TOP_K * CHUNKS, num_stages=STAGES):
         j = i // CHUNKS
-        s = t * TOP_K + j
         c = i % CHUNKS
         k_ok = (offs_k + c * BLOCK_K) < I
         expert = tl.sum(tl.where(offs_j == j, row_ids, 0), axis=0)
         weight = tl.sum(tl.where(offs_j == j, row_weights, 0.0), axis=0)
-        a = tl.load(act_ptr + s * stride_act + c * BLOCK_K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         w = tl.load(w_cols + expert * stride_we + c * BLOCK_K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        slot += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-        # the slot's last chunk: scaled by its routing weight and rounded as a y row of the
-        # grouped path, then summed in float32
-        done = c == CHUNKS - 1
-        y = (slot * weight).to(out_ptr.dtype.element_ty).to(tl.float32)
-        total += tl.where(done, y, 0.0)
-        slot = tl.where(done, 0.0, slot)
+        slot, total = _down_step(slot, total, w, act_ptr, t * TOP_K + j, c, weight, offs_k, k_ok, stride_act,
+                                 BLOCK_K, CHUNKS, out_ptr.dtype.element_ty)
     tl.store(out_ptr + t * stride_out + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
@@ -176,5 +200,5 @@ def fused_moe_small(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tens
         act, ids, weights, w_down, res, out, act.stride(0), w_down.stride(0), w_down.stride(1),
         res.stride(0), out.stride(0), H=hidden, I=inter, TOP_K=top_k, HAS_RESIDUAL=residual is not None,
         BLOCK_N=block_n_down, BLOCK_K=block_k_down, CHUNKS=triton.cdiv(inter, block_k_down),
-        STAGES=cfg.num_stages, TOP_K_P2=triton.next_power_of_2(top_k), **launch)
+        STAGES=cfg.num_stages, TOP_K_P2=triton.next_power_of_2(top_k), EARLY=bool(cfg.early_loads), **launch)
     return out
