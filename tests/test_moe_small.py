@@ -10,7 +10,6 @@ batch-invariant mode's one result a token at every step size."""
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 
 import pytest
 import torch
@@ -152,16 +151,6 @@ def test_a_tokens_result_does_not_depend_on_the_other_tokens():
     for t in range(4):
         alone = fused_moe_small(args[0][t:t + 1], args[1], args[2], args[3][t:t + 1], args[4][t:t + 1], SMALL)
         assert torch.equal(alone[0], batch[t])
-
-
-def test_the_down_kernels_early_loads_change_no_bit():
-    """The down kernel's loads before its PDL wait (`early_loads`) or after it: one result."""
-    w_gate_up, w_down = _weights(8, dtype=torch.bfloat16)
-    x = torch.randn(3, HIDDEN).to(torch.bfloat16)
-    weights, ids = route(_logits(3, 8, seed=5), 2, True)
-    outs = [fused_moe_small(*_dev(x, w_gate_up, w_down, weights, ids), replace(SMALL, early_loads=early))
-            for early in (0, 1)]
-    assert torch.equal(outs[0], outs[1])
 
 
 def test_bad_tiles_and_shapes_are_refused():

@@ -14,8 +14,11 @@ first so that they stream while the previous kernel ends: the weights (`triton_g
 and with `DecodeConfig.prefetch_batch` the decode kernel's row metadata (uploaded before
 the step) and first KV tile except each row's newest position (written by earlier steps;
 `triton_attention_kernels.py`), and the qkv epilogue's positions, cos/sin rows and cache
-slots (`triton_qkv_epilogue.py`). Kernels that are not Triton's (cuBLAS, torch) are
-launched normally: they wait for the complete previous kernel.
+slots (`triton_qkv_epilogue.py`). One kernel also reads before its wait what kernels two or
+more back wrote, which a kernel that starts early finds finished: the small MoE down
+kernel's expert ids, routing weights and residual row (the router's and the o projection's;
+`triton_moe_small.py`), with its first weight tile. Kernels that are not Triton's (cuBLAS,
+torch) are launched normally: they wait for the complete previous kernel.
 
 `use_pdl(device)`: on for CUDA devices of compute capability 9.0+ when this Triton has the
 grid-dependency ops; `SLIPSTREAM_PDL=0` in the environment turns it off (A/B runs).

@@ -18,7 +18,9 @@ rows to a 16-row tile, and four launches. Here the router's ids are read directl
    token's output does not depend on the other tokens of the step. The slots and their
    BLOCK_K chunks are one flat loop, so its pipeline streams the next slot's expert while the
    current one's last chunk is summed. The token's k ids and routing weights are read once,
-   before the loop.
+   before the loop; they, the residual row and the first slot's first weight tile are read
+   before the PDL wait (no kernel after the router writes them), so only act, gate_up's output,
+   waits for gate_up.
 
 The numerics are those of the grouped path and of `fused_moe_ref` (module doc of `ops/moe.py`)
 up to the order of float32 sums inside a dot product; the two paths do not agree bit for bit,
@@ -29,8 +31,8 @@ second read mostly from L2): the path is for a handful of tokens, up to `ops.moe
 `SMALL_MOE_TOKENS`, past which the grouped GEMMs read each expert once.
 
 Graph-safe: no host sync; grids and buffers depend on T, k and the weights' shapes only.
-Launched with PDL (`ops/pdl.py`); the expert ids come from the router kernel before, so the
-weights' loads wait for it. Under TRITON_INTERPRET=1 the kernels run on CPU tensors (tests).
+Launched with PDL (`ops/pdl.py`); the expert ids come from the router kernel before gate_up, so
+gate_up's weight loads wait for it, and down's do not. Under TRITON_INTERPRET=1 the kernels run on CPU tensors (tests).
 """
 from __future__ import annotations
 
@@ -55,15 +57,16 @@ class SmallMoEConfig:
     down_block_k: int = 256  # intermediate columns a loop step
     num_warps: int = 4
     num_stages: int = 4  # the loops' software pipeline depth: 3 chunks in flight while one is summed
-    early_loads: int = 1  # the down kernel's loads before its PDL wait (its comment); 0: after
+    down_stages: int | None = None  # the down kernel's pipeline depth (None: num_stages)
 
     def __post_init__(self):
         for name in ("up_block_n", "up_block_k", "down_block_n", "down_block_k", "num_warps"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"SmallMoEConfig.{name} must be a power of two, got {v}")
-        if self.num_stages < 1:
-            raise ValueError(f"SmallMoEConfig.num_stages must be at least 1, got {self.num_stages}")
+        for name in ("num_stages", "down_stages"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"SmallMoEConfig.{name} must be at least 1, got {getattr(self, name)}")
 
 
 # the default tiles with SLIPSTREAM_MOE_SMALL_CONFIG's "field=value,..." changes (A/B runs)
@@ -116,13 +119,10 @@ def _small_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, res_ptr, out_ptr,
                        stride_act, stride_we, stride_wn, stride_res, stride_out,
                        H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-                       STAGES: tl.constexpr, TOP_K_P2: tl.constexpr, EARLY: tl.constexpr,
-                       USE_PDL: tl.constexpr):
-    # EARLY: everything but act, gate_up's output, is loaded before the PDL wait (ops/pdl.py's
+                       STAGES: tl.constexpr, TOP_K_P2: tl.constexpr, USE_PDL: tl.constexpr):
+    # everything but act, gate_up's output, is loaded before the PDL wait (ops/pdl.py's
     # exception): the ids and routing weights (the router's, the kernel before gate_up), the
     # residual (the o projection's) and the first slot's first weight tile (no kernel's)
-    if not EARLY:
-        pdl_start(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H
@@ -140,8 +140,7 @@ def _small_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, res_ptr, out_ptr,
     k_ok = offs_k < I
     expert = tl.sum(tl.where(offs_j == 0, row_ids, 0), axis=0)
     w = tl.load(w_cols + expert * stride_we, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-    if EARLY:
-        pdl_start(USE_PDL)
+    pdl_start(USE_PDL)
     slot = tl.zeros([BLOCK_N], tl.float32)
     weight = tl.sum(tl.where(offs_j == 0, row_weights, 0.0), axis=0)
     slot, total = _down_step(slot, total, w, act_ptr, t * TOP_K, 0, weight, offs_k, k_ok, stride_act,
@@ -200,5 +199,5 @@ def fused_moe_small(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tens
         act, ids, weights, w_down, res, out, act.stride(0), w_down.stride(0), w_down.stride(1),
         res.stride(0), out.stride(0), H=hidden, I=inter, TOP_K=top_k, HAS_RESIDUAL=residual is not None,
         BLOCK_N=block_n_down, BLOCK_K=block_k_down, CHUNKS=triton.cdiv(inter, block_k_down),
-        STAGES=cfg.num_stages, TOP_K_P2=triton.next_power_of_2(top_k), EARLY=bool(cfg.early_loads), **launch)
+        STAGES=cfg.down_stages or cfg.num_stages, TOP_K_P2=triton.next_power_of_2(top_k), **launch)
     return out
