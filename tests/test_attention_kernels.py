@@ -295,13 +295,6 @@ def test_split_options_and_the_pick_from_row_lengths():
     policy = DecodeSplitPolicy(8, 8448, cfg, 132)
     assert policy.options(32) == (2, 5) and policy.pick(ragged, 32) == 5
     assert policy.pick(np.full(20, 4096), 24) == decode_split_options(24, 8, 8448, cfg, 132)[0]
-    # up to small_batch rows a split covers small_min_chunk tokens (128 by default), as the
-    # kernel launched for that many rows does: one row of 1280 tokens takes 10 splits, not 5
-    assert effective_decode_config(cfg, torch.bfloat16, 128, 1).min_chunk == 128
-    assert decode_split_options(1, 8, 1280, cfg, 132) == (10,)
-    assert decode_split_options(8, 8, 1280, cfg, 132) == (8, 10)
-    assert decode_split_options(9, 8, 1280, cfg, 132) == (5,)
-    assert DecodeSplitPolicy(8, 1280, effective_decode_config(cfg, torch.bfloat16, 128), 132).options(1) == (10,)
 
 
 @pytest.mark.slow

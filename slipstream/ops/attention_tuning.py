@@ -119,9 +119,6 @@ def decode_split_options(num_seqs: int, num_kv_heads: int, max_seq_len: int, cfg
     (benchmarks/notes/kernel-notes.md, ragged sweep).  Host ints only."""
     if cfg.num_splits is not None:
         return (max(1, int(cfg.num_splits)),)
-    # the batch size's own chunk (a small batch's shorter one), as the kernel launched for
-    # num_seqs rows runs with (effective_decode_config)
-    cfg = replace(cfg, min_chunk=rows_min_chunk(cfg, num_seqs, cfg.block_n))
     base = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, cfg, num_sms)
     two_waves = triton.cdiv(2 * cfg.ctas_per_sm * num_sms, max(num_seqs * num_kv_heads, 1))
     ragged = max(1, min(two_waves, _splits_by_length(max_seq_len, cfg), cfg.max_splits))
@@ -165,22 +162,16 @@ def effective_decode_config(cfg: DecodeConfig, dtype: torch.dtype, head_dim: int
     tiles above cfg.large_batch rows, shorter chunks up to cfg.small_batch, legal tile sizes, and smaller tiles / more warps for
     fp32 (its IEEE dot products live in registers)."""
     block_n, num_warps = cfg.block_n, cfg.num_warps
+    min_chunk = cfg.min_chunk
     if num_rows > cfg.large_batch:
         block_n, num_warps = cfg.large_block_n, cfg.large_num_warps
+    elif 0 < num_rows <= cfg.small_batch:
+        min_chunk = min(min_chunk, cfg.small_min_chunk)
     if dtype == torch.float32:
         block_n, num_warps = min(block_n, 32), max(num_warps, 8)
     block_n = max(16, triton.next_power_of_2(block_n))
-    return replace(cfg, block_n=block_n, min_chunk=rows_min_chunk(cfg, num_rows, block_n), num_warps=num_warps)
-
-
-def rows_min_chunk(cfg: DecodeConfig, num_rows: int, block_n: int) -> int:
-    """The fewest KV tokens a split covers in a batch of `num_rows` rows (0: unknown):
-    cfg.small_min_chunk up to cfg.small_batch rows, else cfg.min_chunk; a multiple of the
-    block_n-token tile."""
-    min_chunk = cfg.min_chunk
-    if 0 < num_rows <= cfg.small_batch:
-        min_chunk = min(min_chunk, cfg.small_min_chunk)
-    return triton.cdiv(max(min_chunk, block_n), block_n) * block_n
+    min_chunk = triton.cdiv(max(min_chunk, block_n), block_n) * block_n
+    return replace(cfg, block_n=block_n, min_chunk=min_chunk, num_warps=num_warps)
 
 
 def effective_prefill_config(cfg: PrefillConfig, dtype: torch.dtype, head_dim: int,

@@ -57,16 +57,14 @@ class SmallMoEConfig:
     down_block_k: int = 256  # intermediate columns a loop step
     num_warps: int = 4
     num_stages: int = 4  # the loops' software pipeline depth: 3 chunks in flight while one is summed
-    down_stages: int | None = None  # the down kernel's pipeline depth (None: num_stages)
 
     def __post_init__(self):
         for name in ("up_block_n", "up_block_k", "down_block_n", "down_block_k", "num_warps"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"SmallMoEConfig.{name} must be a power of two, got {v}")
-        for name in ("num_stages", "down_stages"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"SmallMoEConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_stages < 1:
+            raise ValueError(f"SmallMoEConfig.num_stages must be at least 1, got {self.num_stages}")
 
 
 # the default tiles with SLIPSTREAM_MOE_SMALL_CONFIG's "field=value,..." changes (A/B runs)
@@ -199,5 +197,5 @@ def fused_moe_small(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tens
         act, ids, weights, w_down, res, out, act.stride(0), w_down.stride(0), w_down.stride(1),
         res.stride(0), out.stride(0), H=hidden, I=inter, TOP_K=top_k, HAS_RESIDUAL=residual is not None,
         BLOCK_N=block_n_down, BLOCK_K=block_k_down, CHUNKS=triton.cdiv(inter, block_k_down),
-        STAGES=cfg.down_stages or cfg.num_stages, TOP_K_P2=triton.next_power_of_2(top_k), **launch)
+        STAGES=cfg.num_stages, TOP_K_P2=triton.next_power_of_2(top_k), **launch)
     return out
