@@ -32,7 +32,8 @@ second read mostly from L2): the path is for a handful of tokens, up to `ops.moe
 
 Graph-safe: no host sync; grids and buffers depend on T, k and the weights' shapes only.
 Launched with PDL (`ops/pdl.py`); the expert ids come from the router kernel before gate_up, so
-gate_up's weight loads wait for it, and down's do not. Under TRITON_INTERPRET=1 the kernels run on CPU tensors (tests).
+gate_up's weight loads wait for it, and down's do not. Under TRITON_INTERPRET=1 the kernels run
+on CPU tensors (tests).
 """
 from __future__ import annotations
 
@@ -98,6 +99,14 @@ def _small_gate_up_kernel(x_ptr, ids_ptr, w_ptr, act_ptr, stride_x, stride_we, s
 
 
 @triton.jit
+def _slot_of(row_ids, row_weights, offs_j, j):
+    """Slot j's expert id and routing weight, picked from the token's k of each in registers."""
+    expert = tl.sum(tl.where(offs_j == j, row_ids, 0), axis=0)
+    weight = tl.sum(tl.where(offs_j == j, row_weights, 0.0), axis=0)
+    return expert, weight
+
+
+@triton.jit
 def _down_step(slot, total, w, act_ptr, s, c, weight, offs_k, k_ok, stride_act, BLOCK_K: tl.constexpr,
                CHUNKS: tl.constexpr, OUT_DTYPE: tl.constexpr):
     """One (slot, chunk) step of the down kernel: the weight tile w [BLOCK_N, BLOCK_K] times
@@ -136,11 +145,10 @@ def _small_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, res_ptr, out_ptr,
     row_weights = tl.load(weights_ptr + t * TOP_K + offs_j, mask=offs_j < TOP_K, other=0.0)
     # the flat loop's first step (slot 0, chunk 0), its weight tile loaded before the wait
     k_ok = offs_k < I
-    expert = tl.sum(tl.where(offs_j == 0, row_ids, 0), axis=0)
+    expert, weight = _slot_of(row_ids, row_weights, offs_j, 0)
     w = tl.load(w_cols + expert * stride_we, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
     pdl_start(USE_PDL)
     slot = tl.zeros([BLOCK_N], tl.float32)
-    weight = tl.sum(tl.where(offs_j == 0, row_weights, 0.0), axis=0)
     slot, total = _down_step(slot, total, w, act_ptr, t * TOP_K, 0, weight, offs_k, k_ok, stride_act,
                              BLOCK_K, CHUNKS, out_ptr.dtype.element_ty)
     # the rest: one flat loop over (slot j, chunk c of CHUNKS = cdiv(I, BLOCK_K)) in a fixed
@@ -150,8 +158,7 @@ def _small_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, res_ptr, out_ptr,
         j = i // CHUNKS
         c = i % CHUNKS
         k_ok = (offs_k + c * BLOCK_K) < I
-        expert = tl.sum(tl.where(offs_j == j, row_ids, 0), axis=0)
-        weight = tl.sum(tl.where(offs_j == j, row_weights, 0.0), axis=0)
+        expert, weight = _slot_of(row_ids, row_weights, offs_j, j)
         w = tl.load(w_cols + expert * stride_we + c * BLOCK_K, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         slot, total = _down_step(slot, total, w, act_ptr, t * TOP_K + j, c, weight, offs_k, k_ok, stride_act,
                                  BLOCK_K, CHUNKS, out_ptr.dtype.element_ty)
